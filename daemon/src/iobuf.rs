@@ -1,0 +1,342 @@
+//! Scatter-gather request and reply buffers.
+//!
+//! A transport turns one request into a [`Reader`] over the bytes the client wrote and a
+//! [`Writer`] over the bytes the client will read back. Both are lists of
+//! [`VolatileSlice`]s that the transport has already checked to lie inside memory it owns
+//! (guest memory for virtio, a plain buffer for tests and `/dev/fuse`). Every access here is
+//! bounds-checked against those slices; file data moves straight between a file and the
+//! slices with `preadv`/`pwritev`, without a bounce buffer.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::RawFd;
+
+use vm_memory::{ByteValued, VolatileSlice};
+
+/// Most iovecs handed to one `preadv`/`pwritev` (Linux `UIO_MAXIOV`).
+const MAX_IOVECS: usize = 1024;
+
+/// Consumes `count` bytes from the front of a slice list.
+fn advance(bufs: &mut VecDeque<VolatileSlice<'_>>, mut count: usize) {
+    while count > 0 {
+        let Some(front) = bufs.front_mut() else {
+            return;
+        };
+        if count < front.len() {
+            // `count < len`, so the offset is in bounds.
+            if let Ok(rest) = front.offset(count) {
+                *front = rest;
+            }
+            return;
+        }
+        count -= front.len();
+        bufs.pop_front();
+    }
+}
+
+/// Builds at most `MAX_IOVECS` iovecs covering at most `count` bytes of `bufs`.
+fn iovecs(bufs: &VecDeque<VolatileSlice<'_>>, count: usize) -> Vec<libc::iovec> {
+    let mut left = count;
+    let mut iov = Vec::new();
+    for b in bufs.iter().filter(|b| !b.is_empty()) {
+        if left == 0 || iov.len() == MAX_IOVECS {
+            break;
+        }
+        let len = b.len().min(left);
+        iov.push(libc::iovec {
+            iov_base: b.ptr_guard_mut().as_ptr().cast(),
+            iov_len: len,
+        });
+        left -= len;
+    }
+    iov
+}
+
+fn total_len(bufs: &VecDeque<VolatileSlice<'_>>) -> usize {
+    bufs.iter()
+        .fold(0usize, |acc, b| acc.saturating_add(b.len()))
+}
+
+/// The readable part of a request.
+pub struct Reader<'a> {
+    bufs: VecDeque<VolatileSlice<'a>>,
+    consumed: usize,
+}
+
+impl<'a> Reader<'a> {
+    /// A reader over `bufs`, which the caller has bounds-checked.
+    pub fn new(bufs: Vec<VolatileSlice<'a>>) -> Self {
+        Reader {
+            bufs: bufs.into(),
+            consumed: 0,
+        }
+    }
+
+    /// Bytes left to read.
+    pub fn available(&self) -> usize {
+        total_len(&self.bufs)
+    }
+
+    /// Bytes read so far.
+    pub fn bytes_read(&self) -> usize {
+        self.consumed
+    }
+
+    /// Drops everything past the next `len` bytes.
+    pub fn truncate(&mut self, len: usize) {
+        let mut left = len;
+        let mut keep = VecDeque::new();
+        while let Some(b) = self.bufs.pop_front() {
+            if left == 0 {
+                break;
+            }
+            let n = b.len().min(left);
+            if let Ok(s) = b.subslice(0, n) {
+                keep.push_back(s);
+            }
+            left -= n;
+        }
+        self.bufs = keep;
+    }
+
+    /// Fills `buf` completely, or fails with `UnexpectedEof` and consumes nothing.
+    pub fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        if self.available() < buf.len() {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        }
+        let mut done = 0;
+        for b in self.bufs.iter() {
+            if done == buf.len() {
+                break;
+            }
+            done += b.copy_to(&mut buf[done..]);
+        }
+        advance(&mut self.bufs, done);
+        self.consumed += done;
+        Ok(())
+    }
+
+    /// Reads one wire struct.
+    pub fn read_obj<T: ByteValued + Default>(&mut self) -> io::Result<T> {
+        let mut v = T::default();
+        self.read_exact(v.as_mut_slice())?;
+        Ok(v)
+    }
+
+    /// Reads the next `len` bytes into a vector.
+    pub fn read_vec(&mut self, len: usize) -> io::Result<Vec<u8>> {
+        if self.available() < len {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        }
+        let mut v = vec![0u8; len];
+        self.read_exact(&mut v)?;
+        Ok(v)
+    }
+
+    /// Writes up to `count` bytes of the request to `fd` at `off` (the file position when
+    /// `None`) with one `pwritev`. Returns the bytes written.
+    pub fn write_to_fd(&mut self, fd: RawFd, count: usize, off: Option<u64>) -> io::Result<usize> {
+        let count = count.min(self.available());
+        if count == 0 {
+            return Ok(0);
+        }
+        let iov = iovecs(&self.bufs, count);
+        let off = match off {
+            Some(o) => i64::try_from(o).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?,
+            None => -1,
+        };
+        let cnt = libc::c_int::try_from(iov.len()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: every iovec points into a `VolatileSlice` of this reader, which the transport
+        // guaranteed to be valid memory for its whole length; the kernel only reads them.
+        let n = unsafe { libc::pwritev(fd, iov.as_ptr(), cnt, off) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = n as usize;
+        advance(&mut self.bufs, n);
+        self.consumed += n;
+        Ok(n)
+    }
+}
+
+/// The writable part of a request: where the reply goes.
+pub struct Writer<'a> {
+    bufs: VecDeque<VolatileSlice<'a>>,
+    written: usize,
+}
+
+impl<'a> Writer<'a> {
+    /// A writer over `bufs`, which the caller has bounds-checked.
+    pub fn new(bufs: Vec<VolatileSlice<'a>>) -> Self {
+        Writer {
+            bufs: bufs.into(),
+            written: 0,
+        }
+    }
+
+    /// Room left.
+    pub fn available(&self) -> usize {
+        total_len(&self.bufs)
+    }
+
+    /// Bytes written so far.
+    pub fn bytes_written(&self) -> usize {
+        self.written
+    }
+
+    /// Splits off everything from `offset` on into a second writer; `self` keeps the first
+    /// `offset` bytes. Used to fill a reply body before its header is known.
+    pub fn split_at(&mut self, offset: usize) -> io::Result<Writer<'a>> {
+        if offset > self.available() {
+            return Err(io::Error::from_raw_os_error(libc::ENOBUFS));
+        }
+        let mut head = VecDeque::new();
+        let mut left = offset;
+        while left > 0 {
+            let Some(b) = self.bufs.pop_front() else {
+                break;
+            };
+            if b.len() <= left {
+                left -= b.len();
+                head.push_back(b);
+            } else {
+                let (a, rest) = b
+                    .split_at(left)
+                    .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+                head.push_back(a);
+                self.bufs.push_front(rest);
+                left = 0;
+            }
+        }
+        let tail = std::mem::replace(&mut self.bufs, head);
+        Ok(Writer {
+            bufs: tail,
+            written: 0,
+        })
+    }
+
+    /// Writes all of `data`, or fails with `ENOBUFS` and writes nothing.
+    pub fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
+        if self.available() < data.len() {
+            return Err(io::Error::from_raw_os_error(libc::ENOBUFS));
+        }
+        let mut done = 0;
+        for b in self.bufs.iter() {
+            if done == data.len() {
+                break;
+            }
+            let n = b.len().min(data.len() - done);
+            b.copy_from(&data[done..done + n]);
+            done += n;
+        }
+        advance(&mut self.bufs, done);
+        self.written += done;
+        Ok(())
+    }
+
+    /// Writes one wire struct.
+    pub fn write_obj<T: ByteValued>(&mut self, v: &T) -> io::Result<()> {
+        self.write_all(v.as_slice())
+    }
+
+    /// Reads up to `count` bytes from `fd` at `off` (the file position when `None`) straight
+    /// into the reply with one `preadv`. Returns the bytes read.
+    pub fn read_from_fd(&mut self, fd: RawFd, count: usize, off: Option<u64>) -> io::Result<usize> {
+        let count = count.min(self.available());
+        if count == 0 {
+            return Ok(0);
+        }
+        let iov = iovecs(&self.bufs, count);
+        let off = match off {
+            Some(o) => i64::try_from(o).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?,
+            None => -1,
+        };
+        let cnt = libc::c_int::try_from(iov.len()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: every iovec points into a `VolatileSlice` of this writer, which the transport
+        // guaranteed to be valid, writable memory for its whole length.
+        let n = unsafe { libc::preadv(fd, iov.as_ptr(), cnt, off) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = n as usize;
+        advance(&mut self.bufs, n);
+        self.written += n;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Seek, Write};
+
+    fn slices(bufs: &mut [Vec<u8>]) -> Vec<VolatileSlice<'_>> {
+        bufs.iter_mut()
+            .map(|b| VolatileSlice::from(b.as_mut_slice()))
+            .collect()
+    }
+
+    #[test]
+    fn reader_spans_buffers() {
+        let mut bufs = vec![vec![1, 2, 3], vec![], vec![4, 5, 6, 7]];
+        let mut r = Reader::new(slices(&mut bufs));
+        assert_eq!(r.available(), 7);
+        let mut a = [0u8; 5];
+        r.read_exact(&mut a).unwrap();
+        assert_eq!(a, [1, 2, 3, 4, 5]);
+        assert_eq!(r.bytes_read(), 5);
+        let mut b = [0u8; 3];
+        assert!(r.read_exact(&mut b).is_err());
+        assert_eq!(r.available(), 2, "a failed read consumes nothing");
+        assert_eq!(r.read_vec(2).unwrap(), vec![6, 7]);
+    }
+
+    #[test]
+    fn reader_truncate() {
+        let mut bufs = vec![vec![1, 2, 3], vec![4, 5, 6, 7]];
+        let mut r = Reader::new(slices(&mut bufs));
+        r.truncate(4);
+        assert_eq!(r.available(), 4);
+        assert_eq!(r.read_vec(4).unwrap(), vec![1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn writer_split_and_fill() {
+        let mut bufs = vec![vec![0u8; 3], vec![0u8; 5]];
+        {
+            let mut w = Writer::new(slices(&mut bufs));
+            let mut body = w.split_at(4).unwrap();
+            assert_eq!(w.available(), 4);
+            assert_eq!(body.available(), 4);
+            body.write_all(&[9, 9]).unwrap();
+            w.write_all(&[1, 2, 3, 4]).unwrap();
+            assert!(w.write_all(&[5]).is_err());
+            assert!(body.write_all(&[7, 7, 7]).is_err(), "all or nothing");
+        }
+        assert_eq!(bufs, vec![vec![1, 2, 3], vec![4, 9, 9, 0, 0]]);
+    }
+
+    #[test]
+    fn file_data_moves_without_bounce() {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(b"hello world").unwrap();
+        f.rewind().unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+        let mut bufs = vec![vec![0u8; 4], vec![0u8; 4]];
+        {
+            let mut w = Writer::new(slices(&mut bufs));
+            assert_eq!(w.read_from_fd(fd, 100, Some(6)).unwrap(), 5);
+            assert_eq!(w.bytes_written(), 5);
+        }
+        assert_eq!(&bufs[0], b"worl");
+        assert_eq!(bufs[1][0], b'd');
+        let mut src = vec![b"AB".to_vec(), b"CD".to_vec()];
+        let mut r = Reader::new(slices(&mut src));
+        assert_eq!(r.write_to_fd(fd, 3, Some(1)).unwrap(), 3);
+        assert_eq!(r.available(), 1);
+        assert_eq!(
+            std::fs::read(format!("/proc/self/fd/{fd}")).unwrap(),
+            b"hABCo world"
+        );
+    }
+}

@@ -1,0 +1,13 @@
+//! daxfsd: a vhost-user virtio-fs daemon with a working DAX window.
+//!
+//! Layers (see ARCHITECTURE.md): a transport turns requests into [`iobuf::Reader`] /
+//! [`iobuf::Writer`] pairs, the [`server::Server`] decodes and dispatches them to a
+//! [`filesystem::FileSystem`], and DAX requests go to a [`mapper::Mapper`].
+
+pub mod abi;
+pub mod filesystem;
+pub mod iobuf;
+pub mod mapper;
+pub mod passthrough;
+pub mod server;
+pub mod sys;

@@ -1,0 +1,1 @@
+//! The passthrough filesystem: serves a host directory.

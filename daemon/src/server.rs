@@ -1,0 +1,836 @@
+//! The FUSE server: decodes a request, validates it, calls the [`FileSystem`], encodes the
+//! reply. It knows nothing of virtio: a transport hands it a [`Reader`] over the request and
+//! a [`Writer`] for the reply.
+//!
+//! Every request from the guest is untrusted. Lengths are checked before anything is read,
+//! with checked arithmetic; a malformed request gets an errno reply (or, when even its header
+//! is unreadable, is dropped) and a log line, and the server goes on with the next one.
+
+use std::ffi::CStr;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use vm_memory::ByteValued;
+
+use crate::abi::{self, opcode as op, *};
+use crate::filesystem::{Context, DirEntry, Entry, FileSystem, InitCaps, XattrReply};
+use crate::iobuf::{Reader, Writer};
+use crate::mapper::Mapper;
+
+const IN_HEADER_LEN: usize = std::mem::size_of::<InHeader>();
+const OUT_HEADER_LEN: usize = std::mem::size_of::<OutHeader>();
+const PAGE_SIZE: u32 = 4096;
+/// Pages per READ/WRITE we offer; the client may lower it.
+const MAX_PAGES: u16 = 256;
+/// log2 of the DAX mapping alignment we require (one page).
+const MAP_ALIGNMENT_LOG2: u16 = 12;
+
+fn err(errno: i32) -> io::Error {
+    io::Error::from_raw_os_error(errno)
+}
+
+fn einval() -> io::Error {
+    err(libc::EINVAL)
+}
+
+/// What a handler produced: a reply body already written, or no reply at all.
+enum Reply {
+    Body,
+    None,
+}
+
+type HandlerResult = io::Result<Reply>;
+
+/// Per-session negotiated state.
+#[derive(Default)]
+struct Session {
+    initialized: AtomicBool,
+    minor: AtomicU32,
+    /// Largest READ/WRITE payload accepted.
+    max_io: AtomicU32,
+    /// Flags both sides agreed on.
+    flags: AtomicU64,
+}
+
+/// Outcome of one request, for transports and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handled {
+    /// Bytes written to the reply (0 when there is no reply).
+    pub written: usize,
+    pub opcode: u32,
+}
+
+/// Server options that do not belong to a filesystem.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ServerOptions {
+    /// Largest READ/WRITE payload, in pages (0 = default).
+    pub max_pages: u16,
+}
+
+/// A FUSE server over a filesystem `F` and a DAX mapper.
+pub struct Server<F: FileSystem> {
+    fs: F,
+    mapper: Box<dyn Mapper>,
+    session: Session,
+    max_pages: u16,
+}
+
+/// Parsed request header plus the caller's identity.
+struct Req {
+    unique: u64,
+    nodeid: u64,
+    ctx: Context,
+}
+
+impl<F: FileSystem> Server<F> {
+    pub fn new(fs: F, mapper: Box<dyn Mapper>, opts: ServerOptions) -> Self {
+        let max_pages = match opts.max_pages {
+            0 => MAX_PAGES,
+            n => n,
+        };
+        Server {
+            fs,
+            mapper,
+            session: Session::default(),
+            max_pages,
+        }
+    }
+
+    /// The filesystem being served.
+    pub fn fs(&self) -> &F {
+        &self.fs
+    }
+
+    /// The DAX mapper.
+    pub fn mapper(&self) -> &dyn Mapper {
+        self.mapper.as_ref()
+    }
+
+    /// Ends the session as on DESTROY: used by transports on device reset and disconnect.
+    pub fn reset(&self) {
+        self.session.initialized.store(false, Ordering::SeqCst);
+        self.session.flags.store(0, Ordering::SeqCst);
+        self.fs.destroy();
+    }
+
+    /// Negotiated INIT flags (0 before INIT).
+    pub fn negotiated_flags(&self) -> u64 {
+        self.session.flags.load(Ordering::Relaxed)
+    }
+
+    /// Handles one request. `w` is `None` when the request came without room for a reply.
+    /// Errors mean the request could not even be answered (no readable header, no room for
+    /// a reply header); they are logged and the caller just returns the buffers.
+    pub fn handle(&self, mut r: Reader, w: Option<Writer>) -> io::Result<Handled> {
+        let total = r.available();
+        let hdr: InHeader = r.read_obj().map_err(|e| {
+            log::warn!("dropping request: {total} bytes, too short for a FUSE header");
+            e
+        })?;
+        let req = Req {
+            unique: hdr.unique,
+            nodeid: hdr.nodeid,
+            ctx: Context {
+                uid: hdr.uid,
+                gid: hdr.gid,
+                pid: hdr.pid,
+            },
+        };
+        let result = self.check_header(&hdr, total, &mut r);
+        let mut head = w;
+        let mut body = match head.as_mut() {
+            Some(h) if h.available() >= OUT_HEADER_LEN => Some(h.split_at(OUT_HEADER_LEN)?),
+            _ => None,
+        };
+        let outcome = match result {
+            Ok(()) => match body.as_mut() {
+                Some(b) => self.dispatch(hdr.opcode, &req, &mut r, b),
+                None => self.dispatch_no_reply(hdr.opcode, &req, &mut r),
+            },
+            Err(e) => Err(e),
+        };
+        let written = match outcome {
+            Ok(Reply::None) => 0,
+            Ok(Reply::Body) => {
+                let len = body.as_ref().map_or(0, |b| b.bytes_written());
+                Self::write_header(head.as_mut(), req.unique, 0, len, hdr.opcode)?
+            }
+            Err(e) => {
+                let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                log::debug!(
+                    "{} unique={} -> errno {errno}",
+                    op::name(hdr.opcode),
+                    req.unique
+                );
+                if matches!(hdr.opcode, op::FORGET | op::BATCH_FORGET | op::INTERRUPT) {
+                    0
+                } else {
+                    Self::write_header(head.as_mut(), req.unique, -errno, 0, hdr.opcode)?
+                }
+            }
+        };
+        Ok(Handled {
+            written,
+            opcode: hdr.opcode,
+        })
+    }
+
+    fn write_header(
+        head: Option<&mut Writer>,
+        unique: u64,
+        error: i32,
+        body: usize,
+        opcode: u32,
+    ) -> io::Result<usize> {
+        let Some(head) = head else {
+            log::warn!(
+                "{} unique={unique}: no room for a reply, dropped",
+                op::name(opcode)
+            );
+            return Err(err(libc::ENOBUFS));
+        };
+        let len = OUT_HEADER_LEN.checked_add(body).ok_or_else(einval)?;
+        let out = OutHeader {
+            len: u32::try_from(len).map_err(|_| einval())?,
+            error,
+            unique,
+        };
+        head.write_obj(&out)?;
+        Ok(len)
+    }
+
+    /// Header checks common to every opcode; limits `r` to this request's payload.
+    fn check_header(&self, hdr: &InHeader, total: usize, r: &mut Reader) -> io::Result<()> {
+        if hdr.len as usize != total {
+            log::warn!(
+                "{} unique={}: header len {} but request has {total} bytes",
+                op::name(hdr.opcode),
+                hdr.unique,
+                hdr.len
+            );
+            return Err(einval());
+        }
+        let ext = usize::from(hdr.total_extlen)
+            .checked_mul(8)
+            .ok_or_else(einval)?;
+        let payload = total
+            .checked_sub(IN_HEADER_LEN)
+            .and_then(|n| n.checked_sub(ext))
+            .ok_or_else(|| {
+                log::warn!(
+                    "{}: extension length {ext} exceeds the request",
+                    op::name(hdr.opcode)
+                );
+                einval()
+            })?;
+        r.truncate(payload);
+        if hdr.opcode != op::INIT && !self.session.initialized.load(Ordering::Acquire) {
+            log::warn!("{} before INIT", op::name(hdr.opcode));
+            return Err(err(libc::EIO));
+        }
+        Ok(())
+    }
+
+    /// Requests that never get a reply may come without a writable buffer.
+    fn dispatch_no_reply(&self, opcode: u32, req: &Req, r: &mut Reader) -> HandlerResult {
+        match opcode {
+            op::FORGET => self.forget(req, r),
+            op::BATCH_FORGET => self.batch_forget(req, r),
+            op::INTERRUPT => Ok(Reply::None),
+            _ => {
+                log::warn!(
+                    "{} unique={}: no room for a reply",
+                    op::name(opcode),
+                    req.unique
+                );
+                Err(err(libc::ENOBUFS))
+            }
+        }
+    }
+
+    fn dispatch(&self, opcode: u32, req: &Req, r: &mut Reader, w: &mut Writer) -> HandlerResult {
+        let (ctx, ino) = (&req.ctx, req.nodeid);
+        let fs = &self.fs;
+        match opcode {
+            op::INIT => self.init(r, w),
+            op::DESTROY => {
+                self.reset();
+                Ok(Reply::Body)
+            }
+            op::FORGET | op::BATCH_FORGET | op::INTERRUPT => self.dispatch_no_reply(opcode, req, r),
+            op::LOOKUP => entry(w, fs.lookup(ctx, ino, &one_name(r)?)?),
+            op::GETATTR => {
+                let a: GetattrIn = r.read_obj()?;
+                let fh = (a.flags & GETATTR_FH != 0).then_some(a.fh);
+                attr(w, fs.getattr(ctx, ino, fh)?)
+            }
+            op::SETATTR => {
+                let a: SetattrIn = r.read_obj()?;
+                let fh = (a.valid & fattr::FH != 0).then_some(a.fh);
+                attr(w, fs.setattr(ctx, ino, &a, fh)?)
+            }
+            op::READLINK => {
+                let target = fs.readlink(ctx, ino)?;
+                w.write_all(&target)?;
+                Ok(Reply::Body)
+            }
+            op::SYMLINK => {
+                let rest = r.read_vec(r.available())?;
+                let (name, rest) = split_cstr(&rest)?;
+                let (target, rest) = split_cstr(rest)?;
+                check_component(name)?;
+                check_empty(rest)?;
+                if target.to_bytes().is_empty() || target.to_bytes().len() >= PATH_MAX {
+                    return Err(err(libc::ENAMETOOLONG));
+                }
+                entry(w, fs.symlink(ctx, target, ino, name)?)
+            }
+            op::MKNOD => {
+                let a: MknodIn = r.read_obj()?;
+                entry(
+                    w,
+                    fs.mknod(ctx, ino, &one_name(r)?, a.mode, a.rdev, a.umask)?,
+                )
+            }
+            op::MKDIR => {
+                let a: MkdirIn = r.read_obj()?;
+                entry(w, fs.mkdir(ctx, ino, &one_name(r)?, a.mode, a.umask)?)
+            }
+            op::UNLINK => empty(fs.unlink(ctx, ino, &one_name(r)?)),
+            op::RMDIR => empty(fs.rmdir(ctx, ino, &one_name(r)?)),
+            op::RENAME => {
+                let a: RenameIn = r.read_obj()?;
+                let (old, new) = two_names(r)?;
+                empty(fs.rename(ctx, ino, &old, a.newdir, &new, 0))
+            }
+            op::RENAME2 => {
+                let a: Rename2In = r.read_obj()?;
+                let (old, new) = two_names(r)?;
+                empty(fs.rename(ctx, ino, &old, a.newdir, &new, a.flags))
+            }
+            op::LINK => {
+                let a: LinkIn = r.read_obj()?;
+                entry(w, fs.link(ctx, a.oldnodeid, ino, &one_name(r)?)?)
+            }
+            op::OPEN => {
+                let a: OpenIn = r.read_obj()?;
+                let (fh, flags) = fs.open(ctx, ino, a.flags, a.open_flags)?;
+                obj(w, &open_out(fh, flags))
+            }
+            op::OPENDIR => {
+                let a: OpenIn = r.read_obj()?;
+                let (fh, flags) = fs.opendir(ctx, ino, a.flags)?;
+                obj(w, &open_out(fh, flags))
+            }
+            op::CREATE => {
+                let a: CreateIn = r.read_obj()?;
+                let name = one_name(r)?;
+                let (e, fh, flags) =
+                    fs.create(ctx, ino, &name, a.mode, a.flags, a.umask, a.open_flags)?;
+                w.write_obj(&entry_out(&e))?;
+                obj(w, &open_out(fh, flags))
+            }
+            op::TMPFILE => {
+                let a: CreateIn = r.read_obj()?;
+                // The client sends a placeholder name; it only has to be well formed.
+                let rest = r.read_vec(r.available())?;
+                check_empty(split_cstr(&rest)?.1)?;
+                let (e, fh, flags) = fs.tmpfile(ctx, ino, a.mode, a.flags, a.umask)?;
+                w.write_obj(&entry_out(&e))?;
+                obj(w, &open_out(fh, flags))
+            }
+            op::READ => {
+                let a: ReadIn = r.read_obj()?;
+                self.check_io_size(a.size)?;
+                if (a.size as usize) > w.available() {
+                    return Err(err(libc::ENOBUFS));
+                }
+                fs.read(ctx, ino, a.fh, w, a.size, a.offset)?;
+                Ok(Reply::Body)
+            }
+            op::WRITE => {
+                let a: WriteIn = r.read_obj()?;
+                self.check_io_size(a.size)?;
+                if a.size as usize != r.available() {
+                    log::warn!(
+                        "WRITE of {} bytes carries {} bytes of data",
+                        a.size,
+                        r.available()
+                    );
+                    return Err(einval());
+                }
+                let kill = a.write_flags & WRITE_KILL_SUIDGID != 0;
+                let n = fs.write(ctx, ino, a.fh, r, a.size, a.offset, kill)?;
+                obj(
+                    w,
+                    &WriteOut {
+                        size: u32::try_from(n).map_err(|_| einval())?,
+                        padding: 0,
+                    },
+                )
+            }
+            op::STATFS => obj(
+                w,
+                &StatfsOut {
+                    st: fs.statfs(ctx, ino)?,
+                },
+            ),
+            op::RELEASE => {
+                let a: ReleaseIn = r.read_obj()?;
+                let flock = a.release_flags & RELEASE_FLOCK_UNLOCK != 0;
+                empty(fs.release(ctx, ino, a.fh, flock, a.lock_owner))
+            }
+            op::RELEASEDIR => {
+                let a: ReleaseIn = r.read_obj()?;
+                empty(fs.releasedir(ctx, ino, a.fh))
+            }
+            op::FSYNC | op::FSYNCDIR => {
+                let a: FsyncIn = r.read_obj()?;
+                let datasync = a.fsync_flags & FSYNC_FDATASYNC != 0;
+                if opcode == op::FSYNC {
+                    empty(fs.fsync(ctx, ino, datasync, a.fh))
+                } else {
+                    empty(fs.fsyncdir(ctx, ino, datasync, a.fh))
+                }
+            }
+            op::FLUSH => {
+                let a: FlushIn = r.read_obj()?;
+                empty(fs.flush(ctx, ino, a.fh, a.lock_owner))
+            }
+            op::SETXATTR => self.setxattr(req, r),
+            op::GETXATTR => {
+                let a: GetxattrIn = r.read_obj()?;
+                let rest = r.read_vec(r.available())?;
+                let (name, rest) = split_cstr(&rest)?;
+                check_xattr_name(name)?;
+                check_empty(rest)?;
+                xattr(w, a.size, fs.getxattr(ctx, ino, name, a.size)?)
+            }
+            op::LISTXATTR => {
+                let a: GetxattrIn = r.read_obj()?;
+                xattr(w, a.size, fs.listxattr(ctx, ino, a.size)?)
+            }
+            op::REMOVEXATTR => {
+                let rest = r.read_vec(r.available())?;
+                let (name, rest) = split_cstr(&rest)?;
+                check_xattr_name(name)?;
+                check_empty(rest)?;
+                empty(fs.removexattr(ctx, ino, name))
+            }
+            op::READDIR | op::READDIRPLUS => self.readdir(req, r, w, opcode == op::READDIRPLUS),
+            op::GETLK => {
+                let a: LkIn = r.read_obj()?;
+                obj(
+                    w,
+                    &LkOut {
+                        lk: fs.getlk(ctx, ino, a.fh, a.owner, a.lk)?,
+                    },
+                )
+            }
+            op::SETLK | op::SETLKW => {
+                let a: LkIn = r.read_obj()?;
+                let flock = a.lk_flags & LK_FLOCK != 0;
+                empty(fs.setlk(ctx, ino, a.fh, a.owner, a.lk, flock, opcode == op::SETLKW))
+            }
+            op::ACCESS => {
+                let a: AccessIn = r.read_obj()?;
+                empty(fs.access(ctx, ino, a.mask))
+            }
+            op::FALLOCATE => {
+                let a: FallocateIn = r.read_obj()?;
+                empty(fs.fallocate(ctx, ino, a.fh, a.mode, a.offset, a.length))
+            }
+            op::LSEEK => {
+                let a: LseekIn = r.read_obj()?;
+                obj(
+                    w,
+                    &LseekOut {
+                        offset: fs.lseek(ctx, ino, a.fh, a.offset, a.whence)?,
+                    },
+                )
+            }
+            op::COPY_FILE_RANGE => {
+                let a: CopyFileRangeIn = r.read_obj()?;
+                // The reply carries a 32-bit count: never copy more than fits.
+                let len = a.len.min(u64::from(u32::MAX) & !u64::from(PAGE_SIZE - 1));
+                let n = fs.copy_file_range(
+                    ctx,
+                    ino,
+                    a.fh_in,
+                    a.off_in,
+                    a.nodeid_out,
+                    a.fh_out,
+                    a.off_out,
+                    len,
+                    a.flags,
+                )?;
+                obj(
+                    w,
+                    &WriteOut {
+                        size: u32::try_from(n).map_err(|_| einval())?,
+                        padding: 0,
+                    },
+                )
+            }
+            op::SYNCFS => {
+                let _: SyncfsIn = r.read_obj()?;
+                empty(fs.syncfs(ctx, ino))
+            }
+            op::SETUPMAPPING => {
+                let a: SetupmappingIn = r.read_obj()?;
+                let writable = a.flags & SETUPMAPPING_FLAG_WRITE != 0;
+                empty(fs.setupmapping(
+                    ctx,
+                    ino,
+                    a.fh,
+                    a.foffset,
+                    a.len,
+                    a.moffset,
+                    writable,
+                    self.mapper.as_ref(),
+                ))
+            }
+            op::REMOVEMAPPING => self.removemapping(r),
+            op::IOCTL => Err(err(libc::ENOTTY)),
+            _ => {
+                log::debug!("unsupported opcode {opcode} ({})", op::name(opcode));
+                Err(err(libc::ENOSYS))
+            }
+        }
+    }
+
+    fn check_io_size(&self, size: u32) -> io::Result<()> {
+        let max = self.session.max_io.load(Ordering::Relaxed);
+        if size > max {
+            log::warn!("I/O of {size} bytes exceeds the negotiated maximum {max}");
+            return Err(einval());
+        }
+        Ok(())
+    }
+
+    fn init(&self, r: &mut Reader, w: &mut Writer) -> HandlerResult {
+        let mut a = InitIn::default();
+        let n = r.available().min(std::mem::size_of::<InitIn>());
+        if n < COMPAT_INIT_IN_SIZE {
+            return Err(einval());
+        }
+        r.read_exact(&mut a.as_mut_slice()[..n])?;
+        if a.major < KERNEL_VERSION {
+            log::error!("client speaks FUSE {}.{}, need 7.x", a.major, a.minor);
+            return Err(err(libc::EPROTO));
+        }
+        let mut out = InitOut {
+            major: KERNEL_VERSION,
+            minor: KERNEL_MINOR_VERSION,
+            ..Default::default()
+        };
+        if a.major > KERNEL_VERSION {
+            // The client retries INIT with our major version.
+            return obj(w, &out);
+        }
+        if a.minor < MIN_KERNEL_MINOR_VERSION {
+            log::error!(
+                "client speaks FUSE 7.{}, need 7.{MIN_KERNEL_MINOR_VERSION}",
+                a.minor
+            );
+            return Err(err(libc::EPROTO));
+        }
+        let mut offered = u64::from(a.flags);
+        if offered & init_flags::INIT_EXT != 0 {
+            offered |= u64::from(a.flags2) << 32;
+        }
+        let mut want = init_flags::ASYNC_READ
+            | init_flags::BIG_WRITES
+            | init_flags::PARALLEL_DIROPS
+            | init_flags::MAX_PAGES
+            | init_flags::ATOMIC_O_TRUNC
+            | init_flags::HAS_IOCTL_DIR
+            | init_flags::INIT_EXT
+            | init_flags::SETXATTR_EXT;
+        if self.mapper.window_size() > 0 {
+            want |= init_flags::MAP_ALIGNMENT;
+        }
+        want |= self.fs.init(InitCaps { flags: offered })?;
+        let agreed = want & offered;
+        let max_pages = if agreed & init_flags::MAX_PAGES != 0 {
+            self.max_pages
+        } else {
+            32
+        };
+        let max_io = u32::from(max_pages) * PAGE_SIZE;
+        out.max_readahead = a.max_readahead;
+        out.flags = agreed as u32;
+        out.flags2 = (agreed >> 32) as u32;
+        out.max_background = 64;
+        out.congestion_threshold = 48;
+        out.max_write = max_io;
+        out.time_gran = 1;
+        out.max_pages = max_pages;
+        if agreed & init_flags::MAP_ALIGNMENT != 0 {
+            out.map_alignment = MAP_ALIGNMENT_LOG2;
+        }
+        self.session.minor.store(a.minor, Ordering::Relaxed);
+        self.session.max_io.store(max_io, Ordering::Relaxed);
+        self.session.flags.store(agreed, Ordering::Relaxed);
+        self.session.initialized.store(true, Ordering::Release);
+        log::info!(
+            "INIT: client FUSE {}.{}, flags {agreed:#x}, max_write {max_io}, DAX window {} bytes",
+            a.major,
+            a.minor,
+            self.mapper.window_size()
+        );
+        obj(w, &out)
+    }
+
+    fn forget(&self, req: &Req, r: &mut Reader) -> HandlerResult {
+        let a: ForgetIn = r.read_obj()?;
+        self.fs.forget(&req.ctx, req.nodeid, a.nlookup);
+        Ok(Reply::None)
+    }
+
+    fn batch_forget(&self, req: &Req, r: &mut Reader) -> HandlerResult {
+        let a: BatchForgetIn = r.read_obj()?;
+        let len = (a.count as usize).checked_mul(std::mem::size_of::<ForgetOne>());
+        if len != Some(r.available()) {
+            log::warn!(
+                "BATCH_FORGET count {} does not match {} bytes",
+                a.count,
+                r.available()
+            );
+            return Err(einval());
+        }
+        let mut items = Vec::with_capacity(a.count as usize);
+        for _ in 0..a.count {
+            let one: ForgetOne = r.read_obj()?;
+            items.push((one.nodeid, one.nlookup));
+        }
+        self.fs.batch_forget(&req.ctx, &items);
+        Ok(Reply::None)
+    }
+
+    fn setxattr(&self, req: &Req, r: &mut Reader) -> HandlerResult {
+        let ext = self.session.flags.load(Ordering::Relaxed) & init_flags::SETXATTR_EXT != 0;
+        let mut a = SetxattrIn::default();
+        let n = if ext {
+            std::mem::size_of::<SetxattrIn>()
+        } else {
+            COMPAT_SETXATTR_IN_SIZE
+        };
+        r.read_exact(&mut a.as_mut_slice()[..n])?;
+        let rest = r.read_vec(r.available())?;
+        let (name, value) = split_cstr(&rest)?;
+        check_xattr_name(name)?;
+        if a.size as usize > XATTR_SIZE_MAX {
+            return Err(err(libc::E2BIG));
+        }
+        if value.len() != a.size as usize {
+            return Err(einval());
+        }
+        empty(self.fs.setxattr(&req.ctx, req.nodeid, name, value, a.flags))
+    }
+
+    fn readdir(&self, req: &Req, r: &mut Reader, w: &mut Writer, plus: bool) -> HandlerResult {
+        let a: ReadIn = r.read_obj()?;
+        self.check_io_size(a.size)?;
+        let mut budget = (a.size as usize).min(w.available());
+        let fixed = if plus {
+            std::mem::size_of::<DirentPlus>()
+        } else {
+            std::mem::size_of::<Dirent>()
+        };
+        let mut add = |d: DirEntry, e: Option<&Entry>| -> io::Result<bool> {
+            if d.name.is_empty() || d.name.len() > NAME_MAX {
+                return Err(err(libc::EIO));
+            }
+            let size = abi::dirent_size(fixed, d.name.len()).ok_or_else(einval)?;
+            if size > budget {
+                return Ok(false);
+            }
+            let dirent = Dirent {
+                ino: d.ino,
+                off: d.offset,
+                namelen: d.name.len() as u32,
+                typ: d.typ,
+            };
+            if plus {
+                let entry_out = e.map(entry_out).unwrap_or_default();
+                w.write_obj(&DirentPlus { entry_out, dirent })?;
+            } else {
+                w.write_obj(&dirent)?;
+            }
+            w.write_all(d.name)?;
+            let pad = size - fixed - d.name.len();
+            w.write_all(&[0u8; 8][..pad])?;
+            budget -= size;
+            Ok(true)
+        };
+        self.fs
+            .readdir(&req.ctx, req.nodeid, a.fh, a.offset, plus, &mut add)?;
+        Ok(Reply::Body)
+    }
+
+    fn removemapping(&self, r: &mut Reader) -> HandlerResult {
+        let a: RemovemappingIn = r.read_obj()?;
+        let len = (a.count as usize).checked_mul(std::mem::size_of::<RemovemappingOne>());
+        if a.count == 0 || len != Some(r.available()) {
+            log::warn!(
+                "REMOVEMAPPING count {} does not match {} bytes",
+                a.count,
+                r.available()
+            );
+            return Err(einval());
+        }
+        let mut first_err = None;
+        for _ in 0..a.count {
+            let one: RemovemappingOne = r.read_obj()?;
+            if let Err(e) = self.mapper.unmap(one.moffset, one.len) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(Reply::Body), Err)
+    }
+}
+
+fn obj<T: ByteValued>(w: &mut Writer, v: &T) -> HandlerResult {
+    w.write_obj(v)?;
+    Ok(Reply::Body)
+}
+
+fn empty(res: io::Result<()>) -> HandlerResult {
+    res.map(|()| Reply::Body)
+}
+
+fn split_timeout(d: Duration) -> (u64, u32) {
+    (d.as_secs(), d.subsec_nanos())
+}
+
+/// Wire form of a lookup answer.
+pub fn entry_out(e: &Entry) -> EntryOut {
+    let (entry_valid, entry_valid_nsec) = split_timeout(e.entry_timeout);
+    let (attr_valid, attr_valid_nsec) = split_timeout(e.attr_timeout);
+    EntryOut {
+        nodeid: e.inode,
+        generation: e.generation,
+        entry_valid,
+        attr_valid,
+        entry_valid_nsec,
+        attr_valid_nsec,
+        attr: e.attr,
+    }
+}
+
+fn entry(w: &mut Writer, e: Entry) -> HandlerResult {
+    obj(w, &entry_out(&e))
+}
+
+fn attr(w: &mut Writer, (attr, timeout): (Attr, Duration)) -> HandlerResult {
+    let (attr_valid, attr_valid_nsec) = split_timeout(timeout);
+    obj(
+        w,
+        &AttrOut {
+            attr_valid,
+            attr_valid_nsec,
+            dummy: 0,
+            attr,
+        },
+    )
+}
+
+fn open_out(fh: u64, open_flags: u32) -> OpenOut {
+    OpenOut {
+        fh,
+        open_flags,
+        backing_id: 0,
+    }
+}
+
+fn xattr(w: &mut Writer, size: u32, reply: XattrReply) -> HandlerResult {
+    match reply {
+        XattrReply::Count(n) => obj(
+            w,
+            &GetxattrOut {
+                size: n,
+                padding: 0,
+            },
+        ),
+        XattrReply::Value(v) if size == 0 => {
+            let n = u32::try_from(v.len()).map_err(|_| err(libc::E2BIG))?;
+            obj(
+                w,
+                &GetxattrOut {
+                    size: n,
+                    padding: 0,
+                },
+            )
+        }
+        XattrReply::Value(v) if v.len() > size as usize => Err(err(libc::ERANGE)),
+        XattrReply::Value(v) => {
+            w.write_all(&v)?;
+            Ok(Reply::Body)
+        }
+    }
+}
+
+/// Splits a NUL-terminated string off the front of `buf`.
+fn split_cstr(buf: &[u8]) -> io::Result<(&CStr, &[u8])> {
+    let nul = buf.iter().position(|&b| b == 0).ok_or_else(|| {
+        log::warn!("string without NUL terminator");
+        einval()
+    })?;
+    let s = CStr::from_bytes_with_nul(&buf[..=nul]).map_err(|_| einval())?;
+    Ok((s, &buf[nul + 1..]))
+}
+
+fn check_empty(rest: &[u8]) -> io::Result<()> {
+    if rest.is_empty() {
+        Ok(())
+    } else {
+        log::warn!("{} unexpected trailing bytes", rest.len());
+        Err(einval())
+    }
+}
+
+/// A name must be one path component: non-empty, no `/`, at most `NAME_MAX` bytes.
+fn check_component(name: &CStr) -> io::Result<()> {
+    let b = name.to_bytes();
+    if b.len() > NAME_MAX {
+        return Err(err(libc::ENAMETOOLONG));
+    }
+    if b.is_empty() || b.contains(&b'/') {
+        log::warn!("invalid name component {name:?}");
+        return Err(einval());
+    }
+    Ok(())
+}
+
+fn check_xattr_name(name: &CStr) -> io::Result<()> {
+    let n = name.to_bytes().len();
+    if n == 0 {
+        return Err(einval());
+    }
+    if n > XATTR_NAME_MAX {
+        return Err(err(libc::ERANGE));
+    }
+    Ok(())
+}
+
+/// The rest of the request as exactly one name component.
+fn one_name(r: &mut Reader) -> io::Result<std::ffi::CString> {
+    let rest = r.read_vec(r.available())?;
+    let (name, rest) = split_cstr(&rest)?;
+    check_component(name)?;
+    check_empty(rest)?;
+    Ok(name.to_owned())
+}
+
+/// The rest of the request as exactly two name components.
+fn two_names(r: &mut Reader) -> io::Result<(std::ffi::CString, std::ffi::CString)> {
+    let rest = r.read_vec(r.available())?;
+    let (a, rest) = split_cstr(&rest)?;
+    let (b, rest) = split_cstr(rest)?;
+    check_component(a)?;
+    check_component(b)?;
+    check_empty(rest)?;
+    Ok((a.to_owned(), b.to_owned()))
+}

@@ -1,0 +1,93 @@
+# shellcheck shell=bash
+# Shared helpers for the daxfsd VM rig. Source it; do not execute it.
+#   RIG_TAG   prefix of every message (set by the sourcing script)
+
+RIG_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DAXFSD_CACHE="${DAXFSD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/daxfsd}"
+RIG_T0=$SECONDS
+
+# One progress line, with seconds since the script started.
+log() { printf '[%s %4ds] %s\n' "${RIG_TAG:-rig}" "$((SECONDS - RIG_T0))" "$*" >&2; }
+die() { printf '%s: error: %s\n' "${RIG_TAG:-rig}" "$*" >&2; exit 1; }
+
+# need_cmd CMD [package]: fail with a one-line fix when CMD is missing.
+need_cmd() {
+    command -v "$1" >/dev/null 2>&1 && return 0
+    die "'$1' not found; install it with 'make deps' (scripts/provision-deps.sh${2:+, package $2})"
+}
+
+# Hash of file contents and base names (order as given). Prints 16 hex digits.
+hash_inputs() {
+    local f
+    for f in "$@"; do
+        printf '%s\0' "${f##*/}"
+        cat -- "$f"
+        printf '\0'
+    done | sha256sum | cut -c1-16
+}
+
+# Installed version of a Debian package, or empty.
+deb_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || true; }
+
+# Run a long command with its output in LOGFILE; on failure show the tail.
+run_logged() {
+    local logfile=$1; shift
+    if ! "$@" >>"$logfile" 2>&1; then
+        printf '%s: command failed: %s\n--- last 40 lines of %s ---\n' "${RIG_TAG:-rig}" "$*" "$logfile" >&2
+        tail -n 40 "$logfile" >&2
+        return 1
+    fi
+}
+
+# The primary Debian archive URI from this machine's apt configuration
+# (deb822 .sources files or one-line sources.list), never a built-in host.
+apt_mirror_uri() {
+    local f uri="" suites="" line key val
+    for f in /etc/apt/sources.list.d/*.sources; do
+        [[ -r $f ]] || continue
+        uri="" suites=""
+        while IFS= read -r line || [[ -n $line ]]; do
+            if [[ -z ${line//[[:space:]]/} ]]; then
+                if [[ -n $uri && " $suites " =~ \ [a-z]+\  && $uri != *security* ]]; then
+                    printf '%s\n' "${uri%/}"; return 0
+                fi
+                uri="" suites=""; continue
+            fi
+            [[ $line == \#* ]] && continue
+            key=${line%%:*}; val=${line#*:}; val=${val#"${val%%[![:space:]]*}"}
+            case ${key,,} in
+                uris) uri=${val%% *} ;;
+                suites) suites=$val ;;
+            esac
+        done <"$f"
+        if [[ -n $uri && " $suites " =~ \ [a-z]+\  && $uri != *security* ]]; then
+            printf '%s\n' "${uri%/}"; return 0
+        fi
+    done
+    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+        [[ -r $f ]] || continue
+        # deb [opts] URI SUITE COMPONENTS...: first non-security, non-updates suite.
+        uri=$(awk '$1=="deb" { i=2; if ($i ~ /^\[/) { while ($i !~ /\]$/) i++; i++ }
+                  if ($(i+1) !~ /-(security|updates|backports)/ && $i !~ /security/) { print $i; exit } }' "$f")
+        if [[ -n $uri ]]; then printf '%s\n' "${uri%/}"; return 0; fi
+    done
+    return 1
+}
+
+# apt-get that waits for a lock held by another apt/dpkg instead of failing.
+apt_get() {
+    local tries=0
+    while :; do
+        if DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 "$@"; then
+            return 0
+        fi
+        tries=$((tries + 1))
+        # apt-get update has no lock timeout on old apt: retry while locked.
+        if ((tries < 60)) && pgrep -x 'apt-get|apt|dpkg|unattended-upgr' >/dev/null 2>&1; then
+            log "apt is busy (another apt/dpkg runs); waiting"
+            sleep 10
+            continue
+        fi
+        return 1
+    done
+}
