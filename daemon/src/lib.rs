@@ -5,9 +5,12 @@
 //! [`filesystem::FileSystem`], and DAX requests go to a [`mapper::Mapper`].
 
 pub mod abi;
+pub mod cli;
+pub mod dax;
 pub mod filesystem;
 pub mod iobuf;
 pub mod mapper;
 pub mod passthrough;
 pub mod server;
 pub mod sys;
+pub mod vhost_user;

@@ -124,9 +124,8 @@ impl<F: FileSystem> Server<F> {
     /// a reply header); they are logged and the caller just returns the buffers.
     pub fn handle(&self, mut r: Reader, w: Option<Writer>) -> io::Result<Handled> {
         let total = r.available();
-        let hdr: InHeader = r.read_obj().map_err(|e| {
+        let hdr: InHeader = r.read_obj().inspect_err(|_| {
             log::warn!("dropping request: {total} bytes, too short for a FUSE header");
-            e
         })?;
         let req = Req {
             unique: hdr.unique,

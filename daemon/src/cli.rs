@@ -1,0 +1,526 @@
+//! Command line: virtiofsd 1.14's options with the same meaning, plus daxfsd's own.
+//!
+//! Options virtiofsd has that daxfsd does not implement yet are still parsed, so that a
+//! script passing them gets a clear "not supported yet: OPTION" error instead of a silent
+//! difference in behaviour.
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CachePolicy {
+    /// No guest caching of data or metadata.
+    Never,
+    /// Cache for one second.
+    Auto,
+    /// Cache until changed through the guest.
+    Always,
+    /// Cache metadata only.
+    Metadata,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Sandbox {
+    /// New mount, pid, net, ipc and uts namespaces; pivot_root into the shared directory.
+    Namespace,
+    /// chroot into the shared directory.
+    Chroot,
+    /// No sandbox.
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Seccomp {
+    /// No system call filter.
+    None,
+    /// Kill the daemon on a system call outside the allow-list.
+    Kill,
+    /// Log system calls outside the allow-list.
+    Log,
+    /// Raise SIGSYS on a system call outside the allow-list.
+    Trap,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum InodeFileHandles {
+    Never,
+    Prefer,
+    Mandatory,
+}
+
+/// daxfsd: vhost-user virtio-fs daemon with a working DAX window.
+///
+/// Serves --shared-dir to one virtio-fs device over the vhost-user socket --socket-path
+/// (or an inherited listening socket --fd), for QEMU's `-device vhost-user-fs-pci` or, with
+/// --dax-window, the device with a DAX cache window. Exits when the frontend disconnects.
+/// Accepts virtiofsd's options with the same meaning.
+#[derive(Debug, Parser)]
+#[command(name = "daxfsd", version, about, long_about = None, max_term_width = 100)]
+pub struct Cli {
+    /// Directory to share with the guest.
+    #[arg(long, value_name = "DIR")]
+    pub shared_dir: Option<PathBuf>,
+
+    /// Tag the device advertises (what the guest passes to `mount -t virtiofs TAG`).
+    #[arg(long, value_name = "TAG", default_value = "myfs")]
+    pub tag: String,
+
+    /// vhost-user socket to listen on (created; a stale socket file is replaced).
+    #[arg(long, alias = "socket", value_name = "PATH")]
+    pub socket_path: Option<PathBuf>,
+
+    /// Group that owns the vhost-user socket.
+    #[arg(long, value_name = "GROUP")]
+    pub socket_group: Option<String>,
+
+    /// Inherited file descriptor of a listening (not yet connected) UNIX socket.
+    #[arg(long, value_name = "FD", conflicts_with = "socket_path")]
+    pub fd: Option<i32>,
+
+    /// Worker threads per request queue; 0 serves each queue on its own thread.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub thread_pool_size: usize,
+
+    /// Number of request queues the device offers (each gets a worker thread).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub queues: usize,
+
+    /// Caching: never (no guest cache, DAX still possible), auto (1 s timeouts), always
+    /// (cache until changed through the guest), metadata (cache metadata only).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub cache: CachePolicy,
+
+    /// Enable the guest's writeback cache (FUSE_WRITEBACK_CACHE).
+    #[arg(long)]
+    pub writeback: bool,
+
+    /// Honour O_DIRECT opens from the guest.
+    #[arg(long)]
+    pub allow_direct_io: bool,
+
+    /// Allow shared mmap in the guest even with --cache never (FUSE_DIRECT_IO_ALLOW_MMAP).
+    #[arg(long)]
+    pub allow_mmap: bool,
+
+    /// Disable READDIRPLUS (directory listings without attributes).
+    #[arg(long)]
+    pub no_readdirplus: bool,
+
+    /// Enable extended attributes.
+    #[arg(long)]
+    pub xattr: bool,
+
+    /// Enable POSIX ACLs (implies --xattr).
+    #[arg(long)]
+    pub posix_acl: bool,
+
+    /// Serve the share read-only: every modifying request fails with EROFS.
+    #[arg(long)]
+    pub readonly: bool,
+
+    /// Tell the guest about submounts (FUSE_ATTR_SUBMOUNT) so it gives them their own st_dev.
+    #[arg(long)]
+    pub announce_submounts: bool,
+
+    /// Identify inodes by file handles instead of O_PATH fds.
+    #[arg(long, value_enum, value_name = "MODE", num_args = 0..=1, default_missing_value = "prefer", default_value = "never")]
+    pub inode_file_handles: InodeFileHandles,
+
+    /// Sandbox the daemon: namespace, chroot or none.
+    #[arg(long, value_enum, default_value = "none")]
+    pub sandbox: Sandbox,
+
+    /// System call filter: none, kill, log or trap.
+    #[arg(long, value_enum, default_value = "none")]
+    pub seccomp: Seccomp,
+
+    /// Raise the open-file limit (RLIMIT_NOFILE) to N.
+    #[arg(long, value_name = "N")]
+    pub rlimit_nofile: Option<u64>,
+
+    /// Log level.
+    #[arg(long, value_enum, default_value = "info")]
+    pub log_level: LogLevel,
+
+    /// Log to syslog instead of stderr.
+    #[arg(long)]
+    pub syslog: bool,
+
+    /// Print the vhost-user backend capabilities as JSON and exit.
+    #[arg(long)]
+    pub print_capabilities: bool,
+
+    /// Size of the DAX cache window (e.g. 1G, 512M; 0 = no window). Needs a frontend with
+    /// vhost-user SHMEM support (QEMU >= 11.1); guests mount with `-o dax=always`.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "0")]
+    pub dax_window: u64,
+
+    /// Debug log level (same as --log-level debug).
+    #[arg(short = 'd')]
+    pub debug: bool,
+
+    /// Stay in the foreground (always the case; accepted for compatibility).
+    #[arg(short = 'f')]
+    pub foreground: bool,
+
+    /// Options in the style of the C virtiofsd, comma separated (source=DIR, cache=MODE,
+    /// xattr, no_xattr, writeback, no_writeback, readdirplus, no_readdirplus,
+    /// announce_submounts, allow_direct_io, no_allow_direct_io, flock, posix_lock, ...).
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    pub compat_options: Vec<String>,
+
+    /// Map extended attribute names (not supported yet).
+    #[arg(long, value_name = "MAP")]
+    pub xattrmap: Option<String>,
+
+    /// Modify the capability set (not supported yet).
+    #[arg(long, value_name = "CAPS")]
+    pub modcaps: Option<String>,
+
+    /// Enable security label support (not supported yet).
+    #[arg(long)]
+    pub security_label: bool,
+
+    /// Enable FUSE_HANDLE_KILLPRIV_V2 (not supported yet).
+    #[arg(long)]
+    pub killpriv_v2: bool,
+
+    /// Disable FUSE_HANDLE_KILLPRIV_V2 (the default).
+    #[arg(long)]
+    pub no_killpriv_v2: bool,
+
+    /// Preserve O_NOATIME (not supported yet).
+    #[arg(long)]
+    pub preserve_noatime: bool,
+
+    /// UID map (not supported yet).
+    #[arg(long, value_name = "MAP")]
+    pub uid_map: Option<String>,
+
+    /// GID map (not supported yet).
+    #[arg(long, value_name = "MAP")]
+    pub gid_map: Option<String>,
+
+    /// UID translation (not supported yet).
+    #[arg(long, value_name = "MAP")]
+    pub translate_uid: Vec<String>,
+
+    /// GID translation (not supported yet).
+    #[arg(long, value_name = "MAP")]
+    pub translate_gid: Vec<String>,
+
+    /// Migration mode (not supported yet).
+    #[arg(long, value_name = "MODE")]
+    pub migration_mode: Option<String>,
+
+    /// Migration error policy (not supported yet).
+    #[arg(long, value_name = "POLICY")]
+    pub migration_on_error: Option<String>,
+
+    /// Migration handle verification (not supported yet).
+    #[arg(long)]
+    pub migration_verify_handles: bool,
+
+    /// Migration path confirmation (not supported yet).
+    #[arg(long)]
+    pub migration_confirm_paths: bool,
+}
+
+/// A command-line problem, reported as one line.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("not supported yet: {0}")]
+    NotSupported(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Parses sizes such as `4096`, `512K`, `64M`, `1G`, `2GiB`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (num, shift) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 10),
+        Some('m' | 'M') => (&t[..t.len() - 1], 20),
+        Some('g' | 'G') => (&t[..t.len() - 1], 30),
+        Some('t' | 'T') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid size {s:?} (examples: 4096, 512M, 1G)"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+impl Cli {
+    /// Folds `-o` and `-d` into the long options and rejects what is not implemented.
+    pub fn normalize(&mut self) -> Result<(), CliError> {
+        for opts in std::mem::take(&mut self.compat_options) {
+            for o in opts.split(',').filter(|o| !o.is_empty()) {
+                self.apply_compat(o)?;
+            }
+        }
+        if self.debug {
+            self.log_level = LogLevel::Debug;
+        }
+        if self.posix_acl {
+            self.xattr = true;
+        }
+        let unsupported = [
+            (self.posix_acl, "--posix-acl"),
+            (self.syslog, "--syslog"),
+            (
+                self.thread_pool_size > 0,
+                "--thread-pool-size greater than 0",
+            ),
+            (
+                self.sandbox == Sandbox::Namespace,
+                "--sandbox namespace (use --sandbox none)",
+            ),
+            (
+                self.sandbox == Sandbox::Chroot,
+                "--sandbox chroot (use --sandbox none)",
+            ),
+            (self.seccomp != Seccomp::None, "--seccomp other than none"),
+            (
+                self.inode_file_handles != InodeFileHandles::Never,
+                "--inode-file-handles",
+            ),
+            (self.xattrmap.is_some(), "--xattrmap"),
+            (self.modcaps.is_some(), "--modcaps"),
+            (self.security_label, "--security-label"),
+            (self.killpriv_v2, "--killpriv-v2"),
+            (self.preserve_noatime, "--preserve-noatime"),
+            (self.uid_map.is_some(), "--uid-map"),
+            (self.gid_map.is_some(), "--gid-map"),
+            (!self.translate_uid.is_empty(), "--translate-uid"),
+            (!self.translate_gid.is_empty(), "--translate-gid"),
+            (self.migration_mode.is_some(), "--migration-mode"),
+            (self.migration_on_error.is_some(), "--migration-on-error"),
+            (self.migration_verify_handles, "--migration-verify-handles"),
+            (self.migration_confirm_paths, "--migration-confirm-paths"),
+        ];
+        if let Some((_, name)) = unsupported.iter().find(|(on, _)| *on) {
+            return Err(CliError::NotSupported((*name).to_string()));
+        }
+        if self.print_capabilities {
+            return Ok(());
+        }
+        let Some(dir) = &self.shared_dir else {
+            return Err(CliError::Invalid(
+                "missing --shared-dir DIR (the directory to share)".into(),
+            ));
+        };
+        if !dir.is_dir() {
+            return Err(CliError::Invalid(format!(
+                "--shared-dir {}: not a directory (create it or fix the path)",
+                dir.display()
+            )));
+        }
+        if self.socket_path.is_none() && self.fd.is_none() {
+            return Err(CliError::Invalid(
+                "missing --socket-path PATH (or --fd FD): where QEMU connects".into(),
+            ));
+        }
+        if self.tag.is_empty() || self.tag.len() > 36 {
+            return Err(CliError::Invalid("--tag must be 1 to 36 bytes".into()));
+        }
+        if self.queues == 0 || self.queues > crate::vhost_user::MAX_REQUEST_QUEUES {
+            return Err(CliError::Invalid(format!(
+                "--queues must be 1..={}",
+                crate::vhost_user::MAX_REQUEST_QUEUES
+            )));
+        }
+        Ok(())
+    }
+
+    fn apply_compat(&mut self, o: &str) -> Result<(), CliError> {
+        let (key, val) = match o.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (o, None),
+        };
+        let need = |v: Option<&str>| {
+            v.map(str::to_string)
+                .ok_or_else(|| CliError::Invalid(format!("-o {key} needs a value")))
+        };
+        match key {
+            "source" => self.shared_dir = Some(PathBuf::from(need(val)?)),
+            "cache" => {
+                let v = need(val)?;
+                let v = if v == "none" { "never".to_string() } else { v };
+                self.cache = CachePolicy::from_str(&v, true).map_err(|_| {
+                    CliError::Invalid(format!("-o cache={v}: use auto, always, never or metadata"))
+                })?;
+            }
+            "xattr" => self.xattr = true,
+            "no_xattr" => self.xattr = false,
+            "posix_acl" => self.posix_acl = true,
+            "no_posix_acl" => self.posix_acl = false,
+            "writeback" => self.writeback = true,
+            "no_writeback" => self.writeback = false,
+            "readdirplus" => self.no_readdirplus = false,
+            "no_readdirplus" => self.no_readdirplus = true,
+            "announce_submounts" => self.announce_submounts = true,
+            "allow_direct_io" => self.allow_direct_io = true,
+            "no_allow_direct_io" => self.allow_direct_io = false,
+            "readonly" => self.readonly = true,
+            // POSIX and BSD locks are always served.
+            "flock" | "posix_lock" => {}
+            "no_flock" | "no_posix_lock" => {
+                return Err(CliError::NotSupported(format!("-o {key}")));
+            }
+            "xattrmap" => self.xattrmap = Some(need(val)?),
+            "modcaps" => self.modcaps = Some(need(val)?),
+            "log_level" => {
+                let v = need(val)?;
+                self.log_level = LogLevel::from_str(&v, true)
+                    .map_err(|_| CliError::Invalid(format!("-o log_level={v}: unknown level")))?;
+            }
+            "sandbox" => {
+                let v = need(val)?;
+                self.sandbox = Sandbox::from_str(&v, true).map_err(|_| {
+                    CliError::Invalid(format!("-o sandbox={v}: use namespace, chroot or none"))
+                })?;
+            }
+            _ => return Err(CliError::Invalid(format!("unknown -o option {o:?}"))),
+        }
+        Ok(())
+    }
+
+    /// `--print-capabilities` output, in virtiofsd's format.
+    pub fn capabilities_json() -> String {
+        let v = serde_json::json!({ "type": "fs", "features": ["separate-options"] });
+        serde_json::to_string_pretty(&v).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, String> {
+        let mut c = Cli::try_parse_from(std::iter::once("daxfsd").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        c.normalize().map_err(|e| e.to_string())?;
+        Ok(c)
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert!(parse_size("1X").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn virtiofsd_options_parse() {
+        let c = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/tmp/s",
+            "--tag=fs0",
+            "--cache=never",
+            "--writeback",
+            "--allow-direct-io",
+            "--allow-mmap",
+            "--no-readdirplus",
+            "--xattr",
+            "--readonly",
+            "--announce-submounts",
+            "--inode-file-handles=never",
+            "--sandbox=none",
+            "--seccomp=none",
+            "--rlimit-nofile=4096",
+            "--log-level=debug",
+            "--thread-pool-size=0",
+            "--socket-group=root",
+            "--no-killpriv-v2",
+            "-f",
+        ])
+        .unwrap();
+        assert_eq!(c.cache, CachePolicy::Never);
+        assert!(c.writeback && c.xattr && c.readonly && c.no_readdirplus);
+        assert_eq!(c.rlimit_nofile, Some(4096));
+        assert_eq!(c.log_level, LogLevel::Debug);
+    }
+
+    #[test]
+    fn compat_o_options() {
+        let c = parse(&[
+            "--socket-path=/tmp/s",
+            "-o",
+            "source=/tmp,cache=none,xattr,no_readdirplus",
+            "-d",
+        ])
+        .unwrap();
+        assert_eq!(c.shared_dir, Some(PathBuf::from("/tmp")));
+        assert_eq!(c.cache, CachePolicy::Never);
+        assert!(c.xattr && c.no_readdirplus);
+        assert_eq!(c.log_level, LogLevel::Debug);
+        assert!(parse(&["--socket-path=/tmp/s", "-o", "source=/tmp,bogus"]).is_err());
+    }
+
+    #[test]
+    fn unimplemented_options_fail_loudly() {
+        for opt in [
+            "--posix-acl",
+            "--syslog",
+            "--sandbox=namespace",
+            "--sandbox=chroot",
+            "--seccomp=kill",
+            "--inode-file-handles",
+            "--xattrmap=:map::",
+            "--modcaps=+sys_admin",
+            "--security-label",
+            "--killpriv-v2",
+            "--preserve-noatime",
+            "--uid-map=:0:0:1:",
+            "--thread-pool-size=4",
+            "--migration-mode=find-paths",
+        ] {
+            let e = parse(&["--shared-dir=/tmp", "--socket-path=/tmp/s", opt]).unwrap_err();
+            assert!(e.starts_with("not supported yet: "), "{opt}: {e}");
+        }
+    }
+
+    #[test]
+    fn bad_input_names_the_fix() {
+        let e = parse(&["--socket-path=/tmp/s"]).unwrap_err();
+        assert!(e.contains("--shared-dir"), "{e}");
+        let e = parse(&["--shared-dir=/nonexistent/x", "--socket-path=/tmp/s"]).unwrap_err();
+        assert!(e.contains("not a directory"), "{e}");
+        let e = parse(&["--shared-dir=/tmp"]).unwrap_err();
+        assert!(e.contains("--socket-path"), "{e}");
+        let e = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "--tag=0123456789012345678901234567890123456",
+        ])
+        .unwrap_err();
+        assert!(e.contains("--tag"), "{e}");
+    }
+
+    #[test]
+    fn capabilities_are_json() {
+        let v: serde_json::Value = serde_json::from_str(&Cli::capabilities_json()).unwrap();
+        assert_eq!(v["type"], "fs");
+        assert!(v["features"].is_array());
+    }
+}

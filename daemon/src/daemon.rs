@@ -1,0 +1,196 @@
+//! Wires the layers together and runs one vhost-user session.
+
+use std::io;
+use std::os::fd::FromRawFd;
+use std::sync::Arc;
+
+use vhost::vhost_user::{Backend, Listener};
+use vhost_user_backend::VhostUserDaemon;
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+
+use crate::cli::{CachePolicy, Cli, LogLevel};
+use crate::dax::DaxWindow;
+use crate::mapper::{Mapper, NoMapper};
+use crate::passthrough::{self, PassthroughFs};
+use crate::server::{Server, ServerOptions};
+use crate::vhost_user::{BackendChannel, FsBackend, FsBackendConfig};
+
+/// Sets up logging to stderr at the chosen level.
+pub fn init_logging(level: LogLevel) {
+    let filter = match level {
+        LogLevel::Error => log::LevelFilter::Error,
+        LogLevel::Warn => log::LevelFilter::Warn,
+        LogLevel::Info => log::LevelFilter::Info,
+        LogLevel::Debug => log::LevelFilter::Debug,
+        LogLevel::Trace => log::LevelFilter::Trace,
+        LogLevel::Off => log::LevelFilter::Off,
+    };
+    env_logger::Builder::new()
+        .filter_level(filter)
+        .format_timestamp_millis()
+        .target(env_logger::Target::Stderr)
+        .init();
+}
+
+fn passthrough_config(cli: &Cli) -> io::Result<passthrough::Config> {
+    let root_dir = cli
+        .shared_dir
+        .clone()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "missing --shared-dir"))?;
+    Ok(passthrough::Config {
+        root_dir,
+        cache: match cli.cache {
+            CachePolicy::Never => passthrough::CachePolicy::Never,
+            CachePolicy::Auto => passthrough::CachePolicy::Auto,
+            CachePolicy::Always => passthrough::CachePolicy::Always,
+            CachePolicy::Metadata => passthrough::CachePolicy::Metadata,
+        },
+        writeback: cli.writeback,
+        xattr: cli.xattr,
+        readonly: cli.readonly,
+        allow_direct_io: cli.allow_direct_io,
+        allow_mmap: cli.allow_mmap,
+        readdirplus: !cli.no_readdirplus,
+        announce_submounts: cli.announce_submounts,
+    })
+}
+
+/// Raises RLIMIT_NOFILE to `want`, or to the hard limit when not given.
+fn raise_nofile(want: Option<u64>) -> io::Result<()> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let target = want.unwrap_or(lim.rlim_max);
+    let new = libc::rlimit {
+        rlim_cur: target,
+        rlim_max: lim.rlim_max.max(target),
+    };
+    // SAFETY: `new` is a valid rlimit struct; the kernel only reads it.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("cannot set RLIMIT_NOFILE to {target}: {e}")));
+    }
+    Ok(())
+}
+
+/// Gives the socket file to `group`.
+fn chown_socket_group(path: &std::path::Path, group: &str) -> io::Result<()> {
+    let cgroup = std::ffi::CString::new(group).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `cgroup` is NUL-terminated; the result is only read before any other getgr* call
+    // (we are still single-threaded here).
+    let gr = unsafe { libc::getgrnam(cgroup.as_ptr()) };
+    if gr.is_null() {
+        return Err(io::Error::new(io::ErrorKind::NotFound, format!("--socket-group: no group named {group}")));
+    }
+    // SAFETY: `gr` is non-null and points to libc's static group entry.
+    let gid = unsafe { (*gr).gr_gid };
+    std::os::unix::fs::chown(path, None, Some(gid))?;
+    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o660);
+    std::fs::set_permissions(path, mode)
+}
+
+/// Blocks SIGUSR1 (so every thread inherits the mask) and logs `report()` whenever it arrives.
+fn spawn_sigusr1_reporter(report: impl Fn() + Send + 'static) {
+    // SAFETY: `set` is a valid sigset_t, initialised by sigemptyset before use; the calls only
+    // change this thread's signal mask.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+    let spawned = std::thread::Builder::new().name("sigusr1".into()).spawn(move || loop {
+        let mut sig = 0;
+        // SAFETY: `set` is a valid signal set and `sig` a valid output location.
+        if unsafe { libc::sigwait(&set, &mut sig) } == 0 && sig == libc::SIGUSR1 {
+            report();
+        }
+    });
+    if let Err(e) = spawned {
+        log::warn!("no SIGUSR1 reporter: {e}");
+    }
+}
+
+/// Runs the daemon until the frontend disconnects.
+pub fn run(cli: &Cli) -> io::Result<()> {
+    raise_nofile(cli.rlimit_nofile)?;
+    let fs = PassthroughFs::new(passthrough_config(cli)?)?;
+
+    let window: Option<Arc<DaxWindow<Backend>>> = match cli.dax_window {
+        0 => None,
+        size => Some(Arc::new(DaxWindow::new(size)?)),
+    };
+    let mapper: Box<dyn Mapper> = match &window {
+        Some(w) => Box::new(w.clone()),
+        None => Box::new(NoMapper),
+    };
+    let server = Arc::new(Server::new(fs, mapper, ServerOptions::default()));
+    let channel = window.clone().map(|w| w as Arc<dyn BackendChannel>);
+    let cfg = FsBackendConfig {
+        tag: cli.tag.clone(),
+        request_queues: cli.queues,
+    };
+    let backend = Arc::new(FsBackend::new(server, &cfg, channel)?);
+
+    if let Some(w) = window.clone() {
+        spawn_sigusr1_reporter(move || log::info!("{}", w.stats()));
+    }
+
+    let mut listener = match (&cli.socket_path, cli.fd) {
+        (_, Some(fd)) => {
+            // SAFETY: the user passed this descriptor to us as a listening socket we now own
+            // (virtiofsd's --fd contract); nothing else in this process uses it.
+            unsafe { Listener::from_raw_fd(fd) }
+        }
+        (Some(path), None) => {
+            let l = Listener::new(path, true).map_err(|e| {
+                io::Error::other(format!("cannot listen on {}: {e}", path.display()))
+            })?;
+            if let Some(g) = &cli.socket_group {
+                chown_socket_group(path, g)?;
+            }
+            l
+        }
+        (None, None) => return Err(io::Error::new(io::ErrorKind::InvalidInput, "missing --socket-path")),
+    };
+
+    let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+    let mut daemon = VhostUserDaemon::new("daxfsd".to_string(), backend.clone(), mem)
+        .map_err(|e| io::Error::other(format!("cannot create the vhost-user daemon: {e}")))?;
+    log::info!(
+        "serving {} as tag {:?} ({} request queue(s), cache {:?}, DAX window {} bytes); waiting for the frontend",
+        cli.shared_dir.as_deref().unwrap_or(std::path::Path::new("?")).display(),
+        cli.tag,
+        cli.queues,
+        cli.cache,
+        cli.dax_window
+    );
+    daemon
+        .start(&mut listener)
+        .map_err(|e| io::Error::other(format!("vhost-user connection failed: {e}")))?;
+    log::info!("frontend connected");
+    let result = match daemon.wait() {
+        Ok(())
+        | Err(vhost_user_backend::Error::HandleRequest(
+            vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+        )) => {
+            log::info!("frontend disconnected, exiting");
+            Ok(())
+        }
+        Err(e) => Err(io::Error::other(format!("vhost-user session ended with an error: {e}"))),
+    };
+    for handler in daemon.get_epoll_handlers() {
+        handler.send_exit_event();
+    }
+    backend.server().reset();
+    if let Some(w) = &window {
+        log::info!("{}", w.stats());
+    }
+    result
+}

@@ -1,0 +1,343 @@
+//! The vhost-user transport: virtqueue descriptor chains in, FUSE requests to the server,
+//! replies back into the chains.
+//!
+//! Queue 0 is the high-priority queue (FORGET), queues 1..=N are request queues. Each queue
+//! has its own worker thread (`queues_per_thread`), so a multi-queue guest is served on
+//! several cores. Guest memory comes from the frontend's memory table; every descriptor is
+//! resolved to host memory through `vm-memory`, which bounds-checks it.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use vhost::vhost_user::message::{
+    VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserVirtioFeatures,
+};
+use vhost::vhost_user::Backend;
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::bindings::virtio_ring::{
+    VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+};
+use virtio_queue::{DescriptorChain, QueueT};
+use vm_memory::{
+    ByteValued, GuestAddressSpace, GuestMemory, GuestMemoryAtomic, GuestMemoryLoadGuard,
+    GuestMemoryMmap, Permissions, VolatileSlice,
+};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
+
+use crate::abi::VirtioFsConfig;
+use crate::filesystem::FileSystem;
+use crate::iobuf::{Reader, Writer};
+use crate::server::Server;
+
+/// Guest memory as the backend sees it.
+pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
+type Chain = DescriptorChain<GuestMemoryLoadGuard<GuestMemoryMmap>>;
+
+/// Largest queue the frontend may set up.
+pub const MAX_QUEUE_SIZE: usize = 1024;
+/// Most request queues we serve (one worker thread each; the vring mask is 64 bits).
+pub const MAX_REQUEST_QUEUES: usize = 63;
+
+/// Receives the backend-request channel once the frontend sets it up (the DAX window).
+pub trait BackendChannel: Send + Sync {
+    fn set_channel(&self, backend: Backend);
+    /// The guest started the device (first kick since start or reset).
+    fn device_started(&self);
+    /// The device stopped or was reset: forget the channel's state, send nothing more.
+    fn device_stopped(&self);
+    /// Size of the shared-memory window, or 0.
+    fn window_size(&self) -> u64;
+}
+
+/// Backend options.
+#[derive(Debug, Clone)]
+pub struct FsBackendConfig {
+    pub tag: String,
+    pub request_queues: usize,
+}
+
+/// A virtio-fs device backend over a FUSE server.
+pub struct FsBackend<F: FileSystem> {
+    server: Arc<Server<F>>,
+    config: VirtioFsConfig,
+    request_queues: usize,
+    event_idx: AtomicBool,
+    mem: RwLock<Option<GuestMem>>,
+    /// Bit i set: vring i has been started and not stopped since.
+    running: AtomicU64,
+    channel: Option<Arc<dyn BackendChannel>>,
+}
+
+impl<F: FileSystem> FsBackend<F> {
+    pub fn new(
+        server: Arc<Server<F>>,
+        cfg: &FsBackendConfig,
+        channel: Option<Arc<dyn BackendChannel>>,
+    ) -> io::Result<Self> {
+        if cfg.request_queues == 0 || cfg.request_queues > MAX_REQUEST_QUEUES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("request queues must be 1..={MAX_REQUEST_QUEUES}"),
+            ));
+        }
+        let mut config = VirtioFsConfig::default();
+        let tag = cfg.tag.as_bytes();
+        if tag.is_empty() || tag.len() > config.tag.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("tag must be 1..={} bytes", config.tag.len()),
+            ));
+        }
+        config.tag[..tag.len()].copy_from_slice(tag);
+        config.num_request_queues = cfg.request_queues as u32;
+        Ok(FsBackend {
+            server,
+            config,
+            request_queues: cfg.request_queues,
+            event_idx: AtomicBool::new(false),
+            mem: RwLock::new(None),
+            running: AtomicU64::new(0),
+            channel,
+        })
+    }
+
+    pub fn server(&self) -> &Arc<Server<F>> {
+        &self.server
+    }
+
+    /// Ends the FUSE session and the DAX state of a stopped or reset device.
+    fn end_session(&self, why: &str) {
+        log::info!("device {why}: dropping all inodes, handles and mappings");
+        if let Some(c) = &self.channel {
+            c.device_stopped();
+        }
+        self.server.reset();
+    }
+
+    fn process_queue(&self, vring: &VringRwLock) -> io::Result<()> {
+        let Some(atomic) = self
+            .mem
+            .read()
+            .map_err(|_| io::Error::other("memory lock poisoned"))?
+            .clone()
+        else {
+            log::warn!("queue kicked before the memory table was set");
+            return Ok(());
+        };
+        let event_idx = self.event_idx.load(Ordering::Relaxed);
+        loop {
+            if event_idx {
+                vring.disable_notification().map_err(io::Error::other)?;
+            }
+            while let Some(chain) = self.pop(vring, &atomic) {
+                let head = chain.head_index();
+                let mem = atomic.memory();
+                let used = self.handle_chain(&mem, chain);
+                vring.add_used(head, used).map_err(io::Error::other)?;
+                if vring.needs_notification().map_err(io::Error::other)? {
+                    vring.signal_used_queue()?;
+                }
+            }
+            if !event_idx || !vring.enable_notification().map_err(io::Error::other)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn pop(&self, vring: &VringRwLock, mem: &GuestMem) -> Option<Chain> {
+        vring
+            .get_mut()
+            .get_queue_mut()
+            .pop_descriptor_chain(mem.memory())
+    }
+
+    /// Serves one request; returns the bytes written for the used ring.
+    fn handle_chain(&self, mem: &GuestMemoryMmap, chain: Chain) -> u32 {
+        let (readable, writable) = match split_chain(mem, chain) {
+            Ok(v) => v,
+            Err(e) => {
+                log::warn!("dropping malformed descriptor chain: {e}");
+                return 0;
+            }
+        };
+        let w = (!writable.is_empty()).then(|| Writer::new(writable));
+        match self.server.handle(Reader::new(readable), w) {
+            Ok(h) => u32::try_from(h.written).unwrap_or(0),
+            Err(e) => {
+                log::warn!("request dropped: {e}");
+                0
+            }
+        }
+    }
+}
+
+/// Splits a chain into its device-readable and device-writable parts, resolved to host
+/// memory. Readable descriptors must all come before writable ones.
+fn split_chain(
+    mem: &GuestMemoryMmap,
+    chain: Chain,
+) -> Result<(Vec<VolatileSlice<'_>>, Vec<VolatileSlice<'_>>), String> {
+    let mut readable = Vec::new();
+    let mut writable = Vec::new();
+    for desc in chain {
+        if !desc.is_write_only() && !writable.is_empty() {
+            return Err("readable descriptor after a writable one".into());
+        }
+        let len = desc.len() as usize;
+        let (out, access) = if desc.is_write_only() {
+            (&mut writable, Permissions::Write)
+        } else {
+            (&mut readable, Permissions::Read)
+        };
+        let bad = |e: vm_memory::GuestMemoryError| {
+            format!(
+                "descriptor {:#x}+{len:#x} outside guest memory: {e}",
+                desc.addr().0
+            )
+        };
+        for s in mem.get_slices(desc.addr(), len, access).map_err(bad)? {
+            out.push(s.map_err(bad)?);
+        }
+    }
+    if readable.is_empty() {
+        return Err("chain has no readable descriptor".into());
+    }
+    Ok((readable, writable))
+}
+
+impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
+    type Bitmap = ();
+    type Vring = VringRwLock;
+
+    fn num_queues(&self) -> usize {
+        self.request_queues + 1
+    }
+
+    fn max_queue_size(&self) -> usize {
+        MAX_QUEUE_SIZE
+    }
+
+    fn features(&self) -> u64 {
+        (1 << VIRTIO_F_VERSION_1)
+            | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+            | (1 << VIRTIO_RING_F_EVENT_IDX)
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        let mut f = VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::BACKEND_REQ
+            | VhostUserProtocolFeatures::BACKEND_SEND_FD
+            | VhostUserProtocolFeatures::RESET_DEVICE;
+        if self.channel.as_ref().is_some_and(|c| c.window_size() > 0) {
+            f |= VhostUserProtocolFeatures::SHMEM;
+        }
+        f
+    }
+
+    fn reset_device(&self) {
+        self.running.store(0, Ordering::SeqCst);
+        self.end_session("reset");
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.event_idx.store(enabled, Ordering::Relaxed);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let bytes = self.config.as_slice();
+        let start = offset as usize;
+        match start.checked_add(size as usize) {
+            Some(end) if end <= bytes.len() => bytes[start..end].to_vec(),
+            _ => {
+                log::warn!(
+                    "GET_CONFIG {offset}+{size} outside the {}-byte config",
+                    bytes.len()
+                );
+                Vec::new()
+            }
+        }
+    }
+
+    fn update_memory(&self, mem: GuestMem) -> io::Result<()> {
+        *self
+            .mem
+            .write()
+            .map_err(|_| io::Error::other("memory lock poisoned"))? = Some(mem);
+        Ok(())
+    }
+
+    fn set_backend_req_fd(&self, backend: Backend) {
+        match &self.channel {
+            Some(c) => c.set_channel(backend),
+            None => log::debug!("backend request channel set up (unused: no DAX window)"),
+        }
+    }
+
+    fn get_shmem_config(&self) -> io::Result<VhostUserShMemConfig> {
+        match self.channel.as_ref().map(|c| c.window_size()) {
+            Some(size) if size > 0 => Ok(VhostUserShMemConfig::new(1, &[size])),
+            _ => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no DAX window configured",
+            )),
+        }
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        (0..self.num_queues()).map(|i| 1u64 << i).collect()
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        new_event_consumer_and_notifier(EventFlag::NONBLOCK)
+            .map_err(|e| log::error!("cannot create exit event: {e}"))
+            .ok()
+    }
+
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        let bit = 1u64.checked_shl(queue_index).unwrap_or(0);
+        let before = self.running.fetch_and(!bit, Ordering::SeqCst);
+        if before & bit != 0 && before & !bit == 0 {
+            self.end_session("stopped");
+        }
+        Ok(())
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[VringRwLock],
+        thread_id: usize,
+    ) -> io::Result<()> {
+        if evset != EventSet::IN {
+            log::warn!("queue {thread_id}: unexpected event set {evset:?}");
+            return Ok(());
+        }
+        let Some(vring) = vrings.get(usize::from(device_event)) else {
+            log::warn!("queue {thread_id}: event {device_event} for an unknown vring");
+            return Ok(());
+        };
+        let before = self
+            .running
+            .fetch_or(1u64 << thread_id.min(63), Ordering::SeqCst);
+        if before == 0 {
+            if let Some(c) = &self.channel {
+                c.device_started();
+            }
+        }
+        // A broken queue must not end the worker: log and wait for the next kick.
+        if let Err(e) = self.process_queue(vring) {
+            log::error!("queue {thread_id}: {e}");
+        }
+        Ok(())
+    }
+}
