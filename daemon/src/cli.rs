@@ -53,6 +53,13 @@ pub enum LogLevel {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Negotiation {
+    Never,
+    Auto,
+    Always,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum InodeFileHandles {
     Never,
     Prefer,
@@ -72,9 +79,12 @@ pub struct Cli {
     #[arg(long, value_name = "DIR")]
     pub shared_dir: Option<PathBuf>,
 
-    /// Tag the device advertises (what the guest passes to `mount -t virtiofs TAG`).
-    #[arg(long, value_name = "TAG", default_value = "myfs")]
-    pub tag: String,
+    /// Tag the device advertises in its config space (what the guest passes to `mount -t
+    /// virtiofs TAG`). Setting it offers VHOST_USER_PROTOCOL_F_CONFIG, which the DAX device
+    /// (`vhost-user-test-device-pci`) needs; QEMU 7.1 to 8.0 crash on that feature, and
+    /// `vhost-user-fs-pci` takes the tag from its own `tag=` property, so leave it unset there.
+    #[arg(long, value_name = "TAG")]
+    pub tag: Option<String>,
 
     /// vhost-user socket to listen on (created; a stale socket file is replaced).
     #[arg(long, alias = "socket", value_name = "PATH")]
@@ -121,31 +131,39 @@ pub struct Cli {
     #[arg(long)]
     pub xattr: bool,
 
-    /// Enable POSIX ACLs (implies --xattr).
-    #[arg(long)]
-    pub posix_acl: bool,
+    /// POSIX ACLs: never (the default), auto or always (only `never` is supported yet).
+    #[arg(long, value_enum, value_name = "MODE", num_args = 0..=1, require_equals = true, default_missing_value = "always", default_value = "never")]
+    pub posix_acl: Negotiation,
 
     /// Serve the share read-only: every modifying request fails with EROFS.
     #[arg(long)]
     pub readonly: bool,
 
-    /// Tell the guest about submounts (FUSE_ATTR_SUBMOUNT) so it gives them their own st_dev.
+    /// Tell the guest which directories are mount points (the default).
     #[arg(long)]
     pub announce_submounts: bool,
 
-    /// Identify inodes by file handles instead of O_PATH fds.
-    #[arg(long, value_enum, value_name = "MODE", num_args = 0..=1, default_missing_value = "prefer", default_value = "never")]
+    /// Do not tell the guest which directories are mount points.
+    #[arg(long)]
+    pub no_announce_submounts: bool,
+
+    /// When to reference inodes by file handles instead of O_PATH fds: never, prefer (try
+    /// handles, fall back to fds; daxfsd always falls back), mandatory (not supported yet).
+    #[arg(long, value_enum, value_name = "MODE", num_args = 0..=1, require_equals = true, default_missing_value = "prefer", default_value = "prefer")]
     pub inode_file_handles: InodeFileHandles,
 
-    /// Sandbox the daemon: namespace, chroot or none.
+    /// Sandbox the daemon: namespace, chroot or none. Only `none` is implemented yet, so it
+    /// is the default for now (virtiofsd defaults to namespace).
     #[arg(long, value_enum, default_value = "none")]
     pub sandbox: Sandbox,
 
-    /// System call filter: none, kill, log or trap.
+    /// System call filter action: none, kill, log or trap. Only `none` is implemented yet,
+    /// so it is the default for now (virtiofsd defaults to kill).
     #[arg(long, value_enum, default_value = "none")]
     pub seccomp: Seccomp,
 
-    /// Raise the open-file limit (RLIMIT_NOFILE) to N.
+    /// Open-file limit (RLIMIT_NOFILE); 0 leaves it unchanged
+    /// [default: min(1000000, /proc/sys/fs/nr_open)].
     #[arg(long, value_name = "N")]
     pub rlimit_nofile: Option<u64>,
 
@@ -188,9 +206,9 @@ pub struct Cli {
     #[arg(long, value_name = "CAPS")]
     pub modcaps: Option<String>,
 
-    /// Enable security label support (not supported yet).
-    #[arg(long)]
-    pub security_label: bool,
+    /// Security label support: never (the default), auto or always (only `never` is supported yet).
+    #[arg(long, value_enum, value_name = "MODE", num_args = 0..=1, require_equals = true, default_missing_value = "always", default_value = "never")]
+    pub security_label: Negotiation,
 
     /// Enable FUSE_HANDLE_KILLPRIV_V2 (not supported yet).
     #[arg(long)]
@@ -204,13 +222,13 @@ pub struct Cli {
     #[arg(long)]
     pub preserve_noatime: bool,
 
-    /// UID map (not supported yet).
+    /// UID map for the namespace sandbox (not supported yet).
     #[arg(long, value_name = "MAP")]
-    pub uid_map: Option<String>,
+    pub uid_map: Vec<String>,
 
-    /// GID map (not supported yet).
+    /// GID map for the namespace sandbox (not supported yet).
     #[arg(long, value_name = "MAP")]
-    pub gid_map: Option<String>,
+    pub gid_map: Vec<String>,
 
     /// UID translation (not supported yet).
     #[arg(long, value_name = "MAP")]
@@ -278,11 +296,10 @@ impl Cli {
         if self.debug {
             self.log_level = LogLevel::Debug;
         }
-        if self.posix_acl {
-            self.xattr = true;
-        }
+        // Announcing submounts is virtiofsd's default; --announce-submounts only restates it.
+        self.announce_submounts = !self.no_announce_submounts;
         let unsupported = [
-            (self.posix_acl, "--posix-acl"),
+            (self.posix_acl != Negotiation::Never, "--posix-acl"),
             (self.syslog, "--syslog"),
             (
                 self.thread_pool_size > 0,
@@ -298,16 +315,19 @@ impl Cli {
             ),
             (self.seccomp != Seccomp::None, "--seccomp other than none"),
             (
-                self.inode_file_handles != InodeFileHandles::Never,
-                "--inode-file-handles",
+                self.inode_file_handles == InodeFileHandles::Mandatory,
+                "--inode-file-handles=mandatory",
             ),
             (self.xattrmap.is_some(), "--xattrmap"),
             (self.modcaps.is_some(), "--modcaps"),
-            (self.security_label, "--security-label"),
+            (
+                self.security_label != Negotiation::Never,
+                "--security-label",
+            ),
             (self.killpriv_v2, "--killpriv-v2"),
             (self.preserve_noatime, "--preserve-noatime"),
-            (self.uid_map.is_some(), "--uid-map"),
-            (self.gid_map.is_some(), "--gid-map"),
+            (!self.uid_map.is_empty(), "--uid-map"),
+            (!self.gid_map.is_empty(), "--gid-map"),
             (!self.translate_uid.is_empty(), "--translate-uid"),
             (!self.translate_gid.is_empty(), "--translate-gid"),
             (self.migration_mode.is_some(), "--migration-mode"),
@@ -337,7 +357,11 @@ impl Cli {
                 "missing --socket-path PATH (or --fd FD): where QEMU connects".into(),
             ));
         }
-        if self.tag.is_empty() || self.tag.len() > 36 {
+        if self
+            .tag
+            .as_ref()
+            .is_some_and(|t| t.is_empty() || t.len() > 36)
+        {
             return Err(CliError::Invalid("--tag must be 1 to 36 bytes".into()));
         }
         if self.queues == 0 || self.queues > crate::vhost_user::MAX_REQUEST_QUEUES {
@@ -369,8 +393,8 @@ impl Cli {
             }
             "xattr" => self.xattr = true,
             "no_xattr" => self.xattr = false,
-            "posix_acl" => self.posix_acl = true,
-            "no_posix_acl" => self.posix_acl = false,
+            "posix_acl" => self.posix_acl = Negotiation::Always,
+            "no_posix_acl" => self.posix_acl = Negotiation::Never,
             "writeback" => self.writeback = true,
             "no_writeback" => self.writeback = false,
             "readdirplus" => self.no_readdirplus = false,
@@ -443,7 +467,7 @@ mod tests {
             "--no-readdirplus",
             "--xattr",
             "--readonly",
-            "--announce-submounts",
+            "--no-announce-submounts",
             "--inode-file-handles=never",
             "--sandbox=none",
             "--seccomp=none",
@@ -457,6 +481,8 @@ mod tests {
         .unwrap();
         assert_eq!(c.cache, CachePolicy::Never);
         assert!(c.writeback && c.xattr && c.readonly && c.no_readdirplus);
+        assert!(!c.announce_submounts);
+        assert_eq!(c.tag.as_deref(), Some("fs0"));
         assert_eq!(c.rlimit_nofile, Some(4096));
         assert_eq!(c.log_level, LogLevel::Debug);
     }
@@ -485,7 +511,7 @@ mod tests {
             "--sandbox=namespace",
             "--sandbox=chroot",
             "--seccomp=kill",
-            "--inode-file-handles",
+            "--inode-file-handles=mandatory",
             "--xattrmap=:map::",
             "--modcaps=+sys_admin",
             "--security-label",

@@ -55,8 +55,18 @@ fn passthrough_config(cli: &Cli) -> io::Result<passthrough::Config> {
     })
 }
 
-/// Raises RLIMIT_NOFILE to `want`, or to the hard limit when not given.
+/// Sets RLIMIT_NOFILE to `want` (0: leave it), by default min(1000000, fs.nr_open) like
+/// virtiofsd.
 fn raise_nofile(want: Option<u64>) -> io::Result<()> {
+    let target = match want {
+        Some(0) => return Ok(()),
+        Some(n) => n,
+        None => std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(1_000_000)
+            .min(1_000_000),
+    };
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -65,7 +75,6 @@ fn raise_nofile(want: Option<u64>) -> io::Result<()> {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    let target = want.unwrap_or(lim.rlim_max);
     let new = libc::rlimit {
         rlim_cur: target,
         rlim_max: lim.rlim_max.max(target),
@@ -119,7 +128,10 @@ fn spawn_sigusr1_reporter(report: impl Fn() + Send + 'static) {
 
 /// Runs the daemon until the frontend disconnects.
 pub fn run(cli: &Cli) -> io::Result<()> {
-    raise_nofile(cli.rlimit_nofile)?;
+    match raise_nofile(cli.rlimit_nofile) {
+        Err(e) if cli.rlimit_nofile.is_none() => log::warn!("{e}; keeping the current limit"),
+        r => r?,
+    }
     let fs = PassthroughFs::new(passthrough_config(cli)?)?;
 
     let window: Option<Arc<DaxWindow<Backend>>> = match cli.dax_window {
@@ -164,7 +176,7 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     let mut daemon = VhostUserDaemon::new("daxfsd".to_string(), backend.clone(), mem)
         .map_err(|e| io::Error::other(format!("cannot create the vhost-user daemon: {e}")))?;
     log::info!(
-        "serving {} as tag {:?} ({} request queue(s), cache {:?}, DAX window {} bytes); waiting for the frontend",
+        "serving {} (tag {:?}, {} request queue(s), cache {:?}, DAX window {} bytes); waiting for the frontend",
         cli.shared_dir.as_deref().unwrap_or(std::path::Path::new("?")).display(),
         cli.tag,
         cli.queues,

@@ -57,14 +57,16 @@ pub trait BackendChannel: Send + Sync {
 /// Backend options.
 #[derive(Debug, Clone)]
 pub struct FsBackendConfig {
-    pub tag: String,
+    /// Tag for the config space; `None` leaves the config space (and the CONFIG protocol
+    /// feature, which QEMU 7.1 to 8.0 crash on) out.
+    pub tag: Option<String>,
     pub request_queues: usize,
 }
 
 /// A virtio-fs device backend over a FUSE server.
 pub struct FsBackend<F: FileSystem> {
     server: Arc<Server<F>>,
-    config: VirtioFsConfig,
+    config: Option<VirtioFsConfig>,
     request_queues: usize,
     event_idx: AtomicBool,
     mem: RwLock<Option<GuestMem>>,
@@ -85,16 +87,22 @@ impl<F: FileSystem> FsBackend<F> {
                 format!("request queues must be 1..={MAX_REQUEST_QUEUES}"),
             ));
         }
-        let mut config = VirtioFsConfig::default();
-        let tag = cfg.tag.as_bytes();
-        if tag.is_empty() || tag.len() > config.tag.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("tag must be 1..={} bytes", config.tag.len()),
-            ));
-        }
-        config.tag[..tag.len()].copy_from_slice(tag);
-        config.num_request_queues = cfg.request_queues as u32;
+        let config = match &cfg.tag {
+            None => None,
+            Some(tag) => {
+                let mut config = VirtioFsConfig::default();
+                let tag = tag.as_bytes();
+                if tag.is_empty() || tag.len() > config.tag.len() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("tag must be 1..={} bytes", config.tag.len()),
+                    ));
+                }
+                config.tag[..tag.len()].copy_from_slice(tag);
+                config.num_request_queues = cfg.request_queues as u32;
+                Some(config)
+            }
+        };
         Ok(FsBackend {
             server,
             config,
@@ -233,10 +241,12 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
         let mut f = VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::BACKEND_REQ
             | VhostUserProtocolFeatures::BACKEND_SEND_FD
             | VhostUserProtocolFeatures::RESET_DEVICE;
+        if self.config.is_some() {
+            f |= VhostUserProtocolFeatures::CONFIG;
+        }
         if self.channel.as_ref().is_some_and(|c| c.window_size() > 0) {
             f |= VhostUserProtocolFeatures::SHMEM;
         }
@@ -253,7 +263,11 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
     }
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
-        let bytes = self.config.as_slice();
+        let Some(config) = &self.config else {
+            log::warn!("GET_CONFIG without a config space (no --tag)");
+            return Vec::new();
+        };
+        let bytes = config.as_slice();
         let start = offset as usize;
         match start.checked_add(size as usize) {
             Some(end) if end <= bytes.len() => bytes[start..end].to_vec(),
