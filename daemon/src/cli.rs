@@ -184,6 +184,12 @@ pub struct Cli {
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "0")]
     pub dax_window: u64,
 
+    /// Which files the guest maps through the window on `dax=inode` mounts (the guest's
+    /// default): `always` (every regular file), `never`, or `size:N` (files of at least N
+    /// bytes, e.g. size:1M). `-o dax=always` mounts map every file regardless.
+    #[arg(long, value_name = "POLICY", value_parser = parse_dax_policy, default_value = "always")]
+    pub dax_policy: crate::server::DaxPolicy,
+
     /// Debug log level (same as --log-level debug).
     #[arg(short = 'd')]
     pub debug: bool,
@@ -283,6 +289,21 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .map_err(|_| format!("invalid size {s:?} (examples: 4096, 512M, 1G)"))?;
     n.checked_mul(1u64 << shift)
         .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+/// Parses `--dax-policy`.
+pub fn parse_dax_policy(s: &str) -> Result<crate::server::DaxPolicy, String> {
+    use crate::server::DaxPolicy;
+    match s {
+        "always" => Ok(DaxPolicy::Always),
+        "never" => Ok(DaxPolicy::Never),
+        _ => match s.strip_prefix("size:") {
+            Some(n) => parse_size(n).map(DaxPolicy::MinSize),
+            None => Err(format!(
+                "invalid DAX policy {s:?}: use always, never or size:N (e.g. size:1M)"
+            )),
+        },
+    }
 }
 
 impl Cli {
@@ -452,6 +473,16 @@ mod tests {
         assert_eq!(parse_size("2GiB"), Ok(2 << 30));
         assert!(parse_size("1X").is_err());
         assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn dax_policies() {
+        use crate::server::DaxPolicy;
+        assert_eq!(parse_dax_policy("always"), Ok(DaxPolicy::Always));
+        assert_eq!(parse_dax_policy("never"), Ok(DaxPolicy::Never));
+        assert_eq!(parse_dax_policy("size:1M"), Ok(DaxPolicy::MinSize(1 << 20)));
+        assert!(parse_dax_policy("size:").is_err());
+        assert!(parse_dax_policy("*.img").is_err());
     }
 
     #[test]

@@ -142,7 +142,14 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         Some(w) => Box::new(w.clone()),
         None => Box::new(NoMapper),
     };
-    let server = Arc::new(Server::new(fs, mapper, ServerOptions::default()));
+    let server = Arc::new(Server::new(
+        fs,
+        mapper,
+        ServerOptions {
+            dax_policy: cli.dax_policy,
+            ..Default::default()
+        },
+    ));
     let channel = window.clone().map(|w| w as Arc<dyn BackendChannel>);
     let cfg = FsBackendConfig {
         tag: cli.tag.clone(),

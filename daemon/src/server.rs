@@ -61,11 +61,35 @@ pub struct Handled {
     pub opcode: u32,
 }
 
+/// Which regular files get `FUSE_ATTR_DAX` on `dax=inode` mounts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DaxPolicy {
+    /// No file (the guest's `dax=inode` then uses no DAX at all).
+    #[default]
+    Never,
+    /// Every regular file.
+    Always,
+    /// Regular files of at least this many bytes.
+    MinSize(u64),
+}
+
+impl DaxPolicy {
+    fn picks(&self, size: u64) -> bool {
+        match *self {
+            DaxPolicy::Never => false,
+            DaxPolicy::Always => true,
+            DaxPolicy::MinSize(n) => size >= n,
+        }
+    }
+}
+
 /// Server options that do not belong to a filesystem.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ServerOptions {
     /// Largest READ/WRITE payload, in pages (0 = default).
     pub max_pages: u16,
+    /// Per-inode DAX policy (used when the client offers `FUSE_HAS_INODE_DAX` and a window exists).
+    pub dax_policy: DaxPolicy,
 }
 
 /// A FUSE server over a filesystem `F` and a DAX mapper.
@@ -74,6 +98,7 @@ pub struct Server<F: FileSystem> {
     mapper: Box<dyn Mapper>,
     session: Session,
     max_pages: u16,
+    dax_policy: DaxPolicy,
 }
 
 /// Parsed request header plus the caller's identity.
@@ -94,6 +119,7 @@ impl<F: FileSystem> Server<F> {
             mapper,
             session: Session::default(),
             max_pages,
+            dax_policy: opts.dax_policy,
         }
     }
 
@@ -258,16 +284,16 @@ impl<F: FileSystem> Server<F> {
                 Ok(Reply::Body)
             }
             op::FORGET | op::BATCH_FORGET | op::INTERRUPT => self.dispatch_no_reply(opcode, req, r),
-            op::LOOKUP => entry(w, fs.lookup(ctx, ino, &one_name(r)?)?),
+            op::LOOKUP => self.entry(w, fs.lookup(ctx, ino, &one_name(r)?)?),
             op::GETATTR => {
                 let a: GetattrIn = r.read_obj()?;
                 let fh = (a.flags & GETATTR_FH != 0).then_some(a.fh);
-                attr(w, fs.getattr(ctx, ino, fh)?)
+                self.attr(w, fs.getattr(ctx, ino, fh)?)
             }
             op::SETATTR => {
                 let a: SetattrIn = r.read_obj()?;
                 let fh = (a.valid & fattr::FH != 0).then_some(a.fh);
-                attr(w, fs.setattr(ctx, ino, &a, fh)?)
+                self.attr(w, fs.setattr(ctx, ino, &a, fh)?)
             }
             op::READLINK => {
                 let target = fs.readlink(ctx, ino)?;
@@ -283,18 +309,18 @@ impl<F: FileSystem> Server<F> {
                 if target.to_bytes().is_empty() || target.to_bytes().len() >= PATH_MAX {
                     return Err(err(libc::ENAMETOOLONG));
                 }
-                entry(w, fs.symlink(ctx, target, ino, name)?)
+                self.entry(w, fs.symlink(ctx, target, ino, name)?)
             }
             op::MKNOD => {
                 let a: MknodIn = r.read_obj()?;
-                entry(
+                self.entry(
                     w,
                     fs.mknod(ctx, ino, &one_name(r)?, a.mode, a.rdev, a.umask)?,
                 )
             }
             op::MKDIR => {
                 let a: MkdirIn = r.read_obj()?;
-                entry(w, fs.mkdir(ctx, ino, &one_name(r)?, a.mode, a.umask)?)
+                self.entry(w, fs.mkdir(ctx, ino, &one_name(r)?, a.mode, a.umask)?)
             }
             op::UNLINK => empty(fs.unlink(ctx, ino, &one_name(r)?)),
             op::RMDIR => empty(fs.rmdir(ctx, ino, &one_name(r)?)),
@@ -310,7 +336,7 @@ impl<F: FileSystem> Server<F> {
             }
             op::LINK => {
                 let a: LinkIn = r.read_obj()?;
-                entry(w, fs.link(ctx, a.oldnodeid, ino, &one_name(r)?)?)
+                self.entry(w, fs.link(ctx, a.oldnodeid, ino, &one_name(r)?)?)
             }
             op::OPEN => {
                 let a: OpenIn = r.read_obj()?;
@@ -327,7 +353,7 @@ impl<F: FileSystem> Server<F> {
                 let name = one_name(r)?;
                 let (e, fh, flags) =
                     fs.create(ctx, ino, &name, a.mode, a.flags, a.umask, a.open_flags)?;
-                w.write_obj(&entry_out(&e))?;
+                w.write_obj(&self.entry_out(&e))?;
                 obj(w, &open_out(fh, flags))
             }
             op::TMPFILE => {
@@ -336,7 +362,7 @@ impl<F: FileSystem> Server<F> {
                 let rest = r.read_vec(r.available())?;
                 check_empty(split_cstr(&rest)?.1)?;
                 let (e, fh, flags) = fs.tmpfile(ctx, ino, a.mode, a.flags, a.umask)?;
-                w.write_obj(&entry_out(&e))?;
+                w.write_obj(&self.entry_out(&e))?;
                 obj(w, &open_out(fh, flags))
             }
             op::READ => {
@@ -549,6 +575,9 @@ impl<F: FileSystem> Server<F> {
             | init_flags::SETXATTR_EXT;
         if self.mapper.window_size() > 0 {
             want |= init_flags::MAP_ALIGNMENT;
+            if self.dax_policy != DaxPolicy::Never {
+                want |= init_flags::HAS_INODE_DAX;
+            }
         }
         want |= self.fs.init(InitCaps { flags: offered })?;
         let agreed = want & offered;
@@ -653,7 +682,7 @@ impl<F: FileSystem> Server<F> {
                 typ: d.typ,
             };
             if plus {
-                let entry_out = e.map(entry_out).unwrap_or_default();
+                let entry_out = e.map(|e| self.entry_out(e)).unwrap_or_default();
                 w.write_obj(&DirentPlus { entry_out, dirent })?;
             } else {
                 w.write_obj(&dirent)?;
@@ -689,6 +718,43 @@ impl<F: FileSystem> Server<F> {
         }
         first_err.map_or(Ok(Reply::Body), Err)
     }
+
+    /// Marks a regular file for per-inode DAX when the session negotiated it and the
+    /// policy picks the file.
+    fn apply_dax_policy(&self, attr: &mut Attr) {
+        let inode_dax = self.session.flags.load(Ordering::Relaxed) & init_flags::HAS_INODE_DAX != 0;
+        if inode_dax
+            && attr.mode & libc::S_IFMT == libc::S_IFREG
+            && self.dax_policy.picks(attr.size)
+        {
+            attr.flags |= attr_flags::DAX;
+        }
+    }
+
+    /// Wire form of a lookup answer.
+    fn entry_out(&self, e: &Entry) -> EntryOut {
+        let mut out = entry_out(e);
+        self.apply_dax_policy(&mut out.attr);
+        out
+    }
+
+    fn entry(&self, w: &mut Writer, e: Entry) -> HandlerResult {
+        obj(w, &self.entry_out(&e))
+    }
+
+    fn attr(&self, w: &mut Writer, (mut attr, timeout): (Attr, Duration)) -> HandlerResult {
+        self.apply_dax_policy(&mut attr);
+        let (attr_valid, attr_valid_nsec) = split_timeout(timeout);
+        obj(
+            w,
+            &AttrOut {
+                attr_valid,
+                attr_valid_nsec,
+                dummy: 0,
+                attr,
+            },
+        )
+    }
 }
 
 fn obj<T: ByteValued>(w: &mut Writer, v: &T) -> HandlerResult {
@@ -704,7 +770,7 @@ fn split_timeout(d: Duration) -> (u64, u32) {
     (d.as_secs(), d.subsec_nanos())
 }
 
-/// Wire form of a lookup answer.
+/// Wire form of a lookup answer (without the server's DAX policy).
 pub fn entry_out(e: &Entry) -> EntryOut {
     let (entry_valid, entry_valid_nsec) = split_timeout(e.entry_timeout);
     let (attr_valid, attr_valid_nsec) = split_timeout(e.attr_timeout);
@@ -717,23 +783,6 @@ pub fn entry_out(e: &Entry) -> EntryOut {
         attr_valid_nsec,
         attr: e.attr,
     }
-}
-
-fn entry(w: &mut Writer, e: Entry) -> HandlerResult {
-    obj(w, &entry_out(&e))
-}
-
-fn attr(w: &mut Writer, (attr, timeout): (Attr, Duration)) -> HandlerResult {
-    let (attr_valid, attr_valid_nsec) = split_timeout(timeout);
-    obj(
-        w,
-        &AttrOut {
-            attr_valid,
-            attr_valid_nsec,
-            dummy: 0,
-            attr,
-        },
-    )
 }
 
 fn open_out(fh: u64, open_flags: u32) -> OpenOut {
