@@ -10,6 +10,7 @@ pub mod dax;
 pub mod filesystem;
 pub mod iobuf;
 pub mod mapper;
+pub mod memfs;
 pub mod passthrough;
 pub mod server;
 pub mod sys;
