@@ -187,9 +187,9 @@ impl<F: FileSystem> FsBackend<F> {
 
 /// Splits a chain into its device-readable and device-writable parts, resolved to host
 /// memory. Readable descriptors must all come before writable ones.
-fn split_chain(
+pub fn split_chain<M: std::ops::Deref<Target = GuestMemoryMmap>>(
     mem: &GuestMemoryMmap,
-    chain: Chain,
+    chain: DescriptorChain<M>,
 ) -> Result<(Vec<VolatileSlice<'_>>, Vec<VolatileSlice<'_>>), String> {
     let mut readable = Vec::new();
     let mut writable = Vec::new();
@@ -353,5 +353,190 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             log::error!("queue {thread_id}: {e}");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::{opcode, InHeader, OutHeader};
+    use crate::mapper::NoMapper;
+    use crate::memfs::MemFs;
+    use crate::server::ServerOptions;
+    use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
+    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::{Bytes, GuestAddress};
+
+    const MEM: usize = 0x20_0000;
+
+    fn mem() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap()
+    }
+
+    fn desc(addr: u64, len: u32, write: bool) -> RawDescriptor {
+        let flags = if write { VRING_DESC_F_WRITE as u16 } else { 0 };
+        RawDescriptor::from(SplitDescriptor::new(addr, len, flags, 0))
+    }
+
+    fn backend() -> FsBackend<MemFs> {
+        let server = Arc::new(Server::new(
+            MemFs::new().unwrap(),
+            Box::new(NoMapper),
+            ServerOptions::default(),
+        ));
+        let cfg = FsBackendConfig {
+            tag: Some("fs".into()),
+            request_queues: 2,
+        };
+        FsBackend::new(server, &cfg, None).unwrap()
+    }
+
+    /// Runs one chain through the transport; returns the used length.
+    fn run(m: &GuestMemoryMmap, descs: &[RawDescriptor]) -> u32 {
+        let vq = MockSplitQueue::new(m, 16);
+        let chain = vq.build_desc_chain(descs).unwrap();
+        let b = backend();
+        match split_chain(m, chain) {
+            Ok((r, w)) => {
+                let w = (!w.is_empty()).then(|| Writer::new(w));
+                b.server()
+                    .handle(Reader::new(r), w)
+                    .map(|h| h.written as u32)
+                    .unwrap_or(0)
+            }
+            Err(_) => 0,
+        }
+    }
+
+    fn put_init(m: &GuestMemoryMmap, at: u64) -> u32 {
+        let hdr = InHeader {
+            len: 40 + 64,
+            opcode: opcode::INIT,
+            unique: 7,
+            ..Default::default()
+        };
+        m.write_obj(hdr, GuestAddress(at)).unwrap();
+        let init = crate::abi::InitIn {
+            major: 7,
+            minor: 41,
+            ..Default::default()
+        };
+        m.write_obj(init, GuestAddress(at + 40)).unwrap();
+        40 + 64
+    }
+
+    #[test]
+    fn request_split_across_descriptors_is_served() {
+        let m = mem();
+        let len = put_init(&m, 0x10_0000);
+        // The request in two readable pieces, the reply in two writable pieces.
+        let descs = [
+            desc(0x10_0000, 10, false),
+            desc(0x10_0000 + 10, len - 10, false),
+            desc(0x18_0000, 8, true),
+            desc(0x19_0000, 4096, true),
+        ];
+        assert_eq!(run(&m, &descs), 16 + 64);
+        let out: OutHeader = m.read_obj(GuestAddress(0x18_0000)).unwrap();
+        assert_eq!(out.len, 16 + 64);
+        assert_eq!(out.unique, 7);
+        assert_eq!(out.error, 0);
+    }
+
+    #[test]
+    fn malformed_chains_are_dropped() {
+        let m = mem();
+        let len = put_init(&m, 0x10_0000);
+        let reply = desc(0x18_0000, 4096, true);
+        // Writable before readable.
+        let vq = MockSplitQueue::new(&m, 16);
+        let chain = vq
+            .build_desc_chain(&[reply, desc(0x10_0000, len, false)])
+            .unwrap();
+        assert!(split_chain(&m, chain)
+            .unwrap_err()
+            .contains("after a writable"));
+        // Pointing outside guest memory.
+        let vq = MockSplitQueue::new(&m, 16);
+        let chain = vq
+            .build_desc_chain(&[desc(MEM as u64 - 8, 64, false), reply])
+            .unwrap();
+        assert!(split_chain(&m, chain)
+            .unwrap_err()
+            .contains("outside guest memory"));
+        let vq = MockSplitQueue::new(&m, 16);
+        let chain = vq
+            .build_desc_chain(&[desc(u64::MAX - 8, 64, false), reply])
+            .unwrap();
+        assert!(split_chain(&m, chain).is_err());
+        // No readable part.
+        let vq = MockSplitQueue::new(&m, 16);
+        let chain = vq.build_desc_chain(&[reply]).unwrap();
+        assert!(split_chain(&m, chain).is_err());
+    }
+
+    #[test]
+    fn short_chains_get_no_reply_and_no_panic() {
+        let m = mem();
+        let len = put_init(&m, 0x10_0000);
+        // Header cut short: dropped.
+        assert_eq!(
+            run(
+                &m,
+                &[desc(0x10_0000, 20, false), desc(0x18_0000, 4096, true)]
+            ),
+            0
+        );
+        // No room for a reply header: dropped.
+        assert_eq!(
+            run(&m, &[desc(0x10_0000, len, false), desc(0x18_0000, 8, true)]),
+            0
+        );
+        // Reply room for the header only: an error reply fits.
+        assert_eq!(
+            run(
+                &m,
+                &[desc(0x10_0000, len, false), desc(0x18_0000, 16, true)]
+            ),
+            16
+        );
+        let out: OutHeader = m.read_obj(GuestAddress(0x18_0000)).unwrap();
+        assert_eq!(out.error, -libc::ENOBUFS);
+    }
+
+    #[test]
+    fn config_space_and_features() {
+        let b = backend();
+        let cfg = b.get_config(0, 40);
+        assert_eq!(&cfg[..2], b"fs");
+        assert_eq!(u32::from_le_bytes(cfg[36..40].try_into().unwrap()), 2);
+        assert_eq!(b.get_config(36, 4), 2u32.to_le_bytes());
+        assert!(b.get_config(30, 20).is_empty(), "out-of-range read refused");
+        assert!(b.get_config(u32::MAX, 2).is_empty());
+        assert_eq!(b.num_queues(), 3);
+        assert!(b
+            .protocol_features()
+            .contains(VhostUserProtocolFeatures::CONFIG));
+        assert!(!b
+            .protocol_features()
+            .contains(VhostUserProtocolFeatures::SHMEM));
+        assert!(b.get_shmem_config().is_err());
+        let server = Arc::new(Server::new(
+            MemFs::new().unwrap(),
+            Box::new(NoMapper),
+            ServerOptions::default(),
+        ));
+        let cfg = FsBackendConfig {
+            tag: None,
+            request_queues: 1,
+        };
+        let b = FsBackend::new(server, &cfg, None).unwrap();
+        assert!(
+            !b.protocol_features()
+                .contains(VhostUserProtocolFeatures::CONFIG),
+            "no tag, no CONFIG (QEMU 7.x)"
+        );
+        assert!(b.get_config(0, 40).is_empty());
     }
 }

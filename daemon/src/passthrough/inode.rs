@@ -1,0 +1,194 @@
+//! The inode table: guest inode numbers to host `O_PATH` descriptors, with lookup counts.
+//!
+//! Every inode the guest knows holds an `O_PATH | O_NOFOLLOW` descriptor of the host file,
+//! so later operations name the file by descriptor and never re-resolve a path. A host file
+//! is identified by `(st_dev, st_ino, mount id)`; looking it up again returns the same guest
+//! inode and bumps its count. FORGET drops counts; at zero the entry and its descriptor go.
+//! The guest's numbers are our own counter, never pointers, and the root (id 1) stays for
+//! the life of the filesystem.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::abi::ROOT_ID;
+use crate::filesystem::Inode;
+
+/// Identity of a host file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct InodeKey {
+    pub dev: u64,
+    pub ino: u64,
+    /// Mount id (`STATX_MNT_ID`), 0 when the kernel does not report one.
+    pub mnt: u64,
+}
+
+/// One host file the guest holds a reference to.
+#[derive(Debug)]
+pub(super) struct InodeData {
+    pub id: Inode,
+    pub key: InodeKey,
+    /// `O_PATH | O_NOFOLLOW` descriptor of the file itself (a symlink stays a symlink).
+    pub fd: OwnedFd,
+    /// `S_IFMT` bits of the mode; fixed for the life of the descriptor.
+    pub kind: u32,
+}
+
+impl InodeData {
+    pub fn is_dir(&self) -> bool {
+        self.kind == libc::S_IFDIR
+    }
+    pub fn is_reg(&self) -> bool {
+        self.kind == libc::S_IFREG
+    }
+    pub fn is_symlink(&self) -> bool {
+        self.kind == libc::S_IFLNK
+    }
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+struct Slot {
+    data: Arc<InodeData>,
+    /// Lookup count: how many references the guest holds.
+    refs: u64,
+}
+
+struct Table {
+    by_id: HashMap<Inode, Slot>,
+    by_key: HashMap<InodeKey, Inode>,
+    next_id: Inode,
+}
+
+/// The inode table. Operations hold an `Arc` to the entry they work on, so a concurrent
+/// FORGET never closes a descriptor that is in use; it closes when the last user is done.
+pub(super) struct InodeStore {
+    table: Mutex<Table>,
+}
+
+fn ebadf() -> io::Error {
+    io::Error::from_raw_os_error(libc::EBADF)
+}
+
+impl InodeStore {
+    /// A table holding only the root directory (`fd`, `key`) as inode 1.
+    pub fn new(fd: OwnedFd, key: InodeKey) -> Self {
+        let root = Arc::new(InodeData {
+            id: ROOT_ID,
+            key,
+            fd,
+            kind: libc::S_IFDIR,
+        });
+        let mut by_id = HashMap::new();
+        by_id.insert(
+            ROOT_ID,
+            Slot {
+                data: root,
+                refs: 1,
+            },
+        );
+        let mut by_key = HashMap::new();
+        by_key.insert(key, ROOT_ID);
+        InodeStore {
+            table: Mutex::new(Table {
+                by_id,
+                by_key,
+                next_id: ROOT_ID + 1,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        // A panic elsewhere cannot leave the maps inconsistent (every update is a single
+        // insert/remove pair), so a poisoned lock is still usable.
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The inode with guest number `id`, or `EBADF`.
+    pub fn get(&self, id: Inode) -> io::Result<Arc<InodeData>> {
+        self.lock()
+            .by_id
+            .get(&id)
+            .map(|s| s.data.clone())
+            .ok_or_else(ebadf)
+    }
+
+    /// Takes one more reference to an inode the caller already holds.
+    pub fn add_ref(&self, id: Inode) -> io::Result<Arc<InodeData>> {
+        let mut t = self.lock();
+        let slot = t.by_id.get_mut(&id).ok_or_else(ebadf)?;
+        slot.refs = slot.refs.saturating_add(1);
+        Ok(slot.data.clone())
+    }
+
+    /// Takes a reference to the host file `key`: the existing inode if there is one (and
+    /// `fd` is dropped), else a new inode holding `fd`.
+    pub fn insert_or_ref(
+        &self,
+        key: InodeKey,
+        fd: OwnedFd,
+        kind: u32,
+    ) -> io::Result<Arc<InodeData>> {
+        let mut t = self.lock();
+        if let Some(&id) = t.by_key.get(&key) {
+            if let Some(slot) = t.by_id.get_mut(&id) {
+                slot.refs = slot.refs.saturating_add(1);
+                return Ok(slot.data.clone());
+            }
+        }
+        let id = t.next_id;
+        t.next_id = id
+            .checked_add(1)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENFILE))?;
+        let data = Arc::new(InodeData { id, key, fd, kind });
+        t.by_id.insert(
+            id,
+            Slot {
+                data: data.clone(),
+                refs: 1,
+            },
+        );
+        t.by_key.insert(key, id);
+        Ok(data)
+    }
+
+    /// Drops `count` references; the inode goes away at zero. Unknown ids and the root are
+    /// ignored.
+    pub fn forget(&self, id: Inode, count: u64) {
+        if id == ROOT_ID {
+            return;
+        }
+        let mut t = self.lock();
+        let Some(slot) = t.by_id.get_mut(&id) else {
+            return;
+        };
+        slot.refs = slot.refs.saturating_sub(count);
+        if slot.refs == 0 {
+            if let Some(slot) = t.by_id.remove(&id) {
+                // Only remove the key if it still points at this inode.
+                if t.by_key.get(&slot.data.key) == Some(&id) {
+                    t.by_key.remove(&slot.data.key);
+                }
+            }
+        }
+    }
+
+    /// Drops every inode but the root.
+    pub fn clear(&self) {
+        let mut t = self.lock();
+        t.by_id.retain(|&id, _| id == ROOT_ID);
+        t.by_key.retain(|_, id| *id == ROOT_ID);
+    }
+
+    /// Number of inodes in the table (root included).
+    pub fn len(&self) -> usize {
+        self.lock().by_id.len()
+    }
+
+    /// Current lookup count of `id` (0 when unknown).
+    pub fn refs(&self, id: Inode) -> u64 {
+        self.lock().by_id.get(&id).map_or(0, |s| s.refs)
+    }
+}
