@@ -440,7 +440,9 @@ mod tests {
         assert_eq!(run(&m, &descs), 16 + 64);
         let out: OutHeader = m.read_obj(GuestAddress(0x18_0000)).unwrap();
         assert_eq!(out.len, 16 + 64);
-        assert_eq!(out.unique, 7);
+        // The header's second half (`unique`) landed in the second writable descriptor.
+        let unique: u64 = m.read_obj(GuestAddress(0x19_0000)).unwrap();
+        assert_eq!(unique, 7);
         assert_eq!(out.error, 0);
     }
 
