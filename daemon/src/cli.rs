@@ -216,7 +216,7 @@ pub struct Cli {
     #[arg(long, value_enum, value_name = "MODE", num_args = 0..=1, require_equals = true, default_missing_value = "always", default_value = "never")]
     pub security_label: Negotiation,
 
-    /// Enable FUSE_HANDLE_KILLPRIV_V2 (not supported yet).
+    /// Enable FUSE_HANDLE_KILLPRIV_V2 (the daemon clears suid/sgid on write and truncate).
     #[arg(long)]
     pub killpriv_v2: bool,
 
@@ -345,7 +345,6 @@ impl Cli {
                 self.security_label != Negotiation::Never,
                 "--security-label",
             ),
-            (self.killpriv_v2, "--killpriv-v2"),
             (self.preserve_noatime, "--preserve-noatime"),
             (!self.uid_map.is_empty(), "--uid-map"),
             (!self.gid_map.is_empty(), "--gid-map"),
@@ -546,7 +545,6 @@ mod tests {
             "--xattrmap=:map::",
             "--modcaps=+sys_admin",
             "--security-label",
-            "--killpriv-v2",
             "--preserve-noatime",
             "--uid-map=:0:0:1:",
             "--thread-pool-size=4",

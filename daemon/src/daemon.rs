@@ -52,6 +52,7 @@ fn passthrough_config(cli: &Cli) -> io::Result<passthrough::Config> {
         allow_mmap: cli.allow_mmap,
         readdirplus: !cli.no_readdirplus,
         announce_submounts: cli.announce_submounts,
+        killpriv_v2: cli.killpriv_v2,
     })
 }
 
@@ -82,19 +83,26 @@ fn raise_nofile(want: Option<u64>) -> io::Result<()> {
     // SAFETY: `new` is a valid rlimit struct; the kernel only reads it.
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } < 0 {
         let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("cannot set RLIMIT_NOFILE to {target}: {e}")));
+        return Err(io::Error::new(
+            e.kind(),
+            format!("cannot set RLIMIT_NOFILE to {target}: {e}"),
+        ));
     }
     Ok(())
 }
 
 /// Gives the socket file to `group`.
 fn chown_socket_group(path: &std::path::Path, group: &str) -> io::Result<()> {
-    let cgroup = std::ffi::CString::new(group).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let cgroup =
+        std::ffi::CString::new(group).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: `cgroup` is NUL-terminated; the result is only read before any other getgr* call
     // (we are still single-threaded here).
     let gr = unsafe { libc::getgrnam(cgroup.as_ptr()) };
     if gr.is_null() {
-        return Err(io::Error::new(io::ErrorKind::NotFound, format!("--socket-group: no group named {group}")));
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("--socket-group: no group named {group}"),
+        ));
     }
     // SAFETY: `gr` is non-null and points to libc's static group entry.
     let gid = unsafe { (*gr).gr_gid };
@@ -114,13 +122,15 @@ fn spawn_sigusr1_reporter(report: impl Fn() + Send + 'static) {
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     };
-    let spawned = std::thread::Builder::new().name("sigusr1".into()).spawn(move || loop {
-        let mut sig = 0;
-        // SAFETY: `set` is a valid signal set and `sig` a valid output location.
-        if unsafe { libc::sigwait(&set, &mut sig) } == 0 && sig == libc::SIGUSR1 {
-            report();
-        }
-    });
+    let spawned = std::thread::Builder::new()
+        .name("sigusr1".into())
+        .spawn(move || loop {
+            let mut sig = 0;
+            // SAFETY: `set` is a valid signal set and `sig` a valid output location.
+            if unsafe { libc::sigwait(&set, &mut sig) } == 0 && sig == libc::SIGUSR1 {
+                report();
+            }
+        });
     if let Err(e) = spawned {
         log::warn!("no SIGUSR1 reporter: {e}");
     }
@@ -176,7 +186,12 @@ pub fn run(cli: &Cli) -> io::Result<()> {
             }
             l
         }
-        (None, None) => return Err(io::Error::new(io::ErrorKind::InvalidInput, "missing --socket-path")),
+        (None, None) => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "missing --socket-path",
+            ))
+        }
     };
 
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
@@ -202,7 +217,9 @@ pub fn run(cli: &Cli) -> io::Result<()> {
             log::info!("frontend disconnected, exiting");
             Ok(())
         }
-        Err(e) => Err(io::Error::other(format!("vhost-user session ended with an error: {e}"))),
+        Err(e) => Err(io::Error::other(format!(
+            "vhost-user session ended with an error: {e}"
+        ))),
     };
     for handler in daemon.get_epoll_handlers() {
         handler.send_exit_event();

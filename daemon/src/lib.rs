@@ -6,8 +6,10 @@
 
 pub mod abi;
 pub mod cli;
+pub mod daemon;
 pub mod dax;
 pub mod filesystem;
+pub mod fuzzing;
 pub mod iobuf;
 pub mod mapper;
 pub mod memfs;

@@ -1,1 +1,23 @@
-fn main() {}
+//! `daxfsd`: the daemon binary. See `daxfsd --help`.
+
+use clap::Parser;
+
+use daxfsd::cli::Cli;
+
+fn main() {
+    let mut cli = Cli::parse();
+    if let Err(e) = cli.normalize() {
+        eprintln!("daxfsd: {e}");
+        std::process::exit(2);
+    }
+    if cli.print_capabilities {
+        println!("{}", Cli::capabilities_json());
+        return;
+    }
+    daxfsd::daemon::init_logging(cli.log_level);
+    if let Err(e) = daxfsd::daemon::run(&cli) {
+        log::error!("{e}");
+        eprintln!("daxfsd: {e}");
+        std::process::exit(1);
+    }
+}

@@ -182,7 +182,11 @@ impl<F: FileSystem> Server<F> {
                 Self::write_header(head.as_mut(), req.unique, 0, len, hdr.opcode)?
             }
             Err(e) => {
-                let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                // A short read of a fixed-size argument is a malformed request.
+                let errno = e.raw_os_error().unwrap_or(match e.kind() {
+                    io::ErrorKind::UnexpectedEof => libc::EINVAL,
+                    _ => libc::EIO,
+                });
                 log::debug!(
                     "{} unique={} -> errno {errno}",
                     op::name(hdr.opcode),

@@ -39,9 +39,6 @@ impl InodeData {
     pub fn is_dir(&self) -> bool {
         self.kind == libc::S_IFDIR
     }
-    pub fn is_reg(&self) -> bool {
-        self.kind == libc::S_IFREG
-    }
     pub fn is_symlink(&self) -> bool {
         self.kind == libc::S_IFLNK
     }

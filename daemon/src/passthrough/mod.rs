@@ -1,1 +1,396 @@
-//! The passthrough filesystem: serves a host directory.
+//! The passthrough filesystem: serves a host directory, as virtiofsd does.
+//!
+//! # Containment
+//! Nothing the guest sends is ever resolved as a host path. Each guest inode holds an
+//! `O_PATH | O_NOFOLLOW` descriptor ([`inode`]); operations take a directory descriptor and
+//! a single name component (`*at()` calls with `AT_SYMLINK_NOFOLLOW` / `O_NOFOLLOW`), or
+//! reach the inode itself through `/proc/self/fd/N`, a magic link that lands on the inode
+//! without re-resolving anything. So host symlinks are never followed (the guest reads them
+//! with READLINK and resolves them in its own namespace), LOOKUP of `..` at the root returns
+//! the root, and `.`/`..` are refused as names of anything that creates, removes or renames.
+//! Only regular files are opened for I/O and only directories for listing: symlinks fail
+//! with `ELOOP`, device nodes, fifos and sockets with `EPERM` (the guest implements those
+//! itself; opening a guest-made device node on the host would be an escape).
+//!
+//! # File modes and umask
+//! `FUSE_DONT_MASK` is never negotiated, so the guest kernel applies the caller's umask
+//! before sending a mode. We apply `mode & !umask` again explicitly (idempotent), and set
+//! the *process* umask to 0 in [`PassthroughFs::new`] so the host does not mask a second
+//! time with the daemon's own umask. That affects every file the process creates.
+//!
+//! # Errors chosen here
+//! Unknown inodes and handles: `EBADF`. `.`/`..` as a name to create, remove or rename:
+//! `EINVAL`. OPEN of a directory: `EISDIR`; OPENDIR of a non-directory: `ENOTDIR`. Any
+//! modifying operation with `readonly`: `EROFS`. A writable DAX mapping through a handle
+//! opened read-only: `EACCES` (what `mmap(2)` says for `PROT_WRITE` on such a file).
+
+mod creds;
+mod dir_ops;
+mod entry_ops;
+mod file_ops;
+mod fs_impl;
+mod handle;
+mod inode;
+mod xattr_ops;
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::abi::{attr_flags, fopen, Attr};
+use crate::filesystem::{Entry, Inode};
+use crate::sys;
+
+use creds::Creds;
+use handle::HandleStore;
+use inode::{InodeData, InodeKey, InodeStore};
+
+/// How much the guest may cache (virtiofsd's `--cache`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CachePolicy {
+    /// Nothing: 0 timeouts, `FOPEN_DIRECT_IO` for files.
+    Never,
+    /// Metadata for 1 s; data cached until the file changes.
+    #[default]
+    Auto,
+    /// Metadata for a day; data and directory listings kept across opens.
+    Always,
+    /// Metadata for a day; data uncached (`FOPEN_DIRECT_IO`).
+    Metadata,
+}
+
+impl FromStr for CachePolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "never" | "none" => Ok(CachePolicy::Never),
+            "auto" => Ok(CachePolicy::Auto),
+            "always" => Ok(CachePolicy::Always),
+            "metadata" => Ok(CachePolicy::Metadata),
+            _ => Err(format!(
+                "unknown cache policy {s:?} (never, auto, always, metadata)"
+            )),
+        }
+    }
+}
+
+/// Passthrough options, with virtiofsd's meanings and defaults.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The shared directory.
+    pub root_dir: PathBuf,
+    pub cache: CachePolicy,
+    /// Negotiate `FUSE_WRITEBACK_CACHE`.
+    pub writeback: bool,
+    /// Serve extended attributes (else the xattr requests fail with `ENOSYS`).
+    pub xattr: bool,
+    /// Refuse every modification with `EROFS`.
+    pub readonly: bool,
+    /// Honour `O_DIRECT` from the guest (else it is dropped).
+    pub allow_direct_io: bool,
+    /// With `cache=never`, negotiate `FUSE_DIRECT_IO_ALLOW_MMAP`.
+    pub allow_mmap: bool,
+    /// Offer READDIRPLUS (never with `cache=never`).
+    pub readdirplus: bool,
+    /// Flag directories on another host mount as submounts.
+    pub announce_submounts: bool,
+    /// Negotiate `FUSE_HANDLE_KILLPRIV_V2` (we clear suid/sgid on write, truncate and
+    /// `O_TRUNC`). Off by default, as in virtiofsd.
+    pub killpriv_v2: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            root_dir: PathBuf::from("/"),
+            cache: CachePolicy::Auto,
+            writeback: false,
+            xattr: false,
+            readonly: false,
+            allow_direct_io: false,
+            allow_mmap: false,
+            readdirplus: true,
+            announce_submounts: false,
+            killpriv_v2: false,
+        }
+    }
+}
+
+/// Features agreed in INIT that change how we behave.
+#[derive(Default)]
+struct Negotiated {
+    writeback: AtomicBool,
+    submounts: AtomicBool,
+    killpriv_v2: AtomicBool,
+}
+
+/// Serves [`Config::root_dir`] to the guest.
+pub struct PassthroughFs {
+    cfg: Config,
+    inodes: InodeStore,
+    handles: HandleStore,
+    /// `O_PATH` descriptor of `/proc/self/fd`, to reach an inode through its magic link.
+    proc_self_fd: OwnedFd,
+    creds: Creds,
+    negotiated: Negotiated,
+    timeout: Duration,
+}
+
+pub(crate) fn err(errno: i32) -> io::Error {
+    io::Error::from_raw_os_error(errno)
+}
+
+/// `STATX_MNT_ID` plus the basic fields.
+const STATX_MASK: u32 = libc::STATX_BASIC_STATS | libc::STATX_MNT_ID;
+
+/// `statx` of the file behind a descriptor (not following it if it is a symlink).
+fn stat_fd(fd: BorrowedFd) -> io::Result<libc::statx> {
+    sys::statx(
+        fd,
+        sys::EMPTY,
+        libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        STATX_MASK,
+    )
+}
+
+fn key_of(st: &libc::statx) -> InodeKey {
+    InodeKey {
+        dev: libc::makedev(st.stx_dev_major, st.stx_dev_minor),
+        ino: st.stx_ino,
+        mnt: if st.stx_mask & libc::STATX_MNT_ID != 0 {
+            st.stx_mnt_id
+        } else {
+            0
+        },
+    }
+}
+
+/// Device number in the kernel's `new_encode_dev` form, as FUSE carries it.
+fn encode_dev(major: u32, minor: u32) -> u32 {
+    (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)
+}
+
+/// A FUSE device number (`new_encode_dev` form) as a host `dev_t`.
+fn decode_dev(rdev: u32) -> libc::dev_t {
+    let major = (rdev & 0xfff00) >> 8;
+    let minor = (rdev & 0xff) | ((rdev >> 12) & 0xfff00);
+    libc::makedev(major, minor)
+}
+
+fn attr_of(st: &libc::statx) -> Attr {
+    Attr {
+        ino: st.stx_ino,
+        size: st.stx_size,
+        blocks: st.stx_blocks,
+        atime: st.stx_atime.tv_sec as u64,
+        mtime: st.stx_mtime.tv_sec as u64,
+        ctime: st.stx_ctime.tv_sec as u64,
+        atimensec: st.stx_atime.tv_nsec,
+        mtimensec: st.stx_mtime.tv_nsec,
+        ctimensec: st.stx_ctime.tv_nsec,
+        mode: u32::from(st.stx_mode),
+        nlink: st.stx_nlink,
+        uid: st.stx_uid,
+        gid: st.stx_gid,
+        rdev: encode_dev(st.stx_rdev_major, st.stx_rdev_minor),
+        blksize: st.stx_blksize,
+        flags: 0,
+    }
+}
+
+/// Refuses `.`, `..`, and anything that is not one non-empty path component.
+fn check_name(name: &CStr) -> io::Result<()> {
+    let b = name.to_bytes();
+    if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') {
+        return Err(err(libc::EINVAL));
+    }
+    Ok(())
+}
+
+/// The name of `fd` inside `/proc/self/fd`.
+fn fd_name(fd: BorrowedFd) -> CString {
+    // A decimal number never contains NUL.
+    CString::new(fd.as_raw_fd().to_string()).unwrap_or_default()
+}
+
+/// `/proc/self/fd/N` for `fd`, for the path-only system calls (xattrs).
+fn proc_path(fd: BorrowedFd) -> CString {
+    CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_default()
+}
+
+impl PassthroughFs {
+    /// Opens the shared directory. Sets the process umask to 0 (see the module docs).
+    pub fn new(cfg: Config) -> io::Result<Self> {
+        let path = CString::new(cfg.root_dir.as_os_str().as_bytes()).map_err(|_| {
+            io::Error::new(io::ErrorKind::InvalidInput, "shared dir path contains NUL")
+        })?;
+        let root = sys::open(&path, libc::O_PATH | libc::O_DIRECTORY, 0)?;
+        let st = stat_fd(root.as_fd())?;
+        let proc_self_fd = sys::open(c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY, 0)?;
+        sys::umask(0);
+        let timeout = match cfg.cache {
+            CachePolicy::Never => Duration::ZERO,
+            CachePolicy::Auto => Duration::from_secs(1),
+            CachePolicy::Always | CachePolicy::Metadata => Duration::from_secs(86400),
+        };
+        Ok(PassthroughFs {
+            inodes: InodeStore::new(root, key_of(&st)),
+            handles: HandleStore::new(),
+            proc_self_fd,
+            creds: Creds::detect(),
+            negotiated: Negotiated::default(),
+            timeout,
+            cfg,
+        })
+    }
+
+    /// The configuration this filesystem was built with.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Inodes currently known to the guest (the root included).
+    pub fn inode_count(&self) -> usize {
+        self.inodes.len()
+    }
+
+    /// Lookup count of guest inode `inode` (0 when unknown).
+    pub fn lookup_count(&self, inode: Inode) -> u64 {
+        self.inodes.refs(inode)
+    }
+
+    /// Open handles.
+    pub fn handle_count(&self) -> usize {
+        self.handles.len()
+    }
+
+    fn check_writable(&self) -> io::Result<()> {
+        if self.cfg.readonly {
+            Err(err(libc::EROFS))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn inode(&self, id: Inode) -> io::Result<Arc<InodeData>> {
+        self.inodes.get(id)
+    }
+
+    /// Inode `id`, which must be a directory.
+    fn dir_inode(&self, id: Inode) -> io::Result<Arc<InodeData>> {
+        let data = self.inodes.get(id)?;
+        if !data.is_dir() {
+            return Err(err(libc::ENOTDIR));
+        }
+        Ok(data)
+    }
+
+    /// `open_flags` for a file handle under the cache policy.
+    fn file_open_flags(&self) -> u32 {
+        match self.cfg.cache {
+            CachePolicy::Never | CachePolicy::Metadata => fopen::DIRECT_IO,
+            CachePolicy::Auto => 0,
+            CachePolicy::Always => fopen::KEEP_CACHE,
+        }
+    }
+
+    /// `open_flags` for a directory handle under the cache policy.
+    fn dir_open_flags(&self) -> u32 {
+        match self.cfg.cache {
+            CachePolicy::Never => fopen::DIRECT_IO,
+            CachePolicy::Always => fopen::CACHE_DIR,
+            CachePolicy::Auto | CachePolicy::Metadata => 0,
+        }
+    }
+
+    /// Opens inode `data` for I/O with `flags` (no `O_CREAT`/`O_NOFOLLOW`): directories by
+    /// `openat(fd, ".")`, regular files through `/proc/self/fd/N`. Symlinks and special
+    /// files are never opened.
+    fn reopen(&self, data: &InodeData, flags: libc::c_int) -> io::Result<OwnedFd> {
+        let flags = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_NOCTTY);
+        match data.kind {
+            libc::S_IFDIR => sys::openat(data.fd(), c".", flags | libc::O_DIRECTORY, 0),
+            libc::S_IFREG => sys::openat(self.proc_self_fd.as_fd(), &fd_name(data.fd()), flags, 0),
+            libc::S_IFLNK => Err(err(libc::ELOOP)),
+            _ => Err(err(libc::EPERM)),
+        }
+    }
+
+    /// An `O_PATH` descriptor of the file behind an open descriptor.
+    fn path_fd_of(&self, fd: BorrowedFd) -> io::Result<OwnedFd> {
+        sys::openat(self.proc_self_fd.as_fd(), &fd_name(fd), libc::O_PATH, 0)
+    }
+
+    /// Registers `path_fd` (an `O_PATH` descriptor) as a reference the guest now holds, and
+    /// builds its entry. `parent_mnt` is the mount id of the directory it was found in.
+    fn register(&self, path_fd: OwnedFd, parent_mnt: u64) -> io::Result<Entry> {
+        let st = stat_fd(path_fd.as_fd())?;
+        let key = key_of(&st);
+        let kind = u32::from(st.stx_mode) & libc::S_IFMT;
+        let data = self.inodes.insert_or_ref(key, path_fd, kind)?;
+        Ok(self.entry_of(&data, &st, parent_mnt))
+    }
+
+    fn entry_of(&self, data: &InodeData, st: &libc::statx, parent_mnt: u64) -> Entry {
+        let mut attr = attr_of(st);
+        if self.negotiated.submounts.load(Ordering::Relaxed)
+            && data.is_dir()
+            && data.key.mnt != parent_mnt
+        {
+            attr.flags |= attr_flags::SUBMOUNT;
+        }
+        Entry {
+            inode: data.id,
+            generation: 0,
+            attr,
+            attr_timeout: self.timeout,
+            entry_timeout: self.timeout,
+        }
+    }
+
+    /// Looks `name` up in directory `parent` and takes a reference to it.
+    fn do_lookup(&self, parent: &InodeData, name: &CStr) -> io::Result<Entry> {
+        let b = name.to_bytes();
+        if b.is_empty() || b.contains(&b'/') {
+            return Err(err(libc::EINVAL));
+        }
+        if !parent.is_dir() {
+            return Err(err(libc::ENOTDIR));
+        }
+        if b == b"." || (b == b".." && parent.id == crate::abi::ROOT_ID) {
+            // The directory itself: never the root's host parent.
+            let data = self.inodes.add_ref(parent.id)?;
+            let st = stat_fd(data.fd())?;
+            return Ok(self.entry_of(&data, &st, parent.key.mnt));
+        }
+        let fd = sys::openat(parent.fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        self.register(fd, parent.key.mnt)
+    }
+
+    /// Clears suid, and sgid when group-executable, on a regular file (HANDLE_KILLPRIV_V2:
+    /// as root we hold `CAP_FSETID`, so the host kernel would not do it for us).
+    fn kill_suidgid(&self, fd: BorrowedFd) -> io::Result<()> {
+        let st = sys::fstat(fd)?;
+        let mode = st.st_mode;
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            return Ok(());
+        }
+        let mut kill = 0;
+        if mode & libc::S_ISUID != 0 {
+            kill |= libc::S_ISUID;
+        }
+        if mode & libc::S_ISGID != 0 && mode & libc::S_IXGRP != 0 {
+            kill |= libc::S_ISGID;
+        }
+        if kill == 0 {
+            return Ok(());
+        }
+        sys::fchmod(fd, mode & 0o7777 & !kill)
+    }
+}

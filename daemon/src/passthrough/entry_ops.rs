@@ -1,0 +1,293 @@
+//! Namespace and metadata operations: lookup, attributes, links, names, statfs, access.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use super::{attr_of, check_name, decode_dev, err, fd_name, stat_fd, PassthroughFs};
+use crate::abi::{fattr, Attr, Kstatfs, SetattrIn};
+use crate::filesystem::{Context, Entry, Handle, Inode};
+use crate::sys;
+
+fn timespec(valid: u32, set: u32, now: u32, secs: u64, nsecs: u32) -> io::Result<libc::timespec> {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: libc::UTIME_OMIT,
+    };
+    if valid & now != 0 {
+        t.tv_nsec = libc::UTIME_NOW;
+    } else if valid & set != 0 {
+        t.tv_sec = libc::time_t::try_from(secs).map_err(|_| err(libc::EINVAL))?;
+        t.tv_nsec = libc::c_long::from(nsecs);
+    }
+    Ok(t)
+}
+
+impl PassthroughFs {
+    pub(super) fn do_lookup_op(&self, parent: Inode, name: &CStr) -> io::Result<Entry> {
+        let p = self.inode(parent)?;
+        self.do_lookup(&p, name)
+    }
+
+    pub(super) fn do_getattr(&self, inode: Inode) -> io::Result<(Attr, Duration)> {
+        let data = self.inode(inode)?;
+        let st = stat_fd(data.fd())?;
+        Ok((attr_of(&st), self.timeout))
+    }
+
+    pub(super) fn do_setattr(
+        &self,
+        inode: Inode,
+        a: &SetattrIn,
+        handle: Option<Handle>,
+    ) -> io::Result<(Attr, Duration)> {
+        self.check_writable()?;
+        let data = self.inode(inode)?;
+        let h = handle
+            .map(|fh| self.handles.get_file(inode, fh))
+            .transpose()?;
+        let valid = a.valid;
+        let killpriv = self
+            .negotiated
+            .killpriv_v2
+            .load(std::sync::atomic::Ordering::Relaxed);
+
+        if valid & fattr::MODE != 0 {
+            let mode = a.mode & 0o7777;
+            match &h {
+                Some(h) => sys::fchmod(h.fd(), mode)?,
+                // Through the magic link: lands on the inode itself, follows nothing.
+                None => sys::fchmodat(self.proc_self_fd.as_fd(), &fd_name(data.fd()), mode)?,
+            }
+        }
+
+        if valid & (fattr::UID | fattr::GID) != 0 {
+            let uid = if valid & fattr::UID != 0 {
+                a.uid
+            } else {
+                u32::MAX
+            };
+            let gid = if valid & fattr::GID != 0 {
+                a.gid
+            } else {
+                u32::MAX
+            };
+            sys::fchownat(
+                data.fd(),
+                sys::EMPTY,
+                uid,
+                gid,
+                libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            )?;
+        }
+
+        if valid & fattr::SIZE != 0 {
+            match data.kind {
+                libc::S_IFREG => {}
+                libc::S_IFDIR => return Err(err(libc::EISDIR)),
+                _ => return Err(err(libc::EINVAL)),
+            }
+            let kill = killpriv && valid & fattr::KILL_SUIDGID != 0 && valid & fattr::MODE == 0;
+            match h.as_ref().filter(|h| matches!(h.access(), Some((_, true)))) {
+                Some(h) => {
+                    sys::ftruncate(h.fd(), a.size)?;
+                    if kill {
+                        self.kill_suidgid(h.fd())?;
+                    }
+                }
+                None => {
+                    let fd = self.reopen(&data, libc::O_WRONLY)?;
+                    sys::ftruncate(fd.as_fd(), a.size)?;
+                    if kill {
+                        self.kill_suidgid(fd.as_fd())?;
+                    }
+                }
+            }
+        }
+
+        if valid & (fattr::ATIME | fattr::MTIME | fattr::ATIME_NOW | fattr::MTIME_NOW) != 0 {
+            let times = [
+                timespec(valid, fattr::ATIME, fattr::ATIME_NOW, a.atime, a.atimensec)?,
+                timespec(valid, fattr::MTIME, fattr::MTIME_NOW, a.mtime, a.mtimensec)?,
+            ];
+            match &h {
+                Some(h) => sys::futimens(h.fd(), &times)?,
+                None => sys::utimensat(self.proc_self_fd.as_fd(), &fd_name(data.fd()), &times, 0)?,
+            }
+        }
+
+        self.do_getattr(inode)
+    }
+
+    pub(super) fn do_readlink(&self, inode: Inode) -> io::Result<Vec<u8>> {
+        let data = self.inode(inode)?;
+        if !data.is_symlink() {
+            return Err(err(libc::EINVAL));
+        }
+        sys::readlinkat(data.fd(), sys::EMPTY)
+    }
+
+    pub(super) fn do_symlink(
+        &self,
+        ctx: &Context,
+        target: &CStr,
+        parent: Inode,
+        name: &CStr,
+    ) -> io::Result<Entry> {
+        self.check_writable()?;
+        check_name(name)?;
+        let p = self.dir_inode(parent)?;
+        {
+            let _creds = self.creds.switch_to(ctx)?;
+            sys::symlinkat(target, p.fd(), name)?;
+        }
+        self.do_lookup(&p, name)
+    }
+
+    pub(super) fn do_mknod(
+        &self,
+        ctx: &Context,
+        parent: Inode,
+        name: &CStr,
+        mode: u32,
+        rdev: u32,
+        umask: u32,
+    ) -> io::Result<Entry> {
+        self.check_writable()?;
+        check_name(name)?;
+        let p = self.dir_inode(parent)?;
+        let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !umask);
+        {
+            let _creds = self.creds.switch_to(ctx)?;
+            sys::mknodat(p.fd(), name, mode, decode_dev(rdev))?;
+        }
+        self.do_lookup(&p, name)
+    }
+
+    pub(super) fn do_mkdir(
+        &self,
+        ctx: &Context,
+        parent: Inode,
+        name: &CStr,
+        mode: u32,
+        umask: u32,
+    ) -> io::Result<Entry> {
+        self.check_writable()?;
+        check_name(name)?;
+        let p = self.dir_inode(parent)?;
+        {
+            let _creds = self.creds.switch_to(ctx)?;
+            sys::mkdirat(p.fd(), name, mode & 0o7777 & !umask)?;
+        }
+        self.do_lookup(&p, name)
+    }
+
+    pub(super) fn do_unlink(
+        &self,
+        parent: Inode,
+        name: &CStr,
+        flags: libc::c_int,
+    ) -> io::Result<()> {
+        self.check_writable()?;
+        check_name(name)?;
+        let p = self.dir_inode(parent)?;
+        sys::unlinkat(p.fd(), name, flags)
+    }
+
+    pub(super) fn do_rename(
+        &self,
+        olddir: Inode,
+        oldname: &CStr,
+        newdir: Inode,
+        newname: &CStr,
+        flags: u32,
+    ) -> io::Result<()> {
+        self.check_writable()?;
+        check_name(oldname)?;
+        check_name(newname)?;
+        let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE | libc::RENAME_WHITEOUT;
+        if flags & !known != 0 {
+            return Err(err(libc::EINVAL));
+        }
+        let old = self.dir_inode(olddir)?;
+        let new = self.dir_inode(newdir)?;
+        sys::renameat2(old.fd(), oldname, new.fd(), newname, flags)
+    }
+
+    pub(super) fn do_link(
+        &self,
+        inode: Inode,
+        newparent: Inode,
+        newname: &CStr,
+    ) -> io::Result<Entry> {
+        self.check_writable()?;
+        check_name(newname)?;
+        let data = self.inode(inode)?;
+        if data.is_dir() {
+            return Err(err(libc::EPERM));
+        }
+        let p = self.dir_inode(newparent)?;
+        // Through the magic link (AT_SYMLINK_FOLLOW follows only that link, onto the inode
+        // itself): needs no CAP_DAC_READ_SEARCH, unlike AT_EMPTY_PATH.
+        sys::linkat(
+            self.proc_self_fd.as_fd(),
+            &fd_name(data.fd()),
+            p.fd(),
+            newname,
+            libc::AT_SYMLINK_FOLLOW,
+        )?;
+        self.do_lookup(&p, newname)
+    }
+
+    pub(super) fn do_statfs(&self, inode: Inode) -> io::Result<Kstatfs> {
+        let data = self.inode(inode)?;
+        let st = sys::fstatfs(data.fd())?;
+        Ok(Kstatfs {
+            blocks: st.f_blocks,
+            bfree: st.f_bfree,
+            bavail: st.f_bavail,
+            files: st.f_files,
+            ffree: st.f_ffree,
+            bsize: st.f_bsize as u32,
+            namelen: st.f_namelen as u32,
+            frsize: st.f_frsize as u32,
+            padding: 0,
+            spare: [0; 6],
+        })
+    }
+
+    /// Permission check against the file's mode bits with the caller's ids (as the guest's
+    /// `access(2)` expects; the daemon's own root powers do not count). Root passes
+    /// everything but `X_OK` on a file without any execute bit.
+    pub(super) fn do_access(&self, ctx: &Context, inode: Inode, mask: u32) -> io::Result<()> {
+        let data = self.inode(inode)?;
+        let st = stat_fd(data.fd())?;
+        let mode = u32::from(st.stx_mode);
+        let mask = mask & 0o7;
+        if mask == libc::F_OK as u32 {
+            return Ok(());
+        }
+        if mask & libc::W_OK as u32 != 0 && self.cfg.readonly {
+            return Err(err(libc::EROFS));
+        }
+        if ctx.uid == 0 {
+            let is_dir = mode & libc::S_IFMT == libc::S_IFDIR;
+            if mask & libc::X_OK as u32 != 0 && !is_dir && mode & 0o111 == 0 {
+                return Err(err(libc::EACCES));
+            }
+            return Ok(());
+        }
+        let bits = if st.stx_uid == ctx.uid {
+            (mode >> 6) & 0o7
+        } else if st.stx_gid == ctx.gid {
+            (mode >> 3) & 0o7
+        } else {
+            mode & 0o7
+        };
+        if mask & !bits != 0 {
+            return Err(err(libc::EACCES));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,446 @@
+//! Regular-file operations: open/create/tmpfile, I/O, sync, locks, space, DAX mapping.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::Ordering;
+
+use super::handle::HandleData;
+use super::{check_name, err, PassthroughFs};
+use crate::abi::{FileLock, OPEN_KILL_SUIDGID};
+use crate::filesystem::{Context, Entry, Handle, Inode, OpenFlags};
+use crate::iobuf::{Reader, Writer};
+use crate::mapper::Mapper;
+use crate::sys;
+
+/// Open flags passed on to the host; everything else (O_CREAT, O_EXCL, O_NOCTTY,
+/// O_NOFOLLOW, O_PATH, O_TMPFILE, O_DIRECTORY, ...) is dropped.
+const PASSED_FLAGS: libc::c_int = libc::O_ACCMODE
+    | libc::O_APPEND
+    | libc::O_TRUNC
+    | libc::O_NONBLOCK
+    | libc::O_DSYNC
+    | libc::O_SYNC
+    | libc::O_DIRECT
+    | libc::O_NOATIME
+    | libc::O_LARGEFILE;
+
+/// `l_len` for a FUSE lock range: 0 means "to the end of the file".
+fn to_flock(lock: &FileLock) -> io::Result<libc::flock64> {
+    let start = i64::try_from(lock.start).map_err(|_| err(libc::EINVAL))?;
+    let len = if lock.end >= i64::MAX as u64 {
+        0
+    } else if lock.end < lock.start {
+        return Err(err(libc::EINVAL));
+    } else {
+        i64::try_from(lock.end - lock.start + 1).map_err(|_| err(libc::EINVAL))?
+    };
+    let typ = match lock.typ as libc::c_int {
+        libc::F_RDLCK | libc::F_WRLCK | libc::F_UNLCK => lock.typ as libc::c_short,
+        _ => return Err(err(libc::EINVAL)),
+    };
+    Ok(libc::flock64 {
+        l_type: typ,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: start,
+        l_len: len,
+        // OFD locks require 0.
+        l_pid: 0,
+    })
+}
+
+fn from_flock(fl: &libc::flock64) -> FileLock {
+    if fl.l_type as libc::c_int == libc::F_UNLCK {
+        return FileLock {
+            typ: libc::F_UNLCK as u32,
+            ..Default::default()
+        };
+    }
+    let start = fl.l_start.max(0) as u64;
+    let end = if fl.l_len <= 0 {
+        i64::MAX as u64
+    } else {
+        start.saturating_add(fl.l_len as u64 - 1)
+    };
+    FileLock {
+        start,
+        end,
+        typ: fl.l_type as u32,
+        // OFD lock holders have no pid (-1).
+        pid: u32::try_from(fl.l_pid).unwrap_or(0),
+    }
+}
+
+impl PassthroughFs {
+    /// Host open flags for guest `flags` (see [`PASSED_FLAGS`]).
+    fn host_flags(&self, flags: u32) -> io::Result<libc::c_int> {
+        let mut f = flags as libc::c_int & PASSED_FLAGS;
+        if f & libc::O_ACCMODE == libc::O_ACCMODE {
+            return Err(err(libc::EINVAL));
+        }
+        if !self.cfg.allow_direct_io {
+            f &= !libc::O_DIRECT;
+        }
+        if self.negotiated.writeback.load(Ordering::Relaxed) {
+            // The guest page cache may need to read back what it writes, and it computes
+            // append offsets itself.
+            if f & libc::O_ACCMODE == libc::O_WRONLY {
+                f = (f & !libc::O_ACCMODE) | libc::O_RDWR;
+            }
+            f &= !libc::O_APPEND;
+        }
+        let writes = f & libc::O_ACCMODE != libc::O_RDONLY || f & libc::O_TRUNC != 0;
+        if writes && self.cfg.readonly {
+            return Err(err(libc::EROFS));
+        }
+        Ok(f)
+    }
+
+    pub(super) fn do_open(
+        &self,
+        inode: Inode,
+        flags: u32,
+        fuse_flags: u32,
+    ) -> io::Result<(Handle, OpenFlags)> {
+        let data = self.inode(inode)?;
+        match data.kind {
+            libc::S_IFREG => {}
+            libc::S_IFDIR => return Err(err(libc::EISDIR)),
+            libc::S_IFLNK => return Err(err(libc::ELOOP)),
+            _ => return Err(err(libc::EPERM)),
+        }
+        let hflags = self.host_flags(flags)?;
+        let fd = self.reopen(&data, hflags)?;
+        if hflags & libc::O_TRUNC != 0
+            && fuse_flags & OPEN_KILL_SUIDGID != 0
+            && self.negotiated.killpriv_v2.load(Ordering::Relaxed)
+        {
+            self.kill_suidgid(fd.as_fd())?;
+        }
+        let fh = self.handles.insert(HandleData::file(inode, fd, hflags));
+        Ok((fh, self.file_open_flags()))
+    }
+
+    /// Registers a freshly created (and opened) file: its inode and a handle.
+    fn finish_create(
+        &self,
+        fd: OwnedFd,
+        hflags: libc::c_int,
+        parent_mnt: u64,
+    ) -> io::Result<(Entry, Handle, OpenFlags)> {
+        let path_fd = self.path_fd_of(fd.as_fd())?;
+        let entry = self.register(path_fd, parent_mnt)?;
+        let fh = self
+            .handles
+            .insert(HandleData::file(entry.inode, fd, hflags));
+        Ok((entry, fh, self.file_open_flags()))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn do_create(
+        &self,
+        ctx: &Context,
+        parent: Inode,
+        name: &CStr,
+        mode: u32,
+        flags: u32,
+        umask: u32,
+    ) -> io::Result<(Entry, Handle, OpenFlags)> {
+        self.check_writable()?;
+        check_name(name)?;
+        let p = self.dir_inode(parent)?;
+        let hflags = self.host_flags(flags)?;
+        let mode = mode & 0o7777 & !umask;
+        // Always exclusive and never through a symlink: an existing name is opened only
+        // below, after checking that it is a regular file (never a device or fifo).
+        let created = {
+            let _creds = self.creds.switch_to(ctx)?;
+            sys::openat(
+                p.fd(),
+                name,
+                hflags | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+                mode,
+            )
+        };
+        let fd = match created {
+            Ok(fd) => fd,
+            Err(e)
+                if e.raw_os_error() == Some(libc::EEXIST) && flags as i32 & libc::O_EXCL == 0 =>
+            {
+                let entry = self.do_lookup(&p, name)?;
+                let opened = self.inode(entry.inode).and_then(|data| match data.kind {
+                    libc::S_IFREG => self.reopen(&data, hflags),
+                    libc::S_IFDIR => Err(err(libc::EISDIR)),
+                    libc::S_IFLNK => Err(err(libc::ELOOP)),
+                    _ => Err(err(libc::EPERM)),
+                });
+                let fd = match opened {
+                    Ok(fd) => fd,
+                    Err(e) => {
+                        self.inodes.forget(entry.inode, 1);
+                        return Err(e);
+                    }
+                };
+                let fh = self
+                    .handles
+                    .insert(HandleData::file(entry.inode, fd, hflags));
+                return Ok((entry, fh, self.file_open_flags()));
+            }
+            Err(e) => return Err(e),
+        };
+        self.finish_create(fd, hflags, p.key.mnt)
+    }
+
+    pub(super) fn do_tmpfile(
+        &self,
+        ctx: &Context,
+        parent: Inode,
+        mode: u32,
+        flags: u32,
+        umask: u32,
+    ) -> io::Result<(Entry, Handle, OpenFlags)> {
+        self.check_writable()?;
+        let p = self.dir_inode(parent)?;
+        let hflags = self.host_flags(flags)?;
+        let mode = mode & 0o7777 & !umask;
+        let fd = {
+            let _creds = self.creds.switch_to(ctx)?;
+            sys::openat(p.fd(), c".", hflags | libc::O_TMPFILE, mode)?
+        };
+        self.finish_create(fd, hflags, p.key.mnt)
+    }
+
+    pub(super) fn do_read(
+        &self,
+        inode: Inode,
+        handle: Handle,
+        w: &mut Writer,
+        size: u32,
+        offset: u64,
+    ) -> io::Result<usize> {
+        let h = self.handles.get_file(inode, handle)?;
+        let size = size as usize;
+        let mut done = 0;
+        while done < size {
+            let off = offset
+                .checked_add(done as u64)
+                .ok_or_else(|| err(libc::EINVAL))?;
+            match w.read_from_fd(h.fd.as_raw_fd(), size - done, Some(off)) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if done > 0 => {
+                    log::debug!("short read after {done} bytes: {e}");
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn do_write(
+        &self,
+        inode: Inode,
+        handle: Handle,
+        r: &mut Reader,
+        size: u32,
+        offset: u64,
+        kill_priv: bool,
+    ) -> io::Result<usize> {
+        self.check_writable()?;
+        let h = self.handles.get_file(inode, handle)?;
+        if kill_priv && self.negotiated.killpriv_v2.load(Ordering::Relaxed) {
+            self.kill_suidgid(h.fd())?;
+        }
+        let size = size as usize;
+        let mut done = 0;
+        while done < size {
+            let off = offset
+                .checked_add(done as u64)
+                .ok_or_else(|| err(libc::EINVAL))?;
+            match r.write_to_fd(h.fd.as_raw_fd(), size - done, Some(off)) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if done > 0 => {
+                    log::debug!("short write after {done} bytes: {e}");
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+
+    pub(super) fn do_release(
+        &self,
+        inode: Inode,
+        handle: Handle,
+        flock_release: bool,
+    ) -> io::Result<()> {
+        let h = self.handles.remove(inode, handle, false)?;
+        if flock_release {
+            // The descriptor may be shared with an in-flight request: unlock explicitly.
+            if let Err(e) = sys::flock(h.fd(), libc::LOCK_UN) {
+                log::debug!("RELEASE flock unlock: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Like `close(2)` on a duplicate: flushes what the host file system flushes on close
+    /// and drops the POSIX locks of this process on the file (not our OFD locks).
+    pub(super) fn do_flush(&self, inode: Inode, handle: Handle) -> io::Result<()> {
+        let h = self.handles.get_file(inode, handle)?;
+        drop(sys::dup(h.fd())?);
+        Ok(())
+    }
+
+    pub(super) fn do_fsync(
+        &self,
+        inode: Inode,
+        datasync: bool,
+        handle: Handle,
+        dir: bool,
+    ) -> io::Result<()> {
+        let h = if dir {
+            self.handles.get_dir(inode, handle)?
+        } else {
+            self.handles.get_file(inode, handle)?
+        };
+        sys::fsync(h.fd(), datasync)
+    }
+
+    pub(super) fn do_getlk(
+        &self,
+        inode: Inode,
+        handle: Handle,
+        lock: FileLock,
+    ) -> io::Result<FileLock> {
+        let h = self.handles.get_file(inode, handle)?;
+        let mut fl = to_flock(&lock)?;
+        sys::fcntl_lock(h.fd(), libc::F_OFD_GETLK, &mut fl)?;
+        Ok(from_flock(&fl))
+    }
+
+    pub(super) fn do_setlk(
+        &self,
+        inode: Inode,
+        handle: Handle,
+        lock: FileLock,
+        flock: bool,
+        sleep: bool,
+    ) -> io::Result<()> {
+        let h = self.handles.get_file(inode, handle)?;
+        if flock {
+            let mut op = match lock.typ as libc::c_int {
+                libc::F_RDLCK => libc::LOCK_SH,
+                libc::F_WRLCK => libc::LOCK_EX,
+                libc::F_UNLCK => libc::LOCK_UN,
+                _ => return Err(err(libc::EINVAL)),
+            };
+            if !sleep {
+                op |= libc::LOCK_NB;
+            }
+            return sys::flock(h.fd(), op);
+        }
+        let mut fl = to_flock(&lock)?;
+        let cmd = if sleep {
+            libc::F_OFD_SETLKW
+        } else {
+            libc::F_OFD_SETLK
+        };
+        sys::fcntl_lock(h.fd(), cmd, &mut fl)
+    }
+
+    pub(super) fn do_fallocate(
+        &self,
+        inode: Inode,
+        handle: Handle,
+        mode: u32,
+        offset: u64,
+        length: u64,
+    ) -> io::Result<()> {
+        self.check_writable()?;
+        let h = self.handles.get_file(inode, handle)?;
+        sys::fallocate(h.fd(), mode as libc::c_int, offset, length)
+    }
+
+    pub(super) fn do_lseek(
+        &self,
+        inode: Inode,
+        handle: Handle,
+        offset: u64,
+        whence: u32,
+    ) -> io::Result<u64> {
+        let h = self.handles.get_file(inode, handle)?;
+        match whence as libc::c_int {
+            libc::SEEK_SET | libc::SEEK_END | libc::SEEK_DATA | libc::SEEK_HOLE => {}
+            _ => return Err(err(libc::EINVAL)),
+        }
+        sys::lseek(h.fd(), offset, whence as libc::c_int)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn do_copy_file_range(
+        &self,
+        inode_in: Inode,
+        handle_in: Handle,
+        off_in: u64,
+        inode_out: Inode,
+        handle_out: Handle,
+        off_out: u64,
+        len: u64,
+        flags: u64,
+    ) -> io::Result<usize> {
+        self.check_writable()?;
+        let hin = self.handles.get_file(inode_in, handle_in)?;
+        let hout = self.handles.get_file(inode_out, handle_out)?;
+        let flags = libc::c_uint::try_from(flags).map_err(|_| err(libc::EINVAL))?;
+        let len = usize::try_from(len).map_err(|_| err(libc::EINVAL))?;
+        sys::copy_file_range(hin.fd(), off_in, hout.fd(), off_out, len, flags)
+    }
+
+    pub(super) fn do_syncfs(&self, inode: Inode) -> io::Result<()> {
+        let data = self.inode(inode)?;
+        let fd = match data.kind {
+            libc::S_IFDIR | libc::S_IFREG => self.reopen(&data, libc::O_RDONLY)?,
+            _ => return Err(err(libc::EINVAL)),
+        };
+        sys::syncfs(fd.as_fd())
+    }
+
+    /// Maps a file range into the DAX window through the handle's descriptor, or a fresh
+    /// one when the handle's access mode cannot back the mapping (a shared mapping needs a
+    /// readable descriptor, and a writable one a read-write descriptor).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn do_setupmapping(
+        &self,
+        inode: Inode,
+        handle: Handle,
+        foffset: u64,
+        len: u64,
+        moffset: u64,
+        writable: bool,
+        mapper: &dyn Mapper,
+    ) -> io::Result<()> {
+        let h = self.handles.get_file(inode, handle)?;
+        let Some((readable, h_writable)) = h.access() else {
+            return Err(err(libc::EBADF));
+        };
+        if writable && (self.cfg.readonly || !h_writable) {
+            return Err(err(libc::EACCES));
+        }
+        if readable {
+            return mapper.map(moffset, len, h.fd(), foffset, writable);
+        }
+        let data = self.inode(inode)?;
+        let flags = if writable {
+            libc::O_RDWR
+        } else {
+            libc::O_RDONLY
+        };
+        let fd = self.reopen(&data, flags)?;
+        mapper.map(moffset, len, fd.as_fd(), foffset, writable)
+    }
+}

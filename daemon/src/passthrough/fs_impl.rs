@@ -1,0 +1,380 @@
+//! [`FileSystem`] for [`PassthroughFs`]: session setup, then one line per operation into
+//! the topic files (`entry_ops`, `file_ops`, `dir_ops`, `xattr_ops`).
+
+use std::ffi::CStr;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::{CachePolicy, PassthroughFs};
+use crate::abi::{init_flags as f, Attr, FileLock, Kstatfs, SetattrIn};
+use crate::filesystem::{
+    AddEntry, Context, Entry, FileSystem, Handle, InitCaps, Inode, OpenFlags, XattrReply,
+};
+use crate::iobuf::{Reader, Writer};
+use crate::mapper::Mapper;
+
+impl FileSystem for PassthroughFs {
+    fn init(&self, caps: InitCaps) -> io::Result<u64> {
+        let offered = caps.flags;
+        let cfg = &self.cfg;
+        let mut want = f::POSIX_LOCKS | f::FLOCK_LOCKS;
+        if cfg.readdirplus && cfg.cache != CachePolicy::Never {
+            want |= f::DO_READDIRPLUS | f::READDIRPLUS_AUTO;
+        }
+        if cfg.writeback {
+            want |= f::WRITEBACK_CACHE;
+        }
+        if cfg.announce_submounts {
+            if offered & f::SUBMOUNTS == 0 {
+                log::warn!("the client does not support submounts");
+            }
+            want |= f::SUBMOUNTS;
+        }
+        if cfg.killpriv_v2 {
+            want |= f::HANDLE_KILLPRIV_V2;
+        }
+        if cfg.allow_mmap && cfg.cache == CachePolicy::Never {
+            want |= f::DIRECT_IO_ALLOW_MMAP;
+        }
+        let agreed = want & offered;
+        let n = &self.negotiated;
+        n.writeback
+            .store(agreed & f::WRITEBACK_CACHE != 0, Ordering::Relaxed);
+        n.submounts
+            .store(agreed & f::SUBMOUNTS != 0, Ordering::Relaxed);
+        n.killpriv_v2
+            .store(agreed & f::HANDLE_KILLPRIV_V2 != 0, Ordering::Relaxed);
+        Ok(want)
+    }
+
+    fn destroy(&self) {
+        self.handles.clear();
+        self.inodes.clear();
+        let n = &self.negotiated;
+        n.writeback.store(false, Ordering::Relaxed);
+        n.submounts.store(false, Ordering::Relaxed);
+        n.killpriv_v2.store(false, Ordering::Relaxed);
+    }
+
+    fn lookup(&self, _: &Context, parent: Inode, name: &CStr) -> io::Result<Entry> {
+        self.do_lookup_op(parent, name)
+    }
+
+    fn forget(&self, _: &Context, inode: Inode, count: u64) {
+        self.inodes.forget(inode, count);
+    }
+
+    fn getattr(
+        &self,
+        _: &Context,
+        inode: Inode,
+        _: Option<Handle>,
+    ) -> io::Result<(Attr, Duration)> {
+        self.do_getattr(inode)
+    }
+
+    fn setattr(
+        &self,
+        _: &Context,
+        inode: Inode,
+        attr: &SetattrIn,
+        handle: Option<Handle>,
+    ) -> io::Result<(Attr, Duration)> {
+        self.do_setattr(inode, attr, handle)
+    }
+
+    fn readlink(&self, _: &Context, inode: Inode) -> io::Result<Vec<u8>> {
+        self.do_readlink(inode)
+    }
+
+    fn symlink(
+        &self,
+        ctx: &Context,
+        target: &CStr,
+        parent: Inode,
+        name: &CStr,
+    ) -> io::Result<Entry> {
+        self.do_symlink(ctx, target, parent, name)
+    }
+
+    fn mknod(
+        &self,
+        ctx: &Context,
+        parent: Inode,
+        name: &CStr,
+        mode: u32,
+        rdev: u32,
+        umask: u32,
+    ) -> io::Result<Entry> {
+        self.do_mknod(ctx, parent, name, mode, rdev, umask)
+    }
+
+    fn mkdir(
+        &self,
+        ctx: &Context,
+        parent: Inode,
+        name: &CStr,
+        mode: u32,
+        umask: u32,
+    ) -> io::Result<Entry> {
+        self.do_mkdir(ctx, parent, name, mode, umask)
+    }
+
+    fn unlink(&self, _: &Context, parent: Inode, name: &CStr) -> io::Result<()> {
+        self.do_unlink(parent, name, 0)
+    }
+
+    fn rmdir(&self, _: &Context, parent: Inode, name: &CStr) -> io::Result<()> {
+        self.do_unlink(parent, name, libc::AT_REMOVEDIR)
+    }
+
+    fn rename(
+        &self,
+        _: &Context,
+        olddir: Inode,
+        oldname: &CStr,
+        newdir: Inode,
+        newname: &CStr,
+        flags: u32,
+    ) -> io::Result<()> {
+        self.do_rename(olddir, oldname, newdir, newname, flags)
+    }
+
+    fn link(
+        &self,
+        _: &Context,
+        inode: Inode,
+        newparent: Inode,
+        newname: &CStr,
+    ) -> io::Result<Entry> {
+        self.do_link(inode, newparent, newname)
+    }
+
+    fn open(
+        &self,
+        _: &Context,
+        inode: Inode,
+        flags: u32,
+        fuse_flags: u32,
+    ) -> io::Result<(Handle, OpenFlags)> {
+        self.do_open(inode, flags, fuse_flags)
+    }
+
+    fn create(
+        &self,
+        ctx: &Context,
+        parent: Inode,
+        name: &CStr,
+        mode: u32,
+        flags: u32,
+        umask: u32,
+        _fuse_flags: u32,
+    ) -> io::Result<(Entry, Handle, OpenFlags)> {
+        self.do_create(ctx, parent, name, mode, flags, umask)
+    }
+
+    fn read(
+        &self,
+        _: &Context,
+        inode: Inode,
+        handle: Handle,
+        w: &mut Writer,
+        size: u32,
+        offset: u64,
+    ) -> io::Result<usize> {
+        self.do_read(inode, handle, w, size, offset)
+    }
+
+    fn write(
+        &self,
+        _: &Context,
+        inode: Inode,
+        handle: Handle,
+        r: &mut Reader,
+        size: u32,
+        offset: u64,
+        kill_priv: bool,
+    ) -> io::Result<usize> {
+        self.do_write(inode, handle, r, size, offset, kill_priv)
+    }
+
+    fn statfs(&self, _: &Context, inode: Inode) -> io::Result<Kstatfs> {
+        self.do_statfs(inode)
+    }
+
+    fn release(
+        &self,
+        _: &Context,
+        inode: Inode,
+        handle: Handle,
+        flock_release: bool,
+        _lock_owner: u64,
+    ) -> io::Result<()> {
+        self.do_release(inode, handle, flock_release)
+    }
+
+    fn fsync(&self, _: &Context, inode: Inode, datasync: bool, handle: Handle) -> io::Result<()> {
+        self.do_fsync(inode, datasync, handle, false)
+    }
+
+    fn setxattr(
+        &self,
+        _: &Context,
+        inode: Inode,
+        name: &CStr,
+        value: &[u8],
+        flags: u32,
+    ) -> io::Result<()> {
+        self.do_setxattr(inode, name, value, flags)
+    }
+
+    fn getxattr(
+        &self,
+        _: &Context,
+        inode: Inode,
+        name: &CStr,
+        size: u32,
+    ) -> io::Result<XattrReply> {
+        self.do_getxattr(inode, name, size)
+    }
+
+    fn listxattr(&self, _: &Context, inode: Inode, size: u32) -> io::Result<XattrReply> {
+        self.do_listxattr(inode, size)
+    }
+
+    fn removexattr(&self, _: &Context, inode: Inode, name: &CStr) -> io::Result<()> {
+        self.do_removexattr(inode, name)
+    }
+
+    fn flush(&self, _: &Context, inode: Inode, handle: Handle, _lock_owner: u64) -> io::Result<()> {
+        self.do_flush(inode, handle)
+    }
+
+    fn opendir(&self, _: &Context, inode: Inode, _flags: u32) -> io::Result<(Handle, OpenFlags)> {
+        self.do_opendir(inode)
+    }
+
+    fn readdir(
+        &self,
+        _: &Context,
+        inode: Inode,
+        handle: Handle,
+        offset: u64,
+        plus: bool,
+        add: &mut AddEntry,
+    ) -> io::Result<()> {
+        self.do_readdir(inode, handle, offset, plus, add)
+    }
+
+    fn releasedir(&self, _: &Context, inode: Inode, handle: Handle) -> io::Result<()> {
+        self.do_releasedir(inode, handle)
+    }
+
+    fn fsyncdir(
+        &self,
+        _: &Context,
+        inode: Inode,
+        datasync: bool,
+        handle: Handle,
+    ) -> io::Result<()> {
+        self.do_fsync(inode, datasync, handle, true)
+    }
+
+    fn getlk(
+        &self,
+        _: &Context,
+        inode: Inode,
+        handle: Handle,
+        _owner: u64,
+        lock: FileLock,
+    ) -> io::Result<FileLock> {
+        self.do_getlk(inode, handle, lock)
+    }
+
+    fn setlk(
+        &self,
+        _: &Context,
+        inode: Inode,
+        handle: Handle,
+        _owner: u64,
+        lock: FileLock,
+        flock: bool,
+        sleep: bool,
+    ) -> io::Result<()> {
+        self.do_setlk(inode, handle, lock, flock, sleep)
+    }
+
+    fn access(&self, ctx: &Context, inode: Inode, mask: u32) -> io::Result<()> {
+        self.do_access(ctx, inode, mask)
+    }
+
+    fn fallocate(
+        &self,
+        _: &Context,
+        inode: Inode,
+        handle: Handle,
+        mode: u32,
+        offset: u64,
+        length: u64,
+    ) -> io::Result<()> {
+        self.do_fallocate(inode, handle, mode, offset, length)
+    }
+
+    fn lseek(
+        &self,
+        _: &Context,
+        inode: Inode,
+        handle: Handle,
+        offset: u64,
+        whence: u32,
+    ) -> io::Result<u64> {
+        self.do_lseek(inode, handle, offset, whence)
+    }
+
+    fn copy_file_range(
+        &self,
+        _: &Context,
+        inode_in: Inode,
+        handle_in: Handle,
+        off_in: u64,
+        inode_out: Inode,
+        handle_out: Handle,
+        off_out: u64,
+        len: u64,
+        flags: u64,
+    ) -> io::Result<usize> {
+        self.do_copy_file_range(
+            inode_in, handle_in, off_in, inode_out, handle_out, off_out, len, flags,
+        )
+    }
+
+    fn tmpfile(
+        &self,
+        ctx: &Context,
+        parent: Inode,
+        mode: u32,
+        flags: u32,
+        umask: u32,
+    ) -> io::Result<(Entry, Handle, OpenFlags)> {
+        self.do_tmpfile(ctx, parent, mode, flags, umask)
+    }
+
+    fn syncfs(&self, _: &Context, inode: Inode) -> io::Result<()> {
+        self.do_syncfs(inode)
+    }
+
+    fn setupmapping(
+        &self,
+        _: &Context,
+        inode: Inode,
+        handle: Handle,
+        foffset: u64,
+        len: u64,
+        moffset: u64,
+        writable: bool,
+        mapper: &dyn Mapper,
+    ) -> io::Result<()> {
+        self.do_setupmapping(inode, handle, foffset, len, moffset, writable, mapper)
+    }
+}

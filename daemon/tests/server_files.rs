@@ -1,0 +1,629 @@
+//! Regular-file opcodes: OPEN, CREATE, TMPFILE, READ, WRITE, FLUSH, FSYNC, RELEASE,
+//! FALLOCATE, LSEEK, COPY_FILE_RANGE, SYNCFS, GETLK, SETLK, SETLKW.
+
+mod common;
+
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::time::Duration;
+
+use common::*;
+use daxfsd::abi::{fattr, fopen, opcode as op, *};
+use daxfsd::passthrough::CachePolicy;
+
+#[test]
+fn open_and_read() {
+    let h = Harness::new();
+    std::fs::write(h.host("f"), b"hello world").unwrap();
+    let ino = h.lookup(ROOT, "f").unwrap().nodeid;
+    let o = h.open(ino, libc::O_RDONLY).unwrap();
+    assert_eq!(o.open_flags, 0, "cache=auto: no open flags");
+    assert_eq!(h.read(ino, o.fh, 6, 5).unwrap(), b"world");
+    assert_eq!(
+        h.read(ino, o.fh, 0, 100).unwrap(),
+        b"hello world",
+        "short at EOF"
+    );
+    assert_eq!(h.read(ino, o.fh, 50, 10).unwrap(), b"", "past EOF");
+    // A large read spanning many pages.
+    let big: Vec<u8> = (0..MAX_IO).map(|i| (i % 251) as u8).collect();
+    std::fs::write(h.host("big"), &big).unwrap();
+    let b = h.lookup(ROOT, "big").unwrap().nodeid;
+    let bo = h.open(b, libc::O_RDONLY).unwrap();
+    assert_eq!(h.read(b, bo.fh, 0, MAX_IO).unwrap(), big);
+    // Errors.
+    assert_eq!(h.read(ino, 999, 0, 1).unwrap_err(), libc::EBADF);
+    assert_eq!(
+        h.read(b, o.fh, 0, 1).unwrap_err(),
+        libc::EBADF,
+        "handle of another inode"
+    );
+    assert_eq!(h.open(ROOT, libc::O_RDONLY).unwrap_err(), libc::EISDIR);
+    assert_eq!(h.open(999, libc::O_RDONLY).unwrap_err(), libc::EBADF);
+    assert_eq!(h.open(ino, libc::O_ACCMODE).unwrap_err(), libc::EINVAL);
+}
+
+#[test]
+fn write_reaches_the_host_file() {
+    let h = Harness::new();
+    std::fs::write(h.host("f"), b"0123456789").unwrap();
+    let ino = h.lookup(ROOT, "f").unwrap().nodeid;
+    let o = h.open(ino, libc::O_RDWR).unwrap();
+    assert_eq!(h.write(ino, o.fh, 2, b"abc").unwrap(), 3);
+    assert_eq!(std::fs::read(h.host("f")).unwrap(), b"01abc56789");
+    assert_eq!(h.write(ino, o.fh, 12, b"Z").unwrap(), 1);
+    assert_eq!(std::fs::read(h.host("f")).unwrap(), b"01abc56789\0\0Z");
+    let big = vec![7u8; MAX_IO as usize];
+    assert_eq!(h.write(ino, o.fh, 0, &big).unwrap(), MAX_IO);
+    assert_eq!(std::fs::read(h.host("f")).unwrap(), big);
+    let ro = h.open(ino, libc::O_RDONLY).unwrap();
+    assert_eq!(h.write(ino, ro.fh, 0, b"x").unwrap_err(), libc::EBADF);
+    assert_eq!(h.write(ino, 999, 0, b"x").unwrap_err(), libc::EBADF);
+    // O_TRUNC at open.
+    let t = h.open(ino, libc::O_WRONLY | libc::O_TRUNC).unwrap();
+    assert_eq!(std::fs::metadata(h.host("f")).unwrap().len(), 0);
+    h.release(ino, t.fh).unwrap();
+}
+
+#[test]
+fn create_makes_and_opens_a_file() {
+    let h = Harness::new();
+    let (e, o) = h
+        .create(
+            ROOT,
+            "new",
+            0o640,
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
+        )
+        .unwrap();
+    assert_eq!(e.attr.mode, libc::S_IFREG | 0o640);
+    assert_eq!(host_mode(&h.host("new")), libc::S_IFREG | 0o640);
+    assert_eq!(e.attr.ino, host_ino(&h.host("new")));
+    h.write(e.nodeid, o.fh, 0, b"via handle").unwrap();
+    assert_eq!(std::fs::read(h.host("new")).unwrap(), b"via handle");
+    assert_eq!(h.lookup(ROOT, "new").unwrap().nodeid, e.nodeid);
+
+    assert_eq!(
+        h.create(
+            ROOT,
+            "new",
+            0o600,
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL
+        )
+        .unwrap_err(),
+        libc::EEXIST
+    );
+    // Without O_EXCL an existing regular file is opened, not recreated.
+    let (e2, o2) = h
+        .create(ROOT, "new", 0o600, libc::O_RDWR | libc::O_CREAT)
+        .unwrap();
+    assert_eq!(e2.nodeid, e.nodeid);
+    assert_eq!(h.read(e2.nodeid, o2.fh, 0, 64).unwrap(), b"via handle");
+    assert_eq!(host_mode(&h.host("new")), libc::S_IFREG | 0o640);
+    // ... and O_TRUNC truncates it.
+    h.create(
+        ROOT,
+        "new",
+        0o600,
+        libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC,
+    )
+    .unwrap();
+    assert_eq!(std::fs::metadata(h.host("new")).unwrap().len(), 0);
+    // An existing directory is not opened for I/O.
+    h.mkdir(ROOT, "d", 0o755).unwrap();
+    assert_eq!(
+        h.create(ROOT, "d", 0o600, libc::O_RDWR).unwrap_err(),
+        libc::EISDIR
+    );
+    assert_eq!(
+        h.create(ROOT, "..", 0o600, libc::O_RDWR).unwrap_err(),
+        libc::EINVAL
+    );
+    assert_eq!(
+        h.create(999, "x", 0o600, libc::O_RDWR).unwrap_err(),
+        libc::EBADF
+    );
+}
+
+#[test]
+fn release_flush_and_fsync() {
+    let h = Harness::new();
+    let (e, o) = h.create(ROOT, "f", 0o644, libc::O_RDWR).unwrap();
+    h.write(e.nodeid, o.fh, 0, b"abc").unwrap();
+    let flush = FlushIn {
+        fh: o.fh,
+        ..Default::default()
+    };
+    h.send(op::FLUSH, e.nodeid, &[&raw(&flush)])
+        .result()
+        .unwrap();
+    for flags in [0, FSYNC_FDATASYNC] {
+        let fs = FsyncIn {
+            fh: o.fh,
+            fsync_flags: flags,
+            padding: 0,
+        };
+        h.send(op::FSYNC, e.nodeid, &[&raw(&fs)]).result().unwrap();
+    }
+    let bad = FsyncIn {
+        fh: 999,
+        ..Default::default()
+    };
+    assert_eq!(
+        h.send(op::FSYNC, e.nodeid, &[&raw(&bad)]).errno(),
+        libc::EBADF
+    );
+    let bad = FlushIn {
+        fh: 999,
+        ..Default::default()
+    };
+    assert_eq!(
+        h.send(op::FLUSH, e.nodeid, &[&raw(&bad)]).errno(),
+        libc::EBADF
+    );
+    // The handle's descriptor is open on the host until RELEASE.
+    let open_fds = |h: &Harness| {
+        host_fds_on(&h.host("f"))
+            .into_iter()
+            .filter(|f| *f as i32 & libc::O_PATH == 0)
+            .count()
+    };
+    assert_eq!(open_fds(&h), 1);
+    assert_eq!(h.fs().handle_count(), 1);
+    h.release(e.nodeid, o.fh).unwrap();
+    assert_eq!(h.fs().handle_count(), 0);
+    assert_eq!(open_fds(&h), 0, "RELEASE closes the host descriptor");
+    assert_eq!(h.release(e.nodeid, o.fh).unwrap_err(), libc::EBADF);
+    assert_eq!(h.read(e.nodeid, o.fh, 0, 1).unwrap_err(), libc::EBADF);
+}
+
+/// `fdinfo` flags of the non-`O_PATH` host descriptors on `rel`.
+fn io_fd_flags(h: &Harness, rel: &str) -> Vec<i32> {
+    host_fds_on(&h.host(rel))
+        .into_iter()
+        .map(|f| f as i32)
+        .filter(|f| f & libc::O_PATH == 0)
+        .collect()
+}
+
+#[test]
+fn open_flags_reach_the_host_as_virtiofsd_maps_them() {
+    let h = Harness::new();
+    let ino = h.make_file(ROOT, "f", b"x");
+    let o = h
+        .open(ino, libc::O_WRONLY | libc::O_APPEND | libc::O_DIRECT)
+        .unwrap();
+    let flags = io_fd_flags(&h, "f");
+    assert_eq!(flags.len(), 1);
+    assert_eq!(flags[0] & libc::O_ACCMODE, libc::O_WRONLY);
+    assert_ne!(flags[0] & libc::O_APPEND, 0);
+    assert_eq!(
+        flags[0] & libc::O_DIRECT,
+        0,
+        "O_DIRECT dropped without allow_direct_io"
+    );
+    assert_eq!(
+        h.read(ino, o.fh, 0, 1).unwrap_err(),
+        libc::EBADF,
+        "write-only"
+    );
+    h.release(ino, o.fh).unwrap();
+
+    let d = Harness::with(|c| c.allow_direct_io = true);
+    let ino = d.make_file(ROOT, "f", b"x");
+    let _o = d.open(ino, libc::O_RDONLY | libc::O_DIRECT).unwrap();
+    assert_ne!(io_fd_flags(&d, "f")[0] & libc::O_DIRECT, 0);
+
+    // Writeback: write-only becomes read-write, O_APPEND goes.
+    let w = Harness::with(|c| c.writeback = true);
+    let ino = w.make_file(ROOT, "f", b"abc");
+    let o = w.open(ino, libc::O_WRONLY | libc::O_APPEND).unwrap();
+    let flags = io_fd_flags(&w, "f");
+    assert_eq!(flags[0] & libc::O_ACCMODE, libc::O_RDWR);
+    assert_eq!(flags[0] & libc::O_APPEND, 0);
+    assert_eq!(w.read(ino, o.fh, 0, 3).unwrap(), b"abc");
+    w.write(ino, o.fh, 0, b"X").unwrap();
+    assert_eq!(
+        std::fs::read(w.host("f")).unwrap(),
+        b"Xbc",
+        "written at the offset"
+    );
+}
+
+#[test]
+fn cache_policy_sets_timeouts_and_open_flags() {
+    for (policy, timeout, file_flags, dir_flags) in [
+        (CachePolicy::Never, 0, fopen::DIRECT_IO, fopen::DIRECT_IO),
+        (CachePolicy::Auto, 1, 0, 0),
+        (
+            CachePolicy::Always,
+            86400,
+            fopen::KEEP_CACHE,
+            fopen::CACHE_DIR,
+        ),
+        (CachePolicy::Metadata, 86400, fopen::DIRECT_IO, 0),
+    ] {
+        let h = Harness::with(|c| c.cache = policy);
+        let (e, o) = h.create(ROOT, "f", 0o644, libc::O_RDWR).unwrap();
+        assert_eq!(
+            (e.entry_valid, e.attr_valid),
+            (timeout, timeout),
+            "{policy:?}"
+        );
+        assert_eq!(o.open_flags, file_flags, "{policy:?} create");
+        assert_eq!(
+            h.open(e.nodeid, libc::O_RDONLY).unwrap().open_flags,
+            file_flags
+        );
+        assert_eq!(
+            h.opendir(ROOT).unwrap().open_flags,
+            dir_flags,
+            "{policy:?} opendir"
+        );
+        let r = h.send(op::GETATTR, e.nodeid, &[&raw(&GetattrIn::default())]);
+        assert_eq!(r.obj::<AttrOut>().attr_valid, timeout);
+    }
+}
+
+#[test]
+fn tmpfile_is_anonymous_until_linked() {
+    let h = Harness::new();
+    let ct = CreateIn {
+        flags: libc::O_RDWR as u32,
+        mode: libc::S_IFREG | 0o600,
+        umask: 0,
+        open_flags: 0,
+    };
+    let r = h.send(op::TMPFILE, ROOT, &[&raw(&ct), &cname("tmpfile")]);
+    let body = r.result().unwrap();
+    let (e, o): (EntryOut, OpenOut) = (read_at(body, 0), read_at(body, 128));
+    assert_eq!(e.attr.nlink, 0);
+    assert_eq!(e.attr.mode, libc::S_IFREG | 0o600);
+    assert_eq!(
+        std::fs::read_dir(&h.share).unwrap().count(),
+        0,
+        "no name on the host"
+    );
+    h.write(e.nodeid, o.fh, 0, b"anon").unwrap();
+    let r = h.send(
+        op::LINK,
+        ROOT,
+        &[
+            &raw(&LinkIn {
+                oldnodeid: e.nodeid,
+            }),
+            &cname("named"),
+        ],
+    );
+    r.result().unwrap();
+    assert_eq!(std::fs::read(h.host("named")).unwrap(), b"anon");
+    let f = h.make_file(ROOT, "f", b"");
+    assert_eq!(
+        h.send(op::TMPFILE, f, &[&raw(&ct), &cname("t")]).errno(),
+        libc::ENOTDIR
+    );
+}
+
+#[test]
+fn fallocate_changes_host_allocation() {
+    let h = Harness::new();
+    let (e, o) = h.create(ROOT, "f", 0o644, libc::O_RDWR).unwrap();
+    let fa = |mode: i32, offset: u64, length: u64, fh: u64| FallocateIn {
+        fh,
+        offset,
+        length,
+        mode: mode as u32,
+        padding: 0,
+    };
+    h.send(op::FALLOCATE, e.nodeid, &[&raw(&fa(0, 0, 1 << 20, o.fh))])
+        .result()
+        .unwrap();
+    let md = std::fs::metadata(h.host("f")).unwrap();
+    assert_eq!(md.len(), 1 << 20);
+    assert!(md.blocks() * 512 >= 1 << 20);
+    h.send(
+        op::FALLOCATE,
+        e.nodeid,
+        &[&raw(&fa(libc::FALLOC_FL_KEEP_SIZE, 1 << 20, 1 << 20, o.fh))],
+    )
+    .result()
+    .unwrap();
+    let md2 = std::fs::metadata(h.host("f")).unwrap();
+    assert_eq!(md2.len(), 1 << 20, "KEEP_SIZE");
+    assert!(md2.blocks() > md.blocks());
+    // PUNCH_HOLE needs KEEP_SIZE.
+    let r = h.send(
+        op::FALLOCATE,
+        e.nodeid,
+        &[&raw(&fa(libc::FALLOC_FL_PUNCH_HOLE, 0, 4096, o.fh))],
+    );
+    assert_eq!(r.errno(), libc::EOPNOTSUPP);
+    let r = h.send(op::FALLOCATE, e.nodeid, &[&raw(&fa(0, 0, 4096, 999))]);
+    assert_eq!(r.errno(), libc::EBADF);
+}
+
+fn lseek(h: &Harness, ino: u64, fh: u64, offset: u64, whence: i32) -> Result<u64, i32> {
+    let a = LseekIn {
+        fh,
+        offset,
+        whence: whence as u32,
+        padding: 0,
+    };
+    let r = h.send(op::LSEEK, ino, &[&raw(&a)]);
+    r.result().map(|_| r.obj::<LseekOut>().offset)
+}
+
+#[test]
+fn lseek_finds_data_and_holes() {
+    let h = Harness::new();
+    let (e, o) = h.create(ROOT, "sparse", 0o644, libc::O_RDWR).unwrap();
+    h.write(e.nodeid, o.fh, 0, &[1u8; 4096]).unwrap();
+    h.write(e.nodeid, o.fh, 1 << 20, &[2u8; 4096]).unwrap();
+    let ino = e.nodeid;
+    assert_eq!(lseek(&h, ino, o.fh, 0, libc::SEEK_HOLE), Ok(4096));
+    assert_eq!(lseek(&h, ino, o.fh, 8192, libc::SEEK_DATA), Ok(1 << 20));
+    assert_eq!(
+        lseek(&h, ino, o.fh, 0, libc::SEEK_END),
+        Ok((1 << 20) + 4096)
+    );
+    assert_eq!(
+        lseek(&h, ino, o.fh, 2 << 20, libc::SEEK_DATA),
+        Err(libc::ENXIO)
+    );
+    assert_eq!(lseek(&h, ino, o.fh, 0, libc::SEEK_CUR), Err(libc::EINVAL));
+    assert_eq!(lseek(&h, ino, o.fh, 0, 99), Err(libc::EINVAL));
+    assert_eq!(lseek(&h, ino, 999, 0, libc::SEEK_DATA), Err(libc::EBADF));
+}
+
+#[test]
+fn copy_file_range_copies_on_the_host() {
+    let h = Harness::new();
+    let a = h.make_file(ROOT, "a", b"0123456789");
+    let b = h.make_file(ROOT, "b", b"abcdef");
+    let ha = h.open(a, libc::O_RDONLY).unwrap();
+    let hb = h.open(b, libc::O_RDWR).unwrap();
+    let req = |fh_in, nodeid_out, fh_out| CopyFileRangeIn {
+        fh_in,
+        off_in: 2,
+        nodeid_out,
+        fh_out,
+        off_out: 3,
+        len: 4,
+        flags: 0,
+    };
+    let r = h.send(op::COPY_FILE_RANGE, a, &[&raw(&req(ha.fh, b, hb.fh))]);
+    assert_eq!(r.obj::<WriteOut>().size, 4);
+    assert_eq!(std::fs::read(h.host("b")).unwrap(), b"abc2345");
+    let r = h.send(op::COPY_FILE_RANGE, a, &[&raw(&req(ha.fh, b, 999))]);
+    assert_eq!(r.errno(), libc::EBADF);
+    let r = h.send(op::COPY_FILE_RANGE, a, &[&raw(&req(ha.fh, a, hb.fh))]);
+    assert_eq!(r.errno(), libc::EBADF, "fh_out belongs to another nodeid");
+    let r = h.send(op::COPY_FILE_RANGE, a, &[&raw(&req(ha.fh, a, ha.fh))]);
+    assert_eq!(r.errno(), libc::EBADF, "destination opened read-only");
+    assert_eq!(std::fs::read(h.host("b")).unwrap(), b"abc2345");
+}
+
+#[test]
+fn syncfs_works_on_known_inodes() {
+    let h = Harness::new();
+    let args = raw(&SyncfsIn::default());
+    h.send(op::SYNCFS, ROOT, &[&args]).result().unwrap();
+    assert_eq!(h.send(op::SYNCFS, 999, &[&args]).errno(), libc::EBADF);
+}
+
+fn lk(fh: u64, typ: i32, start: u64, end: u64, flags: u32) -> LkIn {
+    LkIn {
+        fh,
+        owner: 1,
+        lk: FileLock {
+            start,
+            end,
+            typ: typ as u32,
+            pid: 0,
+        },
+        lk_flags: flags,
+        padding: 0,
+    }
+}
+
+/// Whether a fresh host descriptor sees a conflicting OFD lock on `path`.
+fn host_sees_lock(path: &std::path::Path, start: i64, len: i64) -> i32 {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut fl = libc::flock {
+        l_type: libc::F_WRLCK as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: start,
+        l_len: len,
+        l_pid: 0,
+    };
+    // SAFETY: `fl` is a valid flock for the duration of the call on an open descriptor.
+    let ret = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
+    assert_eq!(ret, 0);
+    i32::from(fl.l_type)
+}
+
+#[test]
+fn posix_locks_are_host_ofd_locks() {
+    let h = Harness::new();
+    let ino = h.make_file(ROOT, "f", b"");
+    let a = h.open(ino, libc::O_RDWR).unwrap();
+    let b = h.open(ino, libc::O_RDWR).unwrap();
+    h.send(op::SETLK, ino, &[&raw(&lk(a.fh, libc::F_WRLCK, 0, 99, 0))])
+        .result()
+        .unwrap();
+    assert_eq!(host_sees_lock(&h.host("f"), 50, 1), libc::F_WRLCK);
+    assert_eq!(host_sees_lock(&h.host("f"), 100, 1), libc::F_UNLCK);
+    let out: LkOut = h
+        .send(op::GETLK, ino, &[&raw(&lk(b.fh, libc::F_WRLCK, 50, 60, 0))])
+        .obj();
+    assert_eq!(
+        (out.lk.typ, out.lk.start, out.lk.end),
+        (libc::F_WRLCK as u32, 0, 99)
+    );
+    let out: LkOut = h
+        .send(
+            op::GETLK,
+            ino,
+            &[&raw(&lk(b.fh, libc::F_WRLCK, 100, u64::MAX, 0))],
+        )
+        .obj();
+    assert_eq!(out.lk.typ, libc::F_UNLCK as u32);
+    let r = h.send(op::SETLK, ino, &[&raw(&lk(b.fh, libc::F_RDLCK, 10, 20, 0))]);
+    assert_eq!(r.errno(), libc::EAGAIN);
+    h.send(
+        op::SETLK,
+        ino,
+        &[&raw(&lk(a.fh, libc::F_UNLCK, 0, u64::MAX, 0))],
+    )
+    .result()
+    .unwrap();
+    assert_eq!(host_sees_lock(&h.host("f"), 50, 1), libc::F_UNLCK);
+    h.send(op::SETLK, ino, &[&raw(&lk(b.fh, libc::F_RDLCK, 10, 20, 0))])
+        .result()
+        .unwrap();
+    // Errors.
+    let r = h.send(op::SETLK, ino, &[&raw(&lk(a.fh, 77, 0, 1, 0))]);
+    assert_eq!(r.errno(), libc::EINVAL);
+    let r = h.send(op::SETLK, ino, &[&raw(&lk(a.fh, libc::F_RDLCK, 10, 5, 0))]);
+    assert_eq!(r.errno(), libc::EINVAL, "end before start");
+    let r = h.send(op::GETLK, ino, &[&raw(&lk(999, libc::F_RDLCK, 0, 1, 0))]);
+    assert_eq!(r.errno(), libc::EBADF);
+}
+
+#[test]
+fn setlkw_waits_for_the_holder() {
+    let h = Harness::new();
+    let ino = h.make_file(ROOT, "f", b"");
+    let a = h.open(ino, libc::O_RDWR).unwrap();
+    let b = h.open(ino, libc::O_RDWR).unwrap();
+    h.send(
+        op::SETLK,
+        ino,
+        &[&raw(&lk(a.fh, libc::F_WRLCK, 0, u64::MAX, 0))],
+    )
+    .result()
+    .unwrap();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            h.send(
+                op::SETLKW,
+                ino,
+                &[&raw(&lk(b.fh, libc::F_WRLCK, 0, u64::MAX, 0))],
+            )
+            .result()
+            .map(drop)
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            !waiter.is_finished(),
+            "SETLKW blocks while the lock is held"
+        );
+        h.send(
+            op::SETLK,
+            ino,
+            &[&raw(&lk(a.fh, libc::F_UNLCK, 0, u64::MAX, 0))],
+        )
+        .result()
+        .unwrap();
+        assert_eq!(waiter.join().unwrap(), Ok(()));
+    });
+    assert_eq!(
+        host_sees_lock(&h.host("f"), 0, 1),
+        libc::F_WRLCK,
+        "b holds it now"
+    );
+    let r = h.send(op::SETLKW, ino, &[&raw(&lk(999, libc::F_WRLCK, 0, 1, 0))]);
+    assert_eq!(r.errno(), libc::EBADF);
+}
+
+fn host_flock_free(path: &std::path::Path) -> bool {
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: plain flock on an open descriptor.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+#[test]
+fn flock_locks_are_host_flock_locks() {
+    let h = Harness::new();
+    let ino = h.make_file(ROOT, "f", b"");
+    let a = h.open(ino, libc::O_RDWR).unwrap();
+    let b = h.open(ino, libc::O_RDWR).unwrap();
+    h.send(
+        op::SETLK,
+        ino,
+        &[&raw(&lk(a.fh, libc::F_WRLCK, 0, 0, LK_FLOCK))],
+    )
+    .result()
+    .unwrap();
+    assert!(!host_flock_free(&h.host("f")));
+    let r = h.send(
+        op::SETLK,
+        ino,
+        &[&raw(&lk(b.fh, libc::F_RDLCK, 0, 0, LK_FLOCK))],
+    );
+    assert_eq!(r.errno(), libc::EWOULDBLOCK);
+    // RELEASE with FLOCK_UNLOCK drops it.
+    h.release_op(op::RELEASE, ino, a.fh, RELEASE_FLOCK_UNLOCK)
+        .unwrap();
+    assert!(host_flock_free(&h.host("f")));
+    h.send(
+        op::SETLK,
+        ino,
+        &[&raw(&lk(b.fh, libc::F_RDLCK, 0, 0, LK_FLOCK))],
+    )
+    .result()
+    .unwrap();
+}
+
+#[test]
+fn killpriv_v2_clears_suid_on_write_and_truncate() {
+    let h = Harness::with(|c| c.killpriv_v2 = true);
+    let ino = h.make_file(ROOT, "f", b"data");
+    let set = |mode| {
+        std::fs::set_permissions(h.host("f"), std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    let o = h.open(ino, libc::O_RDWR).unwrap();
+    set(0o6755);
+    h.write(ino, o.fh, 0, b"x").unwrap();
+    assert_eq!(
+        host_mode(&h.host("f")) & 0o7777,
+        0o6755,
+        "no kill flag: kept"
+    );
+    h.write_flags(ino, o.fh, 0, b"y", WRITE_KILL_SUIDGID)
+        .unwrap();
+    assert_eq!(host_mode(&h.host("f")) & 0o7777, 0o0755);
+    set(0o2745);
+    h.write_flags(ino, o.fh, 0, b"y", WRITE_KILL_SUIDGID)
+        .unwrap();
+    assert_eq!(
+        host_mode(&h.host("f")) & 0o7777,
+        0o2745,
+        "sgid without group exec stays"
+    );
+    set(0o4755);
+    let mut a = setattr_in(fattr::SIZE | fattr::KILL_SUIDGID);
+    a.size = 1;
+    h.setattr(ino, &a).unwrap();
+    assert_eq!(host_mode(&h.host("f")) & 0o7777, 0o0755);
+    set(0o4755);
+    let oi = OpenIn {
+        flags: (libc::O_RDWR | libc::O_TRUNC) as u32,
+        open_flags: OPEN_KILL_SUIDGID,
+    };
+    h.send(op::OPEN, ino, &[&raw(&oi)]).result().unwrap();
+    assert_eq!(host_mode(&h.host("f")) & 0o7777, 0o0755);
+
+    // Not negotiated: the flag is ignored (the guest kernel handles it itself).
+    let n = Harness::new();
+    let ino = n.make_file(ROOT, "f", b"data");
+    let o = n.open(ino, libc::O_RDWR).unwrap();
+    std::fs::set_permissions(n.host("f"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+    n.write_flags(ino, o.fh, 0, b"x", WRITE_KILL_SUIDGID)
+        .unwrap();
+    assert_eq!(host_mode(&n.host("f")) & 0o7777, 0o4755);
+}
