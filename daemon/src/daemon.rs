@@ -224,6 +224,10 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     for handler in daemon.get_epoll_handlers() {
         handler.send_exit_event();
     }
+    if let Some(w) = &window {
+        // Write shadow tails back before the process goes.
+        w.stop();
+    }
     backend.server().reset();
     if let Some(w) = &window {
         log::info!("{}", w.stats());

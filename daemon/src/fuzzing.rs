@@ -170,30 +170,19 @@ const DATA: u64 = 1 << 20;
 /// marks the descriptor device-writable; bit 1 makes `addr` absolute (so it may point at the
 /// queue itself or outside guest memory) instead of relative to the data area.
 #[cfg(any(test, feature = "fuzzing"))]
-pub fn run_chain(data: &[u8]) {
+pub fn run_chain(data: &[u8]) -> Option<usize> {
     use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-    let Some((&n, rest)) = data.split_first() else {
-        return;
-    };
+    let (&n, rest) = data.split_first()?;
     let n = usize::from(n % 8) + 1;
-    let Some(table) = rest.get(..n * 7) else {
-        return;
-    };
+    let table = rest.get(..n * 7)?;
     let contents = &rest[n * 7..];
-    let Ok(mem) = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), CHAIN_MEM)]) else {
-        return;
-    };
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), CHAIN_MEM)]).ok()?;
     let len = contents.len().min(CHAIN_MEM - DATA as usize);
-    if mem
-        .write_slice(&contents[..len], GuestAddress(DATA))
-        .is_err()
-    {
-        return;
-    }
+    mem.write_slice(&contents[..len], GuestAddress(DATA)).ok()?;
     let descs: Vec<RawDescriptor> = table
         .chunks_exact(7)
         .map(|d| {
@@ -213,17 +202,30 @@ pub fn run_chain(data: &[u8]) {
         })
         .collect();
     let vq = MockSplitQueue::new(&mem, 16);
-    let Ok(chain) = vq.build_desc_chain(&descs) else {
-        return;
+    let chain = vq.build_desc_chain(&descs).ok()?;
+    let s = server(crate::memfs::MemFs::new().ok()?);
+    let (r, w) = crate::vhost_user::split_chain(&mem, chain).ok()?;
+    let w = (!w.is_empty()).then(|| Writer::new(w));
+    s.handle(Reader::new(r), w).ok().map(|h| h.written)
+}
+
+/// A [`run_chain`] input carrying `req` in two readable descriptors (cut in the middle)
+/// followed by one 8 KiB writable descriptor.
+pub fn chain_input(req: &[u8]) -> Vec<u8> {
+    let len = u16::try_from(req.len()).unwrap_or(u16::MAX);
+    let half = len / 2;
+    // The count byte is taken modulo 8, plus one: 2 means three descriptors.
+    let mut v = vec![2u8];
+    let mut desc = |addr: u32, len: u16, flags: u8| {
+        v.extend_from_slice(&addr.to_le_bytes());
+        v.extend_from_slice(&len.to_le_bytes());
+        v.push(flags);
     };
-    let Ok(fs) = crate::memfs::MemFs::new() else {
-        return;
-    };
-    let s = server(fs);
-    if let Ok((r, w)) = crate::vhost_user::split_chain(&mem, chain) {
-        let w = (!w.is_empty()).then(|| Writer::new(w));
-        let _ = s.handle(Reader::new(r), w);
-    }
+    desc(0, half, 0);
+    desc(u32::from(half), len - half, 0);
+    desc(0x8_0000, 8192, 1);
+    v.extend_from_slice(&req[..usize::from(len)]);
+    v
 }
 
 /// Requests of one input: `(shape, bytes)` each.
@@ -806,13 +808,29 @@ mod tests {
         input.extend_from_slice(&[10, 0, 0, 0, (init.len() - 10) as u8, 0, 0]);
         input.extend_from_slice(&[0, 0, 1, 0, 0, 16, 1]);
         input.extend_from_slice(&init);
-        run_chain(&input);
+        assert_eq!(run_chain(&input), Some(16 + 64));
+        let mkdir = request(
+            abi::opcode::MKDIR,
+            abi::ROOT_ID,
+            &[
+                abi::MkdirIn {
+                    mode: 0o755,
+                    umask: 0,
+                }
+                .as_slice(),
+                b"d\0",
+            ],
+        );
+        assert_eq!(run_chain(&chain_input(&mkdir)), Some(16 + 128));
         // Absolute addresses outside memory, writable first, zero lengths, huge lengths.
-        run_chain(&[1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2]);
-        run_chain(&[1, 0, 0, 0, 0, 0, 0, 1]);
-        run_chain(&[2, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 40, 0, 0]);
+        assert_eq!(run_chain(&[1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2]), None);
+        assert_eq!(run_chain(&[1, 0, 0, 0, 0, 0, 0, 1]), None);
+        assert_eq!(
+            run_chain(&[2, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 40, 0, 0]),
+            None
+        );
         run_chain(&[7; 64]);
-        run_chain(&[]);
+        assert_eq!(run_chain(&[]), None);
     }
 
     #[test]

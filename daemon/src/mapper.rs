@@ -13,9 +13,10 @@ use std::sync::Mutex;
 pub trait Mapper: Send + Sync {
     /// Size of the window in bytes; 0 when there is none.
     fn window_size(&self) -> u64;
-    /// Maps `len` bytes of `fd` at `foffset` to window offset `moffset`.
+    /// Maps `len` bytes of `fd` at `foffset` to window offset `moffset`, for inode `owner`.
     fn map(
         &self,
+        owner: u64,
         moffset: u64,
         len: u64,
         fd: BorrowedFd,
@@ -24,6 +25,38 @@ pub trait Mapper: Send + Sync {
     ) -> io::Result<()>;
     /// Unmaps `len` bytes at window offset `moffset`.
     fn unmap(&self, moffset: u64, len: u64) -> io::Result<()>;
+    /// Inode `owner` is about to be read, written or synced through the request queue:
+    /// bring the file up to date with what the guest wrote through the window.
+    fn sync(&self, _owner: u64) {}
+    /// Inode `owner` may have changed size through the request queue: update its mappings.
+    fn refresh(&self, _owner: u64) {}
+}
+
+/// A shared mapper (the daemon keeps a handle to its window for counters and shutdown).
+impl<M: Mapper + ?Sized> Mapper for std::sync::Arc<M> {
+    fn window_size(&self) -> u64 {
+        (**self).window_size()
+    }
+    fn map(
+        &self,
+        owner: u64,
+        moffset: u64,
+        len: u64,
+        fd: BorrowedFd,
+        foffset: u64,
+        writable: bool,
+    ) -> io::Result<()> {
+        (**self).map(owner, moffset, len, fd, foffset, writable)
+    }
+    fn unmap(&self, moffset: u64, len: u64) -> io::Result<()> {
+        (**self).unmap(moffset, len)
+    }
+    fn sync(&self, owner: u64) {
+        (**self).sync(owner)
+    }
+    fn refresh(&self, owner: u64) {
+        (**self).refresh(owner)
+    }
 }
 
 /// No cache window: every request fails with `ENOSYS`.
@@ -34,7 +67,7 @@ impl Mapper for NoMapper {
     fn window_size(&self) -> u64 {
         0
     }
-    fn map(&self, _: u64, _: u64, _: BorrowedFd, _: u64, _: bool) -> io::Result<()> {
+    fn map(&self, _: u64, _: u64, _: u64, _: BorrowedFd, _: u64, _: bool) -> io::Result<()> {
         Err(io::Error::from_raw_os_error(libc::ENOSYS))
     }
     fn unmap(&self, _: u64, _: u64) -> io::Result<()> {
@@ -100,6 +133,7 @@ impl Mapper for RecordingMapper {
 
     fn map(
         &self,
+        _owner: u64,
         moffset: u64,
         len: u64,
         fd: BorrowedFd,

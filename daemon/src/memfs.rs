@@ -607,6 +607,6 @@ impl FileSystem for MemFs {
         if !matches!(self.lock()?.node(inode)?.kind, Kind::File(_)) {
             return Err(errno(libc::EINVAL));
         }
-        mapper.map(moffset, len, self.backing.as_fd(), foffset, writable)
+        mapper.map(inode, moffset, len, self.backing.as_fd(), foffset, writable)
     }
 }

@@ -414,6 +414,7 @@ impl PassthroughFs {
     /// one when the handle's access mode cannot back the mapping (a shared mapping needs a
     /// readable descriptor, and a writable one a read-write descriptor).
     #[allow(clippy::too_many_arguments)]
+    /// SETUPMAPPING: maps through a fresh descriptor of the inode (see below for why).
     pub(super) fn do_setupmapping(
         &self,
         inode: Inode,
@@ -424,23 +425,36 @@ impl PassthroughFs {
         writable: bool,
         mapper: &dyn Mapper,
     ) -> io::Result<()> {
-        let h = self.handles.get_file(inode, handle)?;
-        let Some((readable, h_writable)) = h.access() else {
-            return Err(err(libc::EBADF));
-        };
-        if writable && (self.cfg.readonly || !h_writable) {
+        if writable && self.cfg.readonly {
             return Err(err(libc::EACCES));
         }
-        if readable {
-            return mapper.map(moffset, len, h.fd(), foffset, writable);
+        // Linux's DAX code sends no handle (fh = -1). A handle, when given, must belong to
+        // the inode and allow the access asked for.
+        if handle != NO_HANDLE {
+            let h = self.handles.get_file(inode, handle)?;
+            let Some((_, h_writable)) = h.access() else {
+                return Err(err(libc::EBADF));
+            };
+            if writable && !h_writable {
+                return Err(err(libc::EACCES));
+            }
         }
+        // QEMU 11.1 maps every range shared and writable (the read-only flag only tells the
+        // guest), so it needs a read-write descriptor even for a read-only mapping; one that
+        // cannot be opened so (a read-only host filesystem) is tried read-only.
         let data = self.inode(inode)?;
-        let flags = if writable {
-            libc::O_RDWR
+        let fd = if self.cfg.readonly {
+            self.reopen(&data, libc::O_RDONLY)?
         } else {
-            libc::O_RDONLY
+            match self.reopen(&data, libc::O_RDWR) {
+                Ok(fd) => fd,
+                Err(_) if !writable => self.reopen(&data, libc::O_RDONLY)?,
+                Err(e) => return Err(e),
+            }
         };
-        let fd = self.reopen(&data, flags)?;
-        mapper.map(moffset, len, fd.as_fd(), foffset, writable)
+        mapper.map(inode, moffset, len, fd.as_fd(), foffset, writable)
     }
 }
+
+/// `fuse_setupmapping_in.fh` when the client names no handle.
+const NO_HANDLE: Handle = u64::MAX;

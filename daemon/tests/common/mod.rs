@@ -103,28 +103,6 @@ impl DirItem {
     }
 }
 
-/// Forwards to a shared [`RecordingMapper`] so the test can read its calls.
-struct SharedMapper(Arc<RecordingMapper>);
-
-impl Mapper for SharedMapper {
-    fn window_size(&self) -> u64 {
-        self.0.window_size()
-    }
-    fn map(
-        &self,
-        moffset: u64,
-        len: u64,
-        fd: std::os::fd::BorrowedFd,
-        foffset: u64,
-        writable: bool,
-    ) -> io::Result<()> {
-        self.0.map(moffset, len, fd, foffset, writable)
-    }
-    fn unmap(&self, moffset: u64, len: u64) -> io::Result<()> {
-        self.0.unmap(moffset, len)
-    }
-}
-
 /// Which mapper the server gets.
 pub enum MapperKind {
     Recording,
@@ -169,7 +147,7 @@ impl Harness {
         tweak(&mut cfg);
         let recorder = Arc::new(RecordingMapper::new(WINDOW));
         let mapper: Box<dyn Mapper> = match mapper {
-            MapperKind::Recording => Box::new(SharedMapper(recorder.clone())),
+            MapperKind::Recording => Box::new(recorder.clone()),
             MapperKind::None => Box::new(NoMapper),
         };
         let fs = PassthroughFs::new(cfg).unwrap();
