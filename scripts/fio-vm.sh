@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Boots one guest with scripts/vm.sh and runs fio jobs on its virtio-fs mount; each job's
+# fio JSON lands in OUT/<job>.json and a summary line per job is printed.
+#
+#   scripts/fio-vm.sh --out DIR [options] JOB...
+#
+#   JOB                  NAME:RW:ENGINE[:IODEPTH[:NUMJOBS]], e.g. randread-psync:randread:psync
+#                        (NUMJOBS > 1 gives each job its own file, like the seed's "multi")
+#   --out DIR            where the JSON results go (created)
+#   -p, --profile NAME   QEMU profile (default: dax)
+#   -d, --daemon D       daxfsd (default), virtiofsd or a path
+#   -a, --daemon-arg A   extra daemon argument (repeatable)
+#   --cache MODE         daemon cache mode (default: never)
+#   -o, --mount-opts O   guest mount options, e.g. dax=always
+#   --file-size SIZE     size of each data file (default: 128M)
+#   --runtime SEC        seconds per job (default: 10)
+#   --bs SIZE            block size (default: 4k)
+#   --cpus N, --mem SIZE, --queues N   guest shape (defaults 1, 1G, 1)
+#   --log FILE           serial console log (daemon log: FILE with .daemon.log)
+# Data files are made on the host with random content before boot, in a fresh share that
+# is removed afterwards.
+set -euo pipefail
+RIG_TAG=fio-vm
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+out="" profile=dax daemon=daxfsd cache=never mountopts="" fsize=128M runtime=10 bs=4k
+cpus=1 mem=1G queues=1 logfile=""
+daemon_args=() jobs=()
+need_arg() { (($1 >= 2)) || die "option $2 needs a value (see the header of $0)"; }
+while (($#)); do
+    case $1 in
+        --out) need_arg $# "$1"; out=$2; shift 2 ;;
+        -p|--profile) need_arg $# "$1"; profile=$2; shift 2 ;;
+        -d|--daemon) need_arg $# "$1"; daemon=$2; shift 2 ;;
+        -a|--daemon-arg) need_arg $# "$1"; daemon_args+=("$2"); shift 2 ;;
+        --cache) need_arg $# "$1"; cache=$2; shift 2 ;;
+        -o|--mount-opts) need_arg $# "$1"; mountopts=$2; shift 2 ;;
+        --file-size) need_arg $# "$1"; fsize=$2; shift 2 ;;
+        --runtime) need_arg $# "$1"; runtime=$2; shift 2 ;;
+        --bs) need_arg $# "$1"; bs=$2; shift 2 ;;
+        --cpus) need_arg $# "$1"; cpus=$2; shift 2 ;;
+        --mem) need_arg $# "$1"; mem=$2; shift 2 ;;
+        --queues) need_arg $# "$1"; queues=$2; shift 2 ;;
+        --log) need_arg $# "$1"; logfile=$2; shift 2 ;;
+        -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -*) die "unknown option '$1' (see the header of $0)" ;;
+        *) jobs+=("$1"); shift ;;
+    esac
+done
+[[ -n $out ]] || die "missing --out DIR"
+((${#jobs[@]})) || die "no fio job given (NAME:RW:ENGINE[:IODEPTH[:NUMJOBS]])"
+[[ $runtime =~ ^[1-9][0-9]*$ ]] || die "--runtime must be whole seconds, got '$runtime'"
+[[ $fsize =~ ^[1-9][0-9]*[KMG]$ ]] || die "--file-size must look like 64M or 1G, got '$fsize'"
+need_cmd python3
+
+maxjobs=1
+for j in "${jobs[@]}"; do
+    IFS=: read -r name rw engine depth numjobs <<<"$j"
+    [[ $name =~ ^[A-Za-z0-9_.-]+$ && -n $rw && -n $engine ]] || die "bad job '$j' (NAME:RW:ENGINE[:IODEPTH[:NUMJOBS]])"
+    numjobs=${numjobs:-1}
+    ((numjobs > maxjobs)) && maxjobs=$numjobs
+done
+
+mkdir -p "$out"
+share=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-fio.XXXXXX")
+trap 'rm -rf -- "$share"' EXIT
+log "making $maxjobs data file(s) of $fsize in $share"
+for ((i = 0; i < maxjobs; i++)); do
+    head -c "$fsize" /dev/urandom >"$share/data.$i"
+done
+mkdir "$share/.results"
+
+# The guest program: every job in turn, JSON results onto the share.
+gscript="$share/.run.sh"
+{
+    echo 'set -u'
+    echo 'rc=0'
+    for j in "${jobs[@]}"; do
+        IFS=: read -r name rw engine depth numjobs <<<"$j"
+        depth=${depth:-1} numjobs=${numjobs:-1}
+        files="/mnt/data.0"
+        if ((numjobs > 1)); then
+            files=""
+            for ((i = 0; i < numjobs; i++)); do files+="${files:+:}/mnt/data.$i"; done
+            # One file per job: fio's filename_format picks data.<jobnum>.
+            fileopt="--filename_format='/mnt/data.\$jobnum' --nrfiles=1"
+        else
+            fileopt="--filename=$files"
+        fi
+        echo "echo \"fio-vm: $name\""
+        echo "fio --name=$name $fileopt --rw=$rw --ioengine=$engine --iodepth=$depth --numjobs=$numjobs --group_reporting --bs=$bs --size=$fsize --runtime=$runtime --time_based --output-format=json --output=/mnt/.results/$name.json >/mnt/.results/$name.err 2>&1 || { echo \"fio-vm: $name failed\"; tail -n 5 /mnt/.results/$name.err; rc=1; }"
+    done
+    echo 'exit $rc'
+} >"$gscript"
+
+vm_args=(-p "$profile" -d "$daemon" --cache "$cache" -s "$share" --script "$gscript"
+    --cpus "$cpus" -m "$mem" --queues "$queues" -T $((120 + ${#jobs[@]} * (runtime + 60))))
+[[ -n $mountopts ]] && vm_args+=(-o "$mountopts")
+[[ -n $logfile ]] && vm_args+=(-l "$logfile")
+for a in "${daemon_args[@]}"; do vm_args+=(-a "$a"); done
+vm_rc=0
+"$RIG_ROOT/scripts/vm.sh" "${vm_args[@]}" >"$out/guest-output.txt" || vm_rc=$?
+for j in "${jobs[@]}"; do
+    name=${j%%:*}
+    [[ -s $share/.results/$name.json ]] && cp -- "$share/.results/$name.json" "$out/$name.json"
+    [[ -s $share/.results/$name.err ]] && cp -- "$share/.results/$name.err" "$out/$name.err"
+done
+# One line per job: NAME MiB/s IOPS (or NAME failed).
+python3 - "$out" "${jobs[@]}" <<'PY'
+import json, sys, os
+out = sys.argv[1]
+for spec in sys.argv[2:]:
+    name = spec.split(":")[0]
+    path = os.path.join(out, name + ".json")
+    try:
+        text = open(path).read()
+        data = json.loads(text[text.index("{"):])
+        job = data["jobs"][0]
+        side = "write" if job["write"]["bw"] > job["read"]["bw"] else "read"
+        bw = job[side]["bw"] / 1024.0
+        print(f"{name} {bw:.1f} {job[side]['iops']:.0f}")
+    except (OSError, ValueError, KeyError, IndexError):
+        print(f"{name} failed")
+PY
+exit "$vm_rc"
