@@ -320,7 +320,12 @@ impl PassthroughFs {
         let h = self.handles.get_file(inode, handle)?;
         let mut fl = to_flock(&lock)?;
         sys::fcntl_lock(h.fd(), libc::F_OFD_GETLK, &mut fl)?;
-        Ok(from_flock(&fl))
+        let mut out = from_flock(&fl);
+        if fl.l_type != libc::F_UNLCK as libc::c_short && fl.l_pid <= 0 {
+            // An OFD lock has no pid: report the guest process that took it.
+            out.pid = self.handles.lock_holder(inode, handle).unwrap_or(0);
+        }
+        Ok(out)
     }
 
     pub(super) fn do_setlk(
@@ -350,7 +355,11 @@ impl PassthroughFs {
         } else {
             libc::F_OFD_SETLK
         };
-        sys::fcntl_lock(h.fd(), cmd, &mut fl)
+        sys::fcntl_lock(h.fd(), cmd, &mut fl)?;
+        if lock.typ != libc::F_UNLCK as u32 {
+            h.note_lock(lock.pid);
+        }
+        Ok(())
     }
 
     pub(super) fn do_fallocate(

@@ -26,7 +26,13 @@ pub(super) struct HandleData {
     pub inode: Inode,
     pub fd: OwnedFd,
     pub kind: HandleKind,
+    /// Guest pid of the last POSIX lock taken through this handle, and when (a sequence
+    /// number): host OFD locks carry no pid, GETLK reports this one.
+    lock_owner: Mutex<(u32, u64)>,
 }
+
+/// Orders POSIX lock acquisitions across handles.
+static LOCK_SEQ: AtomicU64 = AtomicU64::new(1);
 
 impl HandleData {
     pub fn fd(&self) -> BorrowedFd<'_> {
@@ -42,6 +48,14 @@ impl HandleData {
                 readable: acc == libc::O_RDONLY || acc == libc::O_RDWR,
                 writable: acc == libc::O_WRONLY || acc == libc::O_RDWR,
             },
+            lock_owner: Mutex::new((0, 0)),
+        }
+    }
+
+    /// Records that guest process `pid` took a POSIX lock through this handle.
+    pub fn note_lock(&self, pid: u32) {
+        if let Ok(mut o) = self.lock_owner.lock() {
+            *o = (pid, LOCK_SEQ.fetch_add(1, Ordering::Relaxed));
         }
     }
 
@@ -52,6 +66,7 @@ impl HandleData {
             kind: HandleKind::Dir {
                 lock: Mutex::new(()),
             },
+            lock_owner: Mutex::new((0, 0)),
         }
     }
 
@@ -132,6 +147,17 @@ impl HandleStore {
     }
 
     /// Drops every handle.
+    /// The guest pid that most recently locked `inode` through a handle other than `except`.
+    pub fn lock_holder(&self, inode: Inode, except: Handle) -> Option<u32> {
+        let map = self.map.read().ok()?;
+        map.iter()
+            .filter(|(fh, h)| **fh != except && h.inode == inode)
+            .filter_map(|(_, h)| h.lock_owner.lock().ok().map(|o| *o))
+            .filter(|(pid, _)| *pid != 0)
+            .max_by_key(|(_, seq)| *seq)
+            .map(|(pid, _)| pid)
+    }
+
     pub fn clear(&self) {
         self.map.write().unwrap_or_else(|p| p.into_inner()).clear();
     }
