@@ -31,7 +31,7 @@ done
 
 version=$(deb_version "$SRC_PKG")
 [[ -n $version && -r $SRC_TARBALL ]] ||
-    die "$SRC_PKG is not installed ($SRC_TARBALL missing); run 'make deps'"
+    die "$SRC_PKG is not installed ($SRC_TARBALL missing); run 'make vm-deps'"
 mapfile -t patches < <(find "$HERE/patches" -maxdepth 1 -name '*.patch' -type f | LC_ALL=C sort)
 key="${version//[^A-Za-z0-9.+-]/_}-$(printf 'recipe %s\n' "$RECIPE" | cat - "$FRAGMENT" | sha256sum | cut -c1-8)"
 if ((${#patches[@]})); then
@@ -48,13 +48,12 @@ if [[ -s $image && $force -eq 0 ]]; then
 fi
 
 for c in make gcc flex bison bc perl lz4 patch; do need_cmd "$c"; done
-[[ -r /usr/include/libelf.h ]] || die "libelf headers missing; run 'make deps' (libelf-dev)"
-[[ -r /usr/include/openssl/ssl.h ]] || die "OpenSSL headers missing; run 'make deps' (libssl-dev)"
+[[ -r /usr/include/libelf.h ]] || die "libelf headers missing; run 'make vm-deps' (libelf-dev)"
+[[ -r /usr/include/openssl/ssl.h ]] || die "OpenSSL headers missing; run 'make vm-deps' (libssl-dev)"
 
 mkdir -p "$DAXFSD_CACHE/kernel"
 work=$(mktemp -d "$DAXFSD_CACHE/kernel/.build-$key.XXXXXX")
-cleanup() { rm -rf -- "$work"; }
-trap cleanup EXIT
+RIG_CLEANUP+=("rm -rf -- $(printf %q "$work")")
 buildlog="$work/build.log"
 : >"$buildlog"
 jobs=$(nproc)
@@ -75,13 +74,13 @@ for p in "${patches[@]}"; do
     run_logged "$buildlog" patch -d "$src" -p1 --forward --batch -i "$p" || fail "patch ${p##*/} does not apply"
 done
 
-kmake() { make -C "$src" ARCH=x86_64 "$@"; }
+kmake=(make -C "$src" ARCH=x86_64)
 
 log "configuring: tinyconfig + ${FRAGMENT#"$RIG_ROOT"/} + olddefconfig"
-run_logged "$buildlog" kmake tinyconfig || fail "make tinyconfig failed"
+run_logged "$buildlog" "${kmake[@]}" tinyconfig || fail "make tinyconfig failed"
 run_logged "$buildlog" "$src/scripts/kconfig/merge_config.sh" -m -O "$src" "$src/.config" "$FRAGMENT" ||
     fail "merging the fragment failed"
-run_logged "$buildlog" kmake olddefconfig || fail "make olddefconfig failed"
+run_logged "$buildlog" "${kmake[@]}" olddefconfig || fail "make olddefconfig failed"
 
 # Every option the fragment asks for must be in the final .config as asked.
 missing=()
@@ -103,7 +102,7 @@ fi
 log "config verified: all $(grep -cE '^(CONFIG_|# CONFIG_.* is not set)' "$FRAGMENT") fragment options present"
 
 log "compiling bzImage with -j$jobs (about 5 min on 2 cores)"
-run_logged "$buildlog" kmake -j"$jobs" bzImage || fail "kernel build failed"
+run_logged "$buildlog" "${kmake[@]}" -j"$jobs" bzImage || fail "kernel build failed"
 built="$src/arch/x86/boot/bzImage"
 [[ -s $built ]] || fail "build finished without $built"
 

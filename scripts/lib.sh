@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034 # RIG_* are for the scripts that source this
 # Shared helpers for the daxfsd VM rig. Source it; do not execute it.
 #   RIG_TAG   prefix of every message (set by the sourcing script)
 
@@ -13,7 +13,7 @@ die() { printf '%s: error: %s\n' "${RIG_TAG:-rig}" "$*" >&2; exit 1; }
 # need_cmd CMD [package]: fail with a one-line fix when CMD is missing.
 need_cmd() {
     command -v "$1" >/dev/null 2>&1 && return 0
-    die "'$1' not found; install it with 'make deps' (scripts/provision-deps.sh${2:+, package $2})"
+    die "'$1' not found; install it with 'make vm-deps' (scripts/provision-deps.sh${2:+, package $2})"
 }
 
 # Hash of file contents and base names (order as given). Prints 16 hex digits.
@@ -30,14 +30,50 @@ hash_inputs() {
 deb_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || true; }
 
 # Run a long command with its output in LOGFILE; on failure show the tail.
+# The command runs in its own process group (RIG_CHILD) and is waited for in
+# the background, so INT/TERM act at once and rig_exit stops the whole group.
+RIG_CHILD=""
 run_logged() {
-    local logfile=$1; shift
-    if ! "$@" >>"$logfile" 2>&1; then
-        printf '%s: command failed: %s\n--- last 40 lines of %s ---\n' "${RIG_TAG:-rig}" "$*" "$logfile" >&2
+    local logfile=$1 rc=0
+    shift
+    setsid "$@" </dev/null >>"$logfile" 2>&1 &
+    RIG_CHILD=$!
+    wait "$RIG_CHILD" || rc=$?
+    RIG_CHILD=""
+    if ((rc != 0)); then
+        printf '%s: command failed (status %d): %s\n--- last 40 lines of %s ---\n' \
+            "${RIG_TAG:-rig}" "$rc" "$*" "$logfile" >&2
         tail -n 40 "$logfile" >&2
         return 1
     fi
 }
+
+rig_stop_child() {
+    local pid=$RIG_CHILD
+    [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 0
+    kill -TERM -- "-$pid" 2>/dev/null || true
+    for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.25
+    done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    RIG_CHILD=""
+}
+
+# Exit handling for every script that sources this file: stop a running
+# run_logged child, then run the RIG_CLEANUP commands (eval'd strings).
+RIG_CLEANUP=()
+rig_exit() {
+    local rc=$? c
+    trap - EXIT INT TERM
+    rig_stop_child
+    for c in "${RIG_CLEANUP[@]}"; do eval "$c" || true; done
+    exit "$rc"
+}
+trap rig_exit EXIT
+trap 'log "interrupted"; exit 130' INT
+trap 'log "terminated"; exit 143' TERM
 
 # The primary Debian archive URI from this machine's apt configuration
 # (deb822 .sources files or one-line sources.list), never a built-in host.

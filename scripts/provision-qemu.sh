@@ -75,6 +75,9 @@ provision_11() {
     mkdir -p "$QEMU11_ROOT"
     # Temp trees of runs that died are ours to remove (never a complete tree).
     local old
+    for old in "$QEMU11_ROOT"/.tmp-*.pid "$QEMU11_ROOT"/.tmp-*.log; do
+        [[ -f $old && ! -e ${old%.*} ]] && rm -f -- "$old"
+    done
     for old in "$QEMU11_ROOT"/.tmp-*; do
         [[ -d $old && ! -e $old/.complete ]] || continue
         if [[ ! -e $old.pid ]] || ! kill -0 "$(cat "$old.pid")" 2>/dev/null; then
@@ -85,7 +88,7 @@ provision_11() {
     done
     tmp=$(mktemp -d "$QEMU11_ROOT/.tmp-XXXXXX")
     echo $$ >"$tmp.pid"
-    trap 'rm -rf --one-file-system -- "$tmp"; rm -f -- "$tmp.pid"' EXIT
+    RIG_CLEANUP+=("rm -rf --one-file-system -- $(printf %q "$tmp"); rm -f -- $(printf %q "$tmp.pid")")
     local dlog="$tmp.log"
     : >"$dlog"
 
@@ -120,8 +123,9 @@ EOF
     [[ -n $v ]] || die "the installed QEMU does not run (log: $dlog)"
     version_ge "$v" "$MIN_DAX" || die "$SUITE-backports gave QEMU $v, need >= $MIN_DAX"
     printf '%s\n' "$v" >"$tmp/.complete"
+    chmod 755 "$tmp"
     mv -T -- "$tmp" "$QEMU11_DIR"
-    trap - EXIT
+    RIG_CLEANUP=()
     rm -f -- "$tmp.pid"
     mv -f -- "$dlog" "$QEMU11_DIR.log"
     log "QEMU $v ready in $QEMU11_DIR ($(du -sh "$QEMU11_DIR" | cut -f1))"

@@ -27,22 +27,23 @@ fi
 
 need_cmd cargo
 need_cmd pkg-config pkg-config
-pkg-config --exists libseccomp || die "libseccomp-dev missing; run 'make deps'"
-pkg-config --exists libcap-ng || die "libcap-ng-dev missing; run 'make deps'"
+pkg-config --exists libseccomp || die "libseccomp-dev missing; run 'make vm-deps'"
+pkg-config --exists libcap-ng || die "libcap-ng-dev missing; run 'make vm-deps'"
 
 mkdir -p "$DAXFSD_CACHE"
 # Build outside any work tree; install into a temp root, then rename.
 export CARGO_TARGET_DIR="$DAXFSD_CACHE/cargo-target-virtiofsd"
 tmp=$(mktemp -d "$DAXFSD_CACHE/.virtiofsd-$VERSION.XXXXXX")
-trap 'rm -rf -- "$tmp"' EXIT
+RIG_CLEANUP+=("rm -rf -- $(printf %q "$tmp")")
 blog="$DAXFSD_CACHE/virtiofsd-$VERSION.build.log"
 : >"$blog"
 log "cargo install --locked virtiofsd $VERSION (1-3 min; log: $blog)"
 run_logged "$blog" cargo install --locked virtiofsd --version "$VERSION" --root "$tmp" ||
     die "cargo install virtiofsd $VERSION failed (log: $blog)"
 "$tmp/bin/virtiofsd" --version | grep -qF "$VERSION" || die "installed virtiofsd does not report $VERSION"
+chmod 755 "$tmp"
 rm -rf -- "$root"
 mv -T -- "$tmp" "$root"
-trap - EXIT
+RIG_CLEANUP=()
 log "installed $bin"
 printf '%s\n' "$bin"

@@ -1,0 +1,18 @@
+# shellcheck shell=bash disable=SC2034,SC2054 # PROFILE_* are read by vm.sh; commas are QEMU syntax
+# dax: q35 + the generic vhost-user device as virtio-fs (virtio-id 26). QEMU
+# >= 11.1 asks the daemon GET_SHMEM_CONFIG and maps its shared-memory region 0
+# (the DAX cache window) as a 64-bit BAR. The tag comes from the daemon's
+# virtio config space (GET_CONFIG, 40 bytes: tag[36] + num_request_queues).
+PROFILE_DESC="q35, vhost-user-test-device-pci as virtio-fs with the DAX window (QEMU >= 11.1)"
+PROFILE_QEMU=11
+PROFILE_APPEND=""
+profile_args() {
+    common_args
+    common_memfd
+    QEMU_ARGS+=(
+        -M q35 -numa node,memdev=mem
+        -device "vhost-user-test-device-pci,chardev=vfs,virtio-id=26,num_vqs=$((1 + VM_NUM_QUEUES)),config_size=40"
+    )
+}
+# The device has no tag property: the daemon must serve it (--tag=TAG).
+PROFILE_DAEMON_TAG=1

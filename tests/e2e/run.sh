@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Run the end-to-end suite: for each QEMU profile, boot the test guest on a
+# fresh shared directory, run tests/e2e/guest/suite.sh on the virtio-fs
+# mount, then check the results from the host (tests/e2e/host-check.sh).
+#
+#   tests/e2e/run.sh [options]
+#     -d, --daemon D        daxfsd (default), virtiofsd (upstream 1.14.0) or a path
+#     -p, --profiles LIST   profiles, space or comma separated (default: "pci mmio")
+#     -a, --daemon-arg ARG  extra daemon argument (repeatable)
+#         --no-xattr        run the daemon without --xattr (expects ENOTSUP)
+#     -o, --mount-opts OPTS guest mount options, e.g. dax=always (profile dax
+#                           with daxfsd -a --dax-window=1G)
+#     -T, --timeout SEC     per-VM timeout (default: 600)
+#         --only LIST       run only these guest checks (comma separated); the
+#         --skip LIST       others / these are reported as skipped, and the
+#                           host-side checks (which need the full run) are not run
+#         --check-timeout S seconds before a hung guest check is killed (default: 90)
+#     -v, --verbose         stream the guest consoles
+#
+# Ends with "e2e: N passed, M failed" and exits non-zero on any failure, a
+# VM timeout, or a QEMU/daemon process left behind.
+set -euo pipefail
+RIG_TAG=e2e
+# shellcheck source=../../scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+
+daemon=daxfsd profiles="pci mmio" xattr=on timeout=600 verbose=() only="" skip="" check_timeout=90 mount_opts=()
+daemon_args=()
+while (($#)); do
+    case $1 in
+        -d|--daemon) (($# >= 2)) || die "$1 needs a value"; daemon=$2; shift 2 ;;
+        -p|--profiles) (($# >= 2)) || die "$1 needs a value"; profiles=${2//,/ }; shift 2 ;;
+        -a|--daemon-arg) (($# >= 2)) || die "$1 needs a value"; daemon_args+=(-a "$2"); shift 2 ;;
+        --no-xattr) xattr=off; shift ;;
+        -o|--mount-opts) (($# >= 2)) || die "$1 needs a value"; mount_opts=(-o "$2"); shift 2 ;;
+        -T|--timeout) (($# >= 2)) || die "$1 needs a value"; timeout=$2; shift 2 ;;
+        -v|--verbose) verbose=(-v); shift ;;
+        --only) (($# >= 2)) || die "$1 needs a value"; only=$2; shift 2 ;;
+        --skip) (($# >= 2)) || die "$1 needs a value"; skip=$2; shift 2 ;;
+        --check-timeout) (($# >= 2)) || die "$1 needs a value"; check_timeout=$2; shift 2 ;;
+        -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown option '$1' (see --help)" ;;
+    esac
+done
+[[ -n ${profiles// /} ]] || die "no profiles given"
+[[ $xattr == on ]] && daemon_args+=(-a --xattr)
+[[ $only$skip =~ ^[a-z0-9_,]*$ ]] || die "--only/--skip take check names separated by commas"
+[[ $check_timeout =~ ^[1-9][0-9]*$ ]] || die "--check-timeout must be a positive number of seconds"
+guest_args="daxfsd.xattr=$xattr daxfsd.check_timeout=$check_timeout${only:+ daxfsd.only=$only}${skip:+ daxfsd.skip=$skip}"
+
+# Prerequisites: each step is cached and quick when already done.
+"$RIG_ROOT/guest-kernel/build.sh" >/dev/null
+"$RIG_ROOT/scripts/build-initramfs.sh" >/dev/null
+needs11=0
+for p in $profiles; do
+    [[ -r $RIG_ROOT/qemu-config/$p.sh ]] || die "unknown profile '$p'"
+    grep -q '^PROFILE_QEMU=11' "$RIG_ROOT/qemu-config/$p.sh" && needs11=1
+done
+if ((needs11)); then "$RIG_ROOT/scripts/provision-qemu.sh" all; else "$RIG_ROOT/scripts/provision-qemu.sh" system; fi
+[[ $daemon == virtiofsd ]] && "$RIG_ROOT/scripts/provision-virtiofsd.sh" >/dev/null
+
+# Everything of this run (shares, sockets) lives below one private directory,
+# which also lets the final check find any process left behind.
+run_dir=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-e2e.XXXXXX")
+RIG_CLEANUP+=("rm -rf -- $(printf %q "$run_dir")")
+
+total_pass=0 total_fail=0 total_skip=0 failures=()
+t0=$SECONDS
+for p in $profiles; do
+    share=$run_dir/share-$p
+    mkdir -p "$share"
+    log "profile $p: guest suite (daemon $daemon, xattr $xattr${mount_opts[1]:+, -o ${mount_opts[1]}})"
+    out=$run_dir/guest-$p.txt
+    pt0=$SECONDS
+    TMPDIR=$run_dir "$RIG_ROOT/scripts/vm.sh" -p "$p" -d "$daemon" "${daemon_args[@]}" \
+        -s "$share" "${mount_opts[@]}" -t e2e -T "$timeout" --append "$guest_args" "${verbose[@]}" >"$out" && vm_rc=0 || vm_rc=$?
+    sed 's/^/  /' "$out"
+    n_pass=$(grep -c '^CHECK PASS ' "$out" || true)
+    n_fail=$(grep -c '^CHECK FAIL ' "$out" || true)
+    n_skip=$(grep -c '^CHECK SKIP ' "$out" || true)
+    mapfile -t names < <(sed -n "s/^CHECK FAIL \([^:]*\):.*/$p:\1/p" "$out")
+    failures+=("${names[@]}")
+    if ((vm_rc != 0 && n_fail == 0)); then
+        # The VM itself failed (timeout, crash, no result): that is a failure too.
+        n_fail=1
+        failures+=("$p:vm(rc=$vm_rc)")
+    fi
+    if [[ -n $only$skip ]]; then
+        log "profile $p: host-side checks not run (partial run: --only/--skip)"
+    elif grep -q '^E2E RESULT ' "$out"; then
+        log "profile $p: host-side checks"
+        hout=$run_dir/host-$p.txt
+        "$RIG_ROOT/tests/e2e/host-check.sh" "$share" "$xattr" >"$hout" || true
+        sed 's/^/  /' "$hout"
+        n_pass=$((n_pass + $(grep -c '^CHECK PASS ' "$hout" || true)))
+        n_fail=$((n_fail + $(grep -c '^CHECK FAIL ' "$hout" || true)))
+        mapfile -t names < <(sed -n "s/^CHECK FAIL \([^:]*:[^:]*\):.*/$p:\1/p" "$hout")
+        failures+=("${names[@]}")
+    fi
+    log "profile $p: $n_pass passed, $n_fail failed, $n_skip skipped in $((SECONDS - pt0))s"
+    total_skip=$((total_skip + n_skip))
+    total_pass=$((total_pass + n_pass))
+    total_fail=$((total_fail + n_fail))
+done
+
+# No QEMU or daemon of this run may survive it.
+sleep 0.2
+if left=$(pgrep -a -f -- "$run_dir"); then
+    log "FAIL: processes left behind:"
+    printf '%s\n' "$left" >&2
+    # They are this run's own: stop them.
+    for pid in $(pgrep -f -- "$run_dir"); do kill -KILL "$pid" 2>/dev/null || true; done
+    total_fail=$((total_fail + 1))
+    failures+=("leftover-processes")
+fi
+
+log "done in $((SECONDS - t0))s"
+((${#failures[@]} == 0)) || log "failed: ${failures[*]}"
+if ((total_skip)); then
+    echo "e2e: $total_pass passed, $total_fail failed, $total_skip skipped"
+else
+    echo "e2e: $total_pass passed, $total_fail failed"
+fi
+((total_fail == 0))
