@@ -22,9 +22,11 @@ pub enum CachePolicy {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Sandbox {
-    /// New mount, pid, net, ipc and uts namespaces; pivot_root into the shared directory.
+    /// Fork a child in new pid, mount, net, ipc and uts namespaces (and a user namespace when
+    /// not root) whose root is the shared directory (pivot_root); the parent forwards signals
+    /// and exits with the child's status.
     Namespace,
-    /// chroot into the shared directory.
+    /// chroot into the shared directory (root only).
     Chroot,
     /// No sandbox.
     None,
@@ -34,11 +36,11 @@ pub enum Sandbox {
 pub enum Seccomp {
     /// No system call filter.
     None,
-    /// Kill the daemon on a system call outside the allow-list.
+    /// Kill the daemon (the kernel log names the call).
     Kill,
-    /// Log system calls outside the allow-list.
+    /// Let the call run and log it to the kernel log (dmesg: `type=1326 ... syscall=NR`).
     Log,
-    /// Raise SIGSYS on a system call outside the allow-list.
+    /// Raise SIGSYS: the daemon writes the call's number to stderr and exits with status 159.
     Trap,
 }
 
@@ -152,14 +154,14 @@ pub struct Cli {
     #[arg(long, value_enum, value_name = "MODE", num_args = 0..=1, require_equals = true, default_missing_value = "prefer", default_value = "prefer")]
     pub inode_file_handles: InodeFileHandles,
 
-    /// Sandbox the daemon: namespace, chroot or none. Only `none` is implemented yet, so it
-    /// is the default for now (virtiofsd defaults to namespace).
-    #[arg(long, value_enum, default_value = "none")]
+    /// Confine the daemon to the shared directory. The vhost-user socket is created first,
+    /// outside the sandbox; capabilities are then dropped to those serving files needs.
+    #[arg(long, value_enum, default_value = "namespace")]
     pub sandbox: Sandbox,
 
-    /// System call filter action: none, kill, log or trap. Only `none` is implemented yet,
-    /// so it is the default for now (virtiofsd defaults to kill).
-    #[arg(long, value_enum, default_value = "none")]
+    /// Action on a system call outside the daemon's allow-list (installed on every thread
+    /// once start-up is over, before the frontend is served).
+    #[arg(long, value_enum, default_value = "kill")]
     pub seccomp: Seccomp,
 
     /// Open-file limit (RLIMIT_NOFILE); 0 leaves it unchanged
@@ -208,7 +210,9 @@ pub struct Cli {
     #[arg(long, value_name = "MAP")]
     pub xattrmap: Option<String>,
 
-    /// Modify the capability set (not supported yet).
+    /// Change the capabilities kept after start-up (default: chown, dac_override, fowner,
+    /// fsetid, setgid, setuid, mknod, setfcap): `+name` adds, `-name` removes, separated by
+    /// `:`, e.g. `--modcaps=+sys_admin:-mknod` (sys_admin: trusted.* xattrs).
     #[arg(long, value_name = "CAPS")]
     pub modcaps: Option<String>,
 
@@ -327,20 +331,10 @@ impl Cli {
                 "--thread-pool-size greater than 0",
             ),
             (
-                self.sandbox == Sandbox::Namespace,
-                "--sandbox namespace (use --sandbox none)",
-            ),
-            (
-                self.sandbox == Sandbox::Chroot,
-                "--sandbox chroot (use --sandbox none)",
-            ),
-            (self.seccomp != Seccomp::None, "--seccomp other than none"),
-            (
                 self.inode_file_handles == InodeFileHandles::Mandatory,
                 "--inode-file-handles=mandatory",
             ),
             (self.xattrmap.is_some(), "--xattrmap"),
-            (self.modcaps.is_some(), "--modcaps"),
             (
                 self.security_label != Negotiation::Never,
                 "--security-label",
@@ -357,6 +351,11 @@ impl Cli {
         ];
         if let Some((_, name)) = unsupported.iter().find(|(on, _)| *on) {
             return Err(CliError::NotSupported((*name).to_string()));
+        }
+        if let Some(spec) = &self.modcaps {
+            crate::caps::CapSet::daemon_default()
+                .modify(spec)
+                .map_err(CliError::Invalid)?;
         }
         if self.print_capabilities {
             return Ok(());
@@ -383,6 +382,19 @@ impl Cli {
             .is_some_and(|t| t.is_empty() || t.len() > 36)
         {
             return Err(CliError::Invalid("--tag must be 1 to 36 bytes".into()));
+        }
+        if self.readonly && self.dax_window > 0 {
+            // QEMU 11.1 maps every window range shared and writable, so a read-only share
+            // cannot hand it a descriptor without giving the guest write access.
+            return Err(CliError::Invalid(
+                "--dax-window cannot be combined with --readonly (QEMU maps DAX ranges writable); drop one".into(),
+            ));
+        }
+        if self.dax_window % 4096 != 0 {
+            return Err(CliError::Invalid(format!(
+                "--dax-window {} is not a multiple of 4096 bytes (use e.g. 1G or 512M)",
+                self.dax_window
+            )));
         }
         if self.queues == 0 || self.queues > crate::vhost_user::MAX_REQUEST_QUEUES {
             return Err(CliError::Invalid(format!(
@@ -538,12 +550,8 @@ mod tests {
         for opt in [
             "--posix-acl",
             "--syslog",
-            "--sandbox=namespace",
-            "--sandbox=chroot",
-            "--seccomp=kill",
             "--inode-file-handles=mandatory",
             "--xattrmap=:map::",
-            "--modcaps=+sys_admin",
             "--security-label",
             "--preserve-noatime",
             "--uid-map=:0:0:1:",
@@ -553,6 +561,40 @@ mod tests {
             let e = parse(&["--shared-dir=/tmp", "--socket-path=/tmp/s", opt]).unwrap_err();
             assert!(e.starts_with("not supported yet: "), "{opt}: {e}");
         }
+    }
+
+    #[test]
+    fn sandbox_seccomp_and_caps_defaults() {
+        let c = parse(&["--shared-dir=/tmp", "--socket-path=/tmp/s"]).unwrap();
+        assert_eq!(c.sandbox, Sandbox::Namespace);
+        assert_eq!(c.seccomp, Seccomp::Kill);
+        assert_eq!(c.modcaps, None);
+        for (arg, sb, sc) in [
+            ("--sandbox=chroot", Sandbox::Chroot, Seccomp::Kill),
+            ("--sandbox=none", Sandbox::None, Seccomp::Kill),
+            ("--seccomp=log", Sandbox::Namespace, Seccomp::Log),
+            ("--seccomp=trap", Sandbox::Namespace, Seccomp::Trap),
+            ("--seccomp=none", Sandbox::Namespace, Seccomp::None),
+        ] {
+            let c = parse(&["--shared-dir=/tmp", "--socket-path=/tmp/s", arg]).unwrap();
+            assert_eq!((c.sandbox, c.seccomp), (sb, sc), "{arg}");
+        }
+        let c = parse(&["--socket-path=/tmp/s", "-o", "source=/tmp,sandbox=chroot"]).unwrap();
+        assert_eq!(c.sandbox, Sandbox::Chroot);
+        let c = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/tmp/s",
+            "--modcaps=+sys_admin:-mknod",
+        ])
+        .unwrap();
+        assert_eq!(c.modcaps.as_deref(), Some("+sys_admin:-mknod"));
+        let e = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/tmp/s",
+            "--modcaps=+bogus",
+        ])
+        .unwrap_err();
+        assert!(e.contains("unknown capability"), "{e}");
     }
 
     #[test]
@@ -570,6 +612,26 @@ mod tests {
         ])
         .unwrap_err();
         assert!(e.contains("--tag"), "{e}");
+    }
+
+    #[test]
+    fn dax_window_checks() {
+        let e = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "--readonly",
+            "--dax-window=1G",
+        ])
+        .unwrap_err();
+        assert!(e.contains("--readonly"), "{e}");
+        let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", "--dax-window=1000"]).unwrap_err();
+        assert!(e.contains("multiple of 4096"), "{e}");
+        assert_eq!(
+            parse(&["--shared-dir=/tmp", "--socket-path=/s", "--dax-window=64M"])
+                .unwrap()
+                .dax_window,
+            64 << 20
+        );
     }
 
     #[test]

@@ -2,16 +2,20 @@
 
 use std::io;
 use std::os::fd::FromRawFd;
+use std::os::unix::ffi::OsStringExt;
 use std::sync::Arc;
 
 use vhost::vhost_user::{Backend, Listener};
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
-use crate::cli::{CachePolicy, Cli, LogLevel};
+use crate::caps::{self, CapSet};
+use crate::cli::{CachePolicy, Cli, LogLevel, Seccomp};
 use crate::dax::DaxWindow;
 use crate::mapper::{Mapper, NoMapper};
 use crate::passthrough::{self, PassthroughFs};
+use crate::sandbox::{self, Entered};
+use crate::seccomp;
 use crate::server::{Server, ServerOptions};
 use crate::vhost_user::{BackendChannel, FsBackend, FsBackendConfig};
 
@@ -136,13 +140,121 @@ fn spawn_sigusr1_reporter(report: impl Fn() + Send + 'static) {
     }
 }
 
+/// The socket file `--socket-path` created, removed on drop by a process that still sees it.
+struct SocketFile(Option<std::path::PathBuf>);
+
+impl SocketFile {
+    /// This process no longer sees the host's file system: the path would name something
+    /// else (possibly a guest file inside the share), so never touch it.
+    fn forget(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let Some(p) = self.0.take() else { return };
+        let Ok(c) = std::ffi::CString::new(p.into_os_string().into_vec()) else {
+            return;
+        };
+        // unlinkat rather than unlink (std::fs::remove_file): the seccomp allow-list has
+        // only the former.
+        // SAFETY: `c` is NUL-terminated; AT_FDCWD resolves it like unlink would.
+        unsafe { libc::unlinkat(libc::AT_FDCWD, c.as_ptr(), 0) };
+    }
+}
+
+/// The listening vhost-user socket: `--fd`, or a fresh socket on `--socket-path` (a stale
+/// file there is replaced).
+fn listen(cli: &Cli) -> io::Result<(Listener, SocketFile)> {
+    match (&cli.socket_path, cli.fd) {
+        (_, Some(fd)) => {
+            // SAFETY: the user passed this descriptor to us as a listening socket we now own
+            // (virtiofsd's --fd contract); nothing else in this process uses it.
+            Ok((unsafe { Listener::from_raw_fd(fd) }, SocketFile(None)))
+        }
+        (Some(path), None) => {
+            let _ = std::fs::remove_file(path);
+            let l = std::os::unix::net::UnixListener::bind(path).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot listen on {}: {e}", path.display()),
+                )
+            })?;
+            let file = SocketFile(Some(path.clone()));
+            if let Some(g) = &cli.socket_group {
+                chown_socket_group(path, g)?;
+            }
+            // A Listener made from a UnixListener does not remove the path when dropped:
+            // SocketFile does, only where the path still means the host's file.
+            Ok((Listener::from(l), file))
+        }
+        (None, None) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "missing --socket-path",
+        )),
+    }
+}
+
+/// The capabilities to keep: virtiofsd's set changed by `--modcaps`, limited to what the
+/// process had before the sandbox (nothing, for a non-root daemon in its user namespace).
+fn capabilities_to_keep(cli: &Cli, had: CapSet) -> io::Result<CapSet> {
+    let want = match &cli.modcaps {
+        Some(spec) => CapSet::daemon_default()
+            .modify(spec)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+        None => CapSet::daemon_default(),
+    };
+    Ok(CapSet(want.0 & had.0))
+}
+
 /// Runs the daemon until the frontend disconnects.
+///
+/// Start-up order: open-file limit, listening socket, sandbox (a namespace sandbox forks
+/// here; the parent only supervises), capabilities, filesystem and vhost-user machinery,
+/// seccomp filter, then the frontend is accepted and served.
 pub fn run(cli: &Cli) -> io::Result<()> {
     match raise_nofile(cli.rlimit_nofile) {
         Err(e) if cli.rlimit_nofile.is_none() => log::warn!("{e}; keeping the current limit"),
         r => r?,
     }
-    let fs = PassthroughFs::new(passthrough_config(cli)?)?;
+    let shared_dir = cli
+        .shared_dir
+        .clone()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "missing --shared-dir"))?;
+    let (_, caps_before, _) = caps::current()?;
+    let keep = capabilities_to_keep(cli, caps_before)?;
+
+    let (mut listener, mut socket_file) = listen(cli)?;
+
+    let inside = match sandbox::enter(cli.sandbox, &shared_dir)? {
+        Entered::Supervisor(mut sup) => {
+            log::debug!("sandbox: serving process {} started", sup.child());
+            let exit = sup.wait()?;
+            drop(listener);
+            drop(socket_file);
+            exit.exit_process()
+        }
+        Entered::Serving(inside) => inside,
+    };
+    if !inside.sees_host {
+        socket_file.forget();
+    }
+    caps::drop_to(keep)?;
+    let kept = keep.names();
+    log::debug!(
+        "sandbox {:?}; capabilities kept: {}",
+        cli.sandbox,
+        if kept.is_empty() {
+            "none".to_string()
+        } else {
+            kept.join(",")
+        }
+    );
+
+    let mut cfg = passthrough_config(cli)?;
+    cfg.root_dir = inside.shared_dir.clone();
+    let fs = PassthroughFs::with_proc_self_fd(cfg, inside.proc_self_fd)?;
 
     let window: Option<Arc<DaxWindow<Backend>>> = match cli.dax_window {
         0 => None,
@@ -171,39 +283,24 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         spawn_sigusr1_reporter(move || log::info!("{}", w.stats()));
     }
 
-    let mut listener = match (&cli.socket_path, cli.fd) {
-        (_, Some(fd)) => {
-            // SAFETY: the user passed this descriptor to us as a listening socket we now own
-            // (virtiofsd's --fd contract); nothing else in this process uses it.
-            unsafe { Listener::from_raw_fd(fd) }
-        }
-        (Some(path), None) => {
-            let l = Listener::new(path, true).map_err(|e| {
-                io::Error::other(format!("cannot listen on {}: {e}", path.display()))
-            })?;
-            if let Some(g) = &cli.socket_group {
-                chown_socket_group(path, g)?;
-            }
-            l
-        }
-        (None, None) => {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "missing --socket-path",
-            ))
-        }
-    };
-
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
     let mut daemon = VhostUserDaemon::new("daxfsd".to_string(), backend.clone(), mem)
         .map_err(|e| io::Error::other(format!("cannot create the vhost-user daemon: {e}")))?;
+    match cli.seccomp {
+        Seccomp::None => {}
+        Seccomp::Kill => seccomp::install(seccomp::Action::Kill)?,
+        Seccomp::Log => seccomp::install(seccomp::Action::Log)?,
+        Seccomp::Trap => seccomp::install(seccomp::Action::Trap)?,
+    }
     log::info!(
-        "serving {} (tag {:?}, {} request queue(s), cache {:?}, DAX window {} bytes); waiting for the frontend",
-        cli.shared_dir.as_deref().unwrap_or(std::path::Path::new("?")).display(),
+        "serving {} (tag {:?}, {} request queue(s), cache {:?}, DAX window {} bytes, sandbox {:?}, seccomp {:?}); waiting for the frontend",
+        shared_dir.display(),
         cli.tag,
         cli.queues,
         cli.cache,
-        cli.dax_window
+        cli.dax_window,
+        cli.sandbox,
+        cli.seccomp,
     );
     daemon
         .start(&mut listener)
@@ -232,5 +329,6 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     if let Some(w) = &window {
         log::info!("{}", w.stats());
     }
+    drop(socket_file);
     result
 }

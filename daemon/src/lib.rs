@@ -5,6 +5,7 @@
 //! [`filesystem::FileSystem`], and DAX requests go to a [`mapper::Mapper`].
 
 pub mod abi;
+pub mod caps;
 pub mod cli;
 pub mod daemon;
 pub mod dax;
@@ -14,6 +15,8 @@ pub mod iobuf;
 pub mod mapper;
 pub mod memfs;
 pub mod passthrough;
+pub mod sandbox;
+pub mod seccomp;
 pub mod server;
 pub mod sys;
 pub mod vhost_user;

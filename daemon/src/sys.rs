@@ -263,7 +263,8 @@ pub fn dup(fd: BorrowedFd) -> io::Result<OwnedFd> {
     fd.try_clone_to_owned()
 }
 
-/// `setxattr(path, name, value, flags)` (follows a final link).
+/// `setxattr(path, name, value, flags)` (follows a final link; a relative `path` resolves
+/// from the thread's working directory).
 pub fn setxattr(path: &CStr, name: &CStr, value: &[u8], flags: libc::c_int) -> io::Result<()> {
     // SAFETY: strings are NUL-terminated, `value` is readable for its length.
     check(unsafe {
@@ -410,6 +411,21 @@ pub fn geteuid() -> u32 {
 pub fn getegid() -> u32 {
     // SAFETY: `getegid` has no preconditions and cannot fail.
     unsafe { libc::getegid() }
+}
+
+/// `fchdir(fd)`: the calling thread's working directory (its own after
+/// [`unshare_fs`]).
+pub fn fchdir(fd: BorrowedFd) -> io::Result<()> {
+    // SAFETY: `fd` is valid for the call.
+    check(unsafe { libc::fchdir(fd.as_raw_fd()) }).map(drop)
+}
+
+/// `unshare(CLONE_FS)`: gives the calling thread its own working directory, root and umask
+/// (copies of the process's), so `fchdir` no longer affects the other threads.
+pub fn unshare_fs() -> io::Result<()> {
+    // SAFETY: plain system call on an integer flag; CLONE_FS only copies this thread's
+    // filesystem attributes.
+    check(unsafe { libc::unshare(libc::CLONE_FS) }).map(drop)
 }
 
 /// Sets the process umask; returns the previous one.

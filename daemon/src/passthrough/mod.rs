@@ -4,10 +4,13 @@
 //! Nothing the guest sends is ever resolved as a host path. Each guest inode holds an
 //! `O_PATH | O_NOFOLLOW` descriptor ([`inode`]); operations take a directory descriptor and
 //! a single name component (`*at()` calls with `AT_SYMLINK_NOFOLLOW` / `O_NOFOLLOW`), or
-//! reach the inode itself through `/proc/self/fd/N`, a magic link that lands on the inode
-//! without re-resolving anything. So host symlinks are never followed (the guest reads them
-//! with READLINK and resolves them in its own namespace), LOOKUP of `..` at the root returns
-//! the root, and `.`/`..` are refused as names of anything that creates, removes or renames.
+//! reach the inode itself through its magic link `N` in `/proc/self/fd`, which lands on the
+//! inode without re-resolving anything. That directory is a descriptor opened at start-up
+//! (before the sandbox hides procfs), never the path `/proc/self/fd`: inside the sandbox
+//! that path would resolve in the guest-controlled share. So host symlinks are never
+//! followed (the guest reads them with READLINK and resolves them in its own namespace),
+//! LOOKUP of `..` at the root returns the root, and `.`/`..` are refused as names of
+//! anything that creates, removes or renames.
 //! Only regular files are opened for I/O and only directories for listing: symlinks fail
 //! with `ELOOP`, device nodes, fifos and sockets with `EPERM` (the guest implements those
 //! itself; opening a guest-made device node on the host would be an escape).
@@ -219,20 +222,29 @@ fn fd_name(fd: BorrowedFd) -> CString {
     CString::new(fd.as_raw_fd().to_string()).unwrap_or_default()
 }
 
-/// `/proc/self/fd/N` for `fd`, for the path-only system calls (xattrs).
-fn proc_path(fd: BorrowedFd) -> CString {
-    CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_default()
-}
-
 impl PassthroughFs {
-    /// Opens the shared directory. Sets the process umask to 0 (see the module docs).
+    /// Opens the shared directory and `/proc/self/fd`. Sets the process umask to 0 (see the
+    /// module docs).
     pub fn new(cfg: Config) -> io::Result<Self> {
+        let proc_self_fd = sys::open(c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY, 0)?;
+        Self::with_proc_self_fd(cfg, proc_self_fd)
+    }
+
+    /// Like [`PassthroughFs::new`], with `/proc/self/fd` of this process already open (a
+    /// sandbox opens it before procfs goes out of sight). Every inode the filesystem reaches
+    /// through a magic link goes through this descriptor, never through a path.
+    pub fn with_proc_self_fd(cfg: Config, proc_self_fd: OwnedFd) -> io::Result<Self> {
+        if sys::fstatfs(proc_self_fd.as_fd())?.f_type != libc::PROC_SUPER_MAGIC {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the /proc/self/fd descriptor is not on procfs",
+            ));
+        }
         let path = CString::new(cfg.root_dir.as_os_str().as_bytes()).map_err(|_| {
             io::Error::new(io::ErrorKind::InvalidInput, "shared dir path contains NUL")
         })?;
         let root = sys::open(&path, libc::O_PATH | libc::O_DIRECTORY, 0)?;
         let st = stat_fd(root.as_fd())?;
-        let proc_self_fd = sys::open(c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY, 0)?;
         sys::umask(0);
         let timeout = match cfg.cache {
             CachePolicy::Never => Duration::ZERO,

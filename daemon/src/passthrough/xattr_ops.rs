@@ -1,16 +1,30 @@
 //! Extended attributes (only with `Config::xattr`; otherwise `ENOSYS`, like virtiofsd).
 //!
-//! The path-based calls go through `/proc/self/fd/N` of the inode's `O_PATH` descriptor:
-//! the magic link lands on the inode itself, so this works for every file type without
+//! The path-based calls go through the magic link `N` of the inode's `O_PATH` descriptor in
+//! `/proc/self/fd`: it lands on the inode itself, so this works for every file type without
 //! opening it (a device node is never opened) and without following a symlink's target.
+//!
+//! The path-based xattr system calls take no directory descriptor, and an absolute
+//! `/proc/self/fd/N` would resolve from the process root: inside the sandbox that is the
+//! guest-controlled share, not procfs. So the calling thread first gets its own working
+//! directory (`unshare(CLONE_FS)`, once per thread), moves it to the `/proc/self/fd`
+//! descriptor opened before the sandbox, and passes the relative name `N`. Other threads
+//! never see that working directory, and nothing in the daemon resolves relative paths.
 
+use std::cell::Cell;
 use std::ffi::CStr;
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
 
-use super::{err, proc_path, PassthroughFs};
+use super::{err, fd_name, PassthroughFs};
 use crate::abi::XATTR_SIZE_MAX;
 use crate::filesystem::{Inode, XattrReply};
 use crate::sys;
+
+thread_local! {
+    /// Whether this thread already has a working directory of its own.
+    static OWN_CWD: Cell<bool> = const { Cell::new(false) };
+}
 
 /// Largest attribute list we fetch (Linux `XATTR_LIST_MAX`).
 const XATTR_LIST_MAX: usize = 65536;
@@ -25,6 +39,21 @@ fn reply((value, len): (Vec<u8>, usize), size: u32) -> io::Result<XattrReply> {
 }
 
 impl PassthroughFs {
+    /// Runs `f` with the name of `fd` relative to the thread's working directory, which is
+    /// `/proc/self/fd` for the duration (see the module docs).
+    fn at_proc_fd<T>(
+        &self,
+        fd: BorrowedFd,
+        f: impl FnOnce(&CStr) -> io::Result<T>,
+    ) -> io::Result<T> {
+        if !OWN_CWD.get() {
+            sys::unshare_fs()?;
+            OWN_CWD.set(true);
+        }
+        sys::fchdir(self.proc_self_fd.as_fd())?;
+        f(&fd_name(fd))
+    }
+
     fn check_xattr(&self) -> io::Result<()> {
         if self.cfg.xattr {
             Ok(())
@@ -43,7 +72,9 @@ impl PassthroughFs {
         self.check_xattr()?;
         self.check_writable()?;
         let data = self.inode(inode)?;
-        sys::setxattr(&proc_path(data.fd()), name, value, flags as libc::c_int)
+        self.at_proc_fd(data.fd(), |p| {
+            sys::setxattr(p, name, value, flags as libc::c_int)
+        })
     }
 
     pub(super) fn do_getxattr(
@@ -56,20 +87,22 @@ impl PassthroughFs {
         let data = self.inode(inode)?;
         // The guest picks `size`: never allocate more than an attribute can hold.
         let buf = (size as usize).min(XATTR_SIZE_MAX);
-        reply(sys::getxattr(&proc_path(data.fd()), name, buf)?, size)
+        let got = self.at_proc_fd(data.fd(), |p| sys::getxattr(p, name, buf))?;
+        reply(got, size)
     }
 
     pub(super) fn do_listxattr(&self, inode: Inode, size: u32) -> io::Result<XattrReply> {
         self.check_xattr()?;
         let data = self.inode(inode)?;
         let buf = (size as usize).min(XATTR_LIST_MAX);
-        reply(sys::listxattr(&proc_path(data.fd()), buf)?, size)
+        let got = self.at_proc_fd(data.fd(), |p| sys::listxattr(p, buf))?;
+        reply(got, size)
     }
 
     pub(super) fn do_removexattr(&self, inode: Inode, name: &CStr) -> io::Result<()> {
         self.check_xattr()?;
         self.check_writable()?;
         let data = self.inode(inode)?;
-        sys::removexattr(&proc_path(data.fd()), name)
+        self.at_proc_fd(data.fd(), |p| sys::removexattr(p, name))
     }
 }
