@@ -15,7 +15,7 @@ CARGO ?= cargo
 FUZZ_SECONDS ?= 60
 DAXFSD_BIN := target/debug/daxfsd
 
-.PHONY: all build release lint fmt test test-unit test-fuzz test-dax fuzz demo bench clean
+.PHONY: all build release lint fmt test test-unit test-fuzz test-dax test-escape fuzz demo bench clean
 all: build
 
 build:
@@ -48,7 +48,11 @@ test-dax: kernel initramfs qemu build
 	tests/e2e/dax.sh
 	tests/e2e/run.sh -p dax -o dax=always -a --dax-window=256M
 
-test: lint test-unit test-fuzz test-e2e test-e2e-virtiofsd test-dax
+# Escape attempts from a guest against the default sandbox; the host checks nothing changed.
+test-escape: kernel initramfs qemu build
+	tests/e2e/escape.sh
+
+test: lint test-unit test-fuzz test-e2e test-e2e-virtiofsd test-dax test-escape
 	@echo "make test: all suites passed"
 
 demo: kernel initramfs qemu release
