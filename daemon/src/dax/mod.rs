@@ -218,8 +218,11 @@ impl<S: WindowSink> DaxWindow<S> {
     /// The device stopped or was reset: the frontend dropped every mapping, so do we (after
     /// writing shadow tails back), and nothing more is sent until it starts again.
     pub fn stop(&self) {
+        // Every request to the frontend is sent with the table lock held and after checking
+        // `running`: taking the lock first means none is in flight once this returns.
+        let guard = self.table.lock();
         self.running.store(false, Ordering::SeqCst);
-        if let Ok(mut t) = self.table.lock() {
+        if let Ok(mut t) = guard {
             let all: Vec<u64> = t.live.keys().copied().collect();
             for m in all {
                 if let Some(mut p) = t.remove(m) {
