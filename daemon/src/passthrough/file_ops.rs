@@ -4,6 +4,8 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use super::handle::HandleData;
 use super::{check_name, err, PassthroughFs};
@@ -24,6 +26,13 @@ const PASSED_FLAGS: libc::c_int = libc::O_ACCMODE
     | libc::O_DIRECT
     | libc::O_NOATIME
     | libc::O_LARGEFILE;
+
+/// Waits `d` with a timed futex wait: `nanosleep` is not in the seccomp allow-list.
+fn nap(d: Duration) {
+    static NAP: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
+    let g = NAP.0.lock().unwrap_or_else(|p| p.into_inner());
+    drop(NAP.1.wait_timeout(g, d));
+}
 
 /// `l_len` for a FUSE lock range: 0 means "to the end of the file".
 fn to_flock(lock: &FileLock) -> io::Result<libc::flock64> {
@@ -219,23 +228,9 @@ impl PassthroughFs {
         offset: u64,
     ) -> io::Result<usize> {
         let h = self.handles.get_file(inode, handle)?;
-        let size = size as usize;
-        let mut done = 0;
-        while done < size {
-            let off = offset
-                .checked_add(done as u64)
-                .ok_or_else(|| err(libc::EINVAL))?;
-            match w.read_from_fd(h.fd.as_raw_fd(), size - done, Some(off)) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if done > 0 => {
-                    log::debug!("short read after {done} bytes: {e}");
-                    break;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(done)
+        transfer(size, offset, "read", |left, off| {
+            w.read_from_fd(h.fd.as_raw_fd(), left, Some(off))
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -253,23 +248,9 @@ impl PassthroughFs {
         if kill_priv && self.negotiated.killpriv_v2.load(Ordering::Relaxed) {
             self.kill_suidgid(h.fd())?;
         }
-        let size = size as usize;
-        let mut done = 0;
-        while done < size {
-            let off = offset
-                .checked_add(done as u64)
-                .ok_or_else(|| err(libc::EINVAL))?;
-            match r.write_to_fd(h.fd.as_raw_fd(), size - done, Some(off)) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if done > 0 => {
-                    log::debug!("short write after {done} bytes: {e}");
-                    break;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(done)
+        transfer(size, offset, "write", |left, off| {
+            r.write_to_fd(h.fd.as_raw_fd(), left, Some(off))
+        })
     }
 
     pub(super) fn do_release(
@@ -337,26 +318,44 @@ impl PassthroughFs {
         sleep: bool,
     ) -> io::Result<()> {
         let h = self.handles.get_file(inode, handle)?;
-        if flock {
-            let mut op = match lock.typ as libc::c_int {
+        // A blocking lock is taken by polling, never by a blocking call: a worker stuck in
+        // F_OFD_SETLKW would hold its queue across a device reset (the rebooted guest's
+        // queue would be dead until some other process let go of the lock). The wait ends
+        // when the handle goes away (RELEASE, DESTROY, device reset).
+        let flock_op = if flock {
+            Some(match lock.typ as libc::c_int {
                 libc::F_RDLCK => libc::LOCK_SH,
                 libc::F_WRLCK => libc::LOCK_EX,
                 libc::F_UNLCK => libc::LOCK_UN,
                 _ => return Err(err(libc::EINVAL)),
-            };
-            if !sleep {
-                op |= libc::LOCK_NB;
-            }
-            return sys::flock(h.fd(), op);
-        }
-        let mut fl = to_flock(&lock)?;
-        let cmd = if sleep {
-            libc::F_OFD_SETLKW
+            })
         } else {
-            libc::F_OFD_SETLK
+            None
         };
-        sys::fcntl_lock(h.fd(), cmd, &mut fl)?;
-        if lock.typ != libc::F_UNLCK as u32 {
+        let posix = if flock { None } else { Some(to_flock(&lock)?) };
+        let try_once = || match (flock_op, posix) {
+            (Some(op), _) => sys::flock(h.fd(), op | libc::LOCK_NB),
+            (None, Some(mut fl)) => sys::fcntl_lock(h.fd(), libc::F_OFD_SETLK, &mut fl),
+            (None, None) => Err(err(libc::EINVAL)),
+        };
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match try_once() {
+                Ok(()) => break,
+                Err(e)
+                    if sleep && matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)) =>
+                {
+                    nap(pause);
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                    match self.handles.get_file(inode, handle) {
+                        Ok(now) if Arc::ptr_eq(&now, &h) => {}
+                        _ => return Err(err(libc::EINTR)),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if !flock && lock.typ != libc::F_UNLCK as u32 {
             h.note_lock(lock.pid);
         }
         Ok(())
@@ -452,6 +451,14 @@ impl PassthroughFs {
         // guest), so it needs a read-write descriptor even for a read-only mapping; one that
         // cannot be opened so (a read-only host filesystem) is tried read-only.
         let data = self.inode(inode)?;
+        // Only regular files are mapped (as only they are opened for I/O): a directory
+        // would reopen read-only and reach the frontend as a descriptor it cannot map.
+        match data.kind {
+            libc::S_IFREG => {}
+            libc::S_IFDIR => return Err(err(libc::EISDIR)),
+            libc::S_IFLNK => return Err(err(libc::ELOOP)),
+            _ => return Err(err(libc::EPERM)),
+        }
         let fd = if self.cfg.readonly {
             self.reopen(&data, libc::O_RDONLY)?
         } else {
@@ -467,3 +474,30 @@ impl PassthroughFs {
 
 /// `fuse_setupmapping_in.fh` when the client names no handle.
 const NO_HANDLE: Handle = u64::MAX;
+
+/// Moves `size` bytes at `offset` with `step(bytes_left, file_offset)` until done, end of
+/// file (`Ok(0)`) or an error; an error after some progress ends it short, as a syscall would.
+fn transfer(
+    size: u32,
+    offset: u64,
+    what: &str,
+    mut step: impl FnMut(usize, u64) -> io::Result<usize>,
+) -> io::Result<usize> {
+    let size = size as usize;
+    let mut done = 0;
+    while done < size {
+        let off = offset
+            .checked_add(done as u64)
+            .ok_or_else(|| err(libc::EINVAL))?;
+        match step(size - done, off) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if done > 0 => {
+                log::debug!("short {what} after {done} bytes: {e}");
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
