@@ -85,14 +85,33 @@ fn raise_nofile(want: Option<u64>) -> io::Result<()> {
         rlim_max: lim.rlim_max.max(target),
     };
     // SAFETY: `new` is a valid rlimit struct; the kernel only reads it.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } < 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(
-            e.kind(),
-            format!("cannot set RLIMIT_NOFILE to {target}: {e}"),
-        ));
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } == 0 {
+        return Ok(());
     }
-    Ok(())
+    let e = io::Error::last_os_error();
+    if want.is_none() && lim.rlim_cur < lim.rlim_max {
+        // No CAP_SYS_RESOURCE to go past the hard limit: take what the hard limit allows.
+        let within = libc::rlimit {
+            rlim_cur: lim.rlim_max.min(target),
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &within) } == 0 {
+            log::debug!("RLIMIT_NOFILE raised to the hard limit {}", within.rlim_cur);
+            return Ok(());
+        }
+    }
+    if want.is_none() && lim.rlim_cur >= lim.rlim_max.min(target) {
+        log::debug!(
+            "RLIMIT_NOFILE stays at {} ({e} raising it to {target})",
+            lim.rlim_cur
+        );
+        return Ok(());
+    }
+    Err(io::Error::new(
+        e.kind(),
+        format!("cannot set RLIMIT_NOFILE to {target}: {e}"),
+    ))
 }
 
 /// Gives the socket file to `group`.
