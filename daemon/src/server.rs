@@ -744,9 +744,30 @@ impl<F: FileSystem> Server<F> {
             );
             return Err(einval());
         }
-        let mut first_err = None;
+        let mut ranges = Vec::with_capacity(a.count as usize);
         for _ in 0..a.count {
-            let one: RemovemappingOne = r.read_obj()?;
+            ranges.push(r.read_obj::<RemovemappingOne>()?);
+        }
+        // Every range is checked before any is unmapped: a malformed request changes nothing.
+        let size = self.mapper.window_size();
+        let align = 1u64 << MAP_ALIGNMENT_LOG2;
+        if size > 0 {
+            if let Some(bad) = ranges.iter().find(|one| {
+                one.len == 0
+                    || one.moffset % align != 0
+                    || one.len % align != 0
+                    || !matches!(one.moffset.checked_add(one.len), Some(end) if end <= size)
+            }) {
+                log::warn!(
+                    "REMOVEMAPPING of {:#x}+{:#x}: not a range of the {size:#x}-byte window",
+                    bad.moffset,
+                    bad.len
+                );
+                return Err(einval());
+            }
+        }
+        let mut first_err = None;
+        for one in ranges {
             if let Err(e) = self.mapper.unmap(one.moffset, one.len) {
                 first_err.get_or_insert(e);
             }

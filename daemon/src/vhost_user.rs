@@ -8,7 +8,7 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use vhost::vhost_user::message::{
     VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserVirtioFeatures,
@@ -72,6 +72,9 @@ pub struct FsBackend<F: FileSystem> {
     mem: RwLock<Option<GuestMem>>,
     /// Bit i set: vring i has been started and not stopped since.
     running: AtomicU64,
+    /// Per vring: bumped when it stops or the device resets. A chain popped in one epoch is
+    /// never completed in another: its ring is gone (a rebooted guest has new rings there).
+    epochs: Vec<Mutex<u64>>,
     channel: Option<Arc<dyn BackendChannel>>,
 }
 
@@ -110,6 +113,7 @@ impl<F: FileSystem> FsBackend<F> {
             event_idx: AtomicBool::new(false),
             mem: RwLock::new(None),
             running: AtomicU64::new(0),
+            epochs: (0..=cfg.request_queues).map(|_| Mutex::new(0)).collect(),
             channel,
         })
     }
@@ -127,7 +131,24 @@ impl<F: FileSystem> FsBackend<F> {
         self.server.reset();
     }
 
-    fn process_queue(&self, vring: &VringRwLock) -> io::Result<()> {
+    fn epoch(&self, queue: usize) -> Option<MutexGuard<'_, u64>> {
+        self.epochs
+            .get(queue)
+            .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// A new epoch for vring `queue` (every vring when `None`): chains popped before are
+    /// dropped when they finish.
+    fn bump_epoch(&self, queue: Option<usize>) {
+        for (i, m) in self.epochs.iter().enumerate() {
+            if queue.is_some() && queue != Some(i) {
+                continue;
+            }
+            *m.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        }
+    }
+
+    fn process_queue(&self, queue: usize, vring: &VringRwLock) -> io::Result<()> {
         let Some(atomic) = self
             .mem
             .read()
@@ -142,14 +163,28 @@ impl<F: FileSystem> FsBackend<F> {
             if event_idx {
                 vring.disable_notification().map_err(io::Error::other)?;
             }
-            while let Some(chain) = self.pop(vring, &atomic) {
+            loop {
+                // The epoch and the pop under one lock: a stop cannot fall between them.
+                let (epoch, chain) = {
+                    let g = self.epoch(queue);
+                    (g.as_deref().copied(), self.pop(vring, &atomic))
+                };
+                let Some(chain) = chain else { break };
                 let head = chain.head_index();
                 let mem = atomic.memory();
                 let used = self.handle_chain(&mem, chain);
+                let g = self.epoch(queue);
+                if g.as_deref().copied() != epoch {
+                    log::info!(
+                        "queue {queue}: request finished after the vring stopped; not completed"
+                    );
+                    continue;
+                }
                 vring.add_used(head, used).map_err(io::Error::other)?;
                 if vring.needs_notification().map_err(io::Error::other)? {
                     vring.signal_used_queue()?;
                 }
+                drop(g);
             }
             if !event_idx || !vring.enable_notification().map_err(io::Error::other)? {
                 break;
@@ -254,6 +289,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
     }
 
     fn reset_device(&self) {
+        self.bump_epoch(None);
         self.running.store(0, Ordering::SeqCst);
         self.end_session("reset");
     }
@@ -317,6 +353,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        self.bump_epoch(Some(queue_index as usize));
         let bit = 1u64.checked_shl(queue_index).unwrap_or(0);
         let before = self.running.fetch_and(!bit, Ordering::SeqCst);
         if before & bit != 0 && before & !bit == 0 {
@@ -349,7 +386,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             }
         }
         // A broken queue must not end the worker: log and wait for the next kick.
-        if let Err(e) = self.process_queue(vring) {
+        if let Err(e) = self.process_queue(thread_id, vring) {
             log::error!("queue {thread_id}: {e}");
         }
         Ok(())

@@ -126,6 +126,17 @@ impl DaxWindow {
         self.lock().started = started;
     }
 
+    /// What QEMU does on a device stop or reset: every mapping is dropped and no request is
+    /// accepted until the device starts again.
+    pub(crate) fn reset(&self) {
+        let mut st = self.lock();
+        st.started = false;
+        let maps = std::mem::take(&mut st.maps);
+        for m in maps.values() {
+            self.reserve(m.shm_offset, m.len);
+        }
+    }
+
     /// Copies window bytes at `offset` into `buf`. Fails unless the whole range lies in live
     /// mappings. The mapped file must be at least as long as the range (else SIGBUS, as for
     /// a guest).

@@ -317,42 +317,7 @@ impl Device {
         if indirect {
             acked_features |= VIRTIO_RING_F_INDIRECT_DESC;
         }
-        acked(&mut fe, need_reply, |fe| fe.set_features(acked_features))
-            .map_err(vu("SET_FEATURES"))?;
-        let region = mem.region_info()?;
-        acked(&mut fe, need_reply, |fe| {
-            fe.set_mem_table(std::slice::from_ref(&region)).map(|_| ())
-        })
-        .map_err(vu("SET_MEM_TABLE"))?;
-        let hva = |gpa: u64| region.userspace_addr + (gpa - region.guest_phys_addr);
-        for (i, q) in queues.iter().enumerate() {
-            let (d, a, u) = q.ring_addrs();
-            let rc = VringConfigData {
-                queue_max_size: q.size(),
-                queue_size: q.size(),
-                flags: 0,
-                desc_table_addr: hva(d),
-                used_ring_addr: hva(u),
-                avail_ring_addr: hva(a),
-                log_addr: None,
-            };
-            acked(&mut fe, need_reply, |fe| fe.set_vring_num(i, q.size()))
-                .map_err(vu("SET_VRING_NUM"))?;
-            acked(&mut fe, need_reply, |fe| fe.set_vring_base(i, 0))
-                .map_err(vu("SET_VRING_BASE"))?;
-            acked(&mut fe, need_reply, |fe| fe.set_vring_addr(i, &rc))
-                .map_err(vu("SET_VRING_ADDR"))?;
-            acked(&mut fe, need_reply, |fe| fe.set_vring_kick(i, q.kick_fd()))
-                .map_err(vu("SET_VRING_KICK"))?;
-            acked(&mut fe, need_reply, |fe| fe.set_vring_call(i, q.call_fd()))
-                .map_err(vu("SET_VRING_CALL"))?;
-        }
-        if has_pf {
-            for i in 0..queues.len() {
-                acked(&mut fe, need_reply, |fe| fe.set_vring_enable(i, true))
-                    .map_err(vu("SET_VRING_ENABLE"))?;
-            }
-        }
+        start_vrings(&mut fe, need_reply, acked_features, &mem, &queues, has_pf)?;
         if let Some(w) = &dax {
             w.set_started(true);
         }
@@ -478,6 +443,63 @@ impl Device {
             .map_err(|e| io::Error::other(format!("vhost-user: {e}")))
     }
 
+    /// Stops the device the way QEMU does when the guest resets it (reboot): GET_VRING_BASE
+    /// on every vring, then, with `reset_device` and if negotiated, RESET_DEVICE. Like QEMU,
+    /// the frontend then drops every DAX mapping, and a SHMEM_MAP/UNMAP arriving before
+    /// [`Device::restart`] is a violation. Requests still in flight are abandoned (their
+    /// waiters time out). Returns the vring bases the backend reported.
+    pub fn stop(&self, reset_device: bool) -> io::Result<Vec<u32>> {
+        let mut g = self
+            .frontend
+            .lock()
+            .map_err(|_| io::Error::other("frontend lock poisoned"))?;
+        let fe = g
+            .as_mut()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "disconnected"))?;
+        let bases = (0..self.queues.len())
+            .map(|i| fe.get_vring_base(i).map_err(vu("GET_VRING_BASE")))
+            .collect::<io::Result<Vec<u32>>>()?;
+        if reset_device
+            && self.info.acked_protocol_features & VhostUserProtocolFeatures::RESET_DEVICE.bits()
+                != 0
+        {
+            acked(fe, self.need_reply, |fe| fe.reset_device()).map_err(vu("RESET_DEVICE"))?;
+        }
+        if let Some(w) = &self.dax {
+            w.reset();
+        }
+        Ok(bases)
+    }
+
+    /// Starts a stopped device again as a rebooted guest does: fresh (zeroed) rings from
+    /// index 0 and the same features, memory and queues.
+    pub fn restart(&self) -> io::Result<()> {
+        let mut g = self
+            .frontend
+            .lock()
+            .map_err(|_| io::Error::other("frontend lock poisoned"))?;
+        let fe = g
+            .as_mut()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "disconnected"))?;
+        for q in &self.queues {
+            q.reset_rings()?;
+        }
+        let has_pf =
+            self.info.acked_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0;
+        start_vrings(
+            fe,
+            self.need_reply,
+            self.info.acked_features,
+            &self.mem,
+            &self.queues,
+            has_pf,
+        )?;
+        if let Some(w) = &self.dax {
+            w.set_started(true);
+        }
+        Ok(())
+    }
+
     /// Closes the vhost-user connection (the backend should exit). Requests fail afterwards.
     pub fn disconnect(&self) {
         if let Some(w) = &self.dax {
@@ -508,6 +530,50 @@ impl Drop for Device {
             q.release_rings();
         }
     }
+}
+
+/// `vhost_dev_start`: features, memory table, then every vring from index 0, enabled.
+fn start_vrings(
+    fe: &mut Frontend,
+    need_reply: bool,
+    acked_features: u64,
+    mem: &GuestMem,
+    queues: &[Arc<Queue>],
+    has_pf: bool,
+) -> io::Result<()> {
+    acked(fe, need_reply, |fe| fe.set_features(acked_features)).map_err(vu("SET_FEATURES"))?;
+    let region = mem.region_info()?;
+    acked(fe, need_reply, |fe| {
+        fe.set_mem_table(std::slice::from_ref(&region)).map(|_| ())
+    })
+    .map_err(vu("SET_MEM_TABLE"))?;
+    let hva = |gpa: u64| region.userspace_addr + (gpa - region.guest_phys_addr);
+    for (i, q) in queues.iter().enumerate() {
+        let (d, a, u) = q.ring_addrs();
+        let rc = VringConfigData {
+            queue_max_size: q.size(),
+            queue_size: q.size(),
+            flags: 0,
+            desc_table_addr: hva(d),
+            used_ring_addr: hva(u),
+            avail_ring_addr: hva(a),
+            log_addr: None,
+        };
+        acked(fe, need_reply, |fe| fe.set_vring_num(i, q.size())).map_err(vu("SET_VRING_NUM"))?;
+        acked(fe, need_reply, |fe| fe.set_vring_base(i, 0)).map_err(vu("SET_VRING_BASE"))?;
+        acked(fe, need_reply, |fe| fe.set_vring_addr(i, &rc)).map_err(vu("SET_VRING_ADDR"))?;
+        acked(fe, need_reply, |fe| fe.set_vring_kick(i, q.kick_fd()))
+            .map_err(vu("SET_VRING_KICK"))?;
+        acked(fe, need_reply, |fe| fe.set_vring_call(i, q.call_fd()))
+            .map_err(vu("SET_VRING_CALL"))?;
+    }
+    if has_pf {
+        for i in 0..queues.len() {
+            acked(fe, need_reply, |fe| fe.set_vring_enable(i, true))
+                .map_err(vu("SET_VRING_ENABLE"))?;
+        }
+    }
+    Ok(())
 }
 
 /// Runs `f` with NEED_REPLY set on the frontend's messages when `on`.

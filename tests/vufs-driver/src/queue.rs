@@ -598,6 +598,20 @@ impl Queue {
         self.cond.notify_all();
     }
 
+    /// Puts the rings back to their initial state (a rebooted guest's fresh queue): zeroed
+    /// rings, indices 0, every descriptor free. Chains in flight are forgotten; their buffers
+    /// stay allocated, since a backend may still write into them.
+    pub(crate) fn reset_rings(&self) -> io::Result<()> {
+        let mut st = self.lock()?;
+        self.mem
+            .write(self.rings.addr, &vec![0u8; self.rings.len as usize])?;
+        st.free_desc = (0..self.size).rev().collect();
+        st.next_avail = 0;
+        st.last_used = 0;
+        st.inflight.clear();
+        Ok(())
+    }
+
     /// Frees the ring memory (on device teardown).
     pub(crate) fn release_rings(&self) {
         self.mem.free(self.rings);
