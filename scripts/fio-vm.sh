@@ -17,6 +17,9 @@
 #   --bs SIZE            block size (default: 4k)
 #   --cpus N, --mem SIZE, --queues N   guest shape (defaults 1, 1G, 1)
 #   --log FILE           serial console log (daemon log: FILE with .daemon.log)
+#   --marks              time-stamp each job on the host: OUT/<job>.marks holds the host
+#                        times (epoch seconds) at which the job started and ended, taken from
+#                        the mtimes of marker files the guest creates on the share
 # Data files are made on the host with random content before boot, in a fresh share that
 # is removed afterwards.
 set -euo pipefail
@@ -25,7 +28,7 @@ RIG_TAG=fio-vm
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 out="" profile=dax daemon=daxfsd cache=never mountopts="" fsize=128M runtime=10 bs=4k
-cpus=1 mem=1G queues=1 logfile=""
+cpus=1 mem=1G queues=1 logfile="" marks=0
 daemon_args=() jobs=()
 need_arg() { (($1 >= 2)) || die "option $2 needs a value (see the header of $0)"; }
 while (($#)); do
@@ -43,7 +46,8 @@ while (($#)); do
         --mem) need_arg $# "$1"; mem=$2; shift 2 ;;
         --queues) need_arg $# "$1"; queues=$2; shift 2 ;;
         --log) need_arg $# "$1"; logfile=$2; shift 2 ;;
-        -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --marks) marks=1; shift ;;
+        -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) die "unknown option '$1' (see the header of $0)" ;;
         *) jobs+=("$1"); shift ;;
     esac
@@ -89,7 +93,9 @@ gscript="$share/.run.sh"
             fileopt="--filename=$files"
         fi
         echo "echo \"fio-vm: $name\""
+        if ((marks)); then echo ": >/mnt/.results/$name.t0"; fi
         echo "fio --name=$name $fileopt --rw=$rw --ioengine=$engine --iodepth=$depth --numjobs=$numjobs --group_reporting --bs=$bs --size=$fsize --runtime=$runtime --time_based --output-format=json --output=/mnt/.results/$name.json >/mnt/.results/$name.err 2>&1 || { echo \"fio-vm: $name failed\"; tail -n 5 /mnt/.results/$name.err; rc=1; }"
+        if ((marks)); then echo ": >/mnt/.results/$name.t1"; fi
     done
     echo 'exit $rc'
 } >"$gscript"
@@ -105,6 +111,9 @@ for j in "${jobs[@]}"; do
     name=${j%%:*}
     [[ -s $share/.results/$name.json ]] && cp -- "$share/.results/$name.json" "$out/$name.json"
     [[ -s $share/.results/$name.err ]] && cp -- "$share/.results/$name.err" "$out/$name.err"
+    if ((marks)) && [[ -e $share/.results/$name.t0 && -e $share/.results/$name.t1 ]]; then
+        stat -c '%.9Y' -- "$share/.results/$name.t0" "$share/.results/$name.t1" | paste -sd' ' >"$out/$name.marks"
+    fi
 done
 # One line per job: NAME MiB/s IOPS (or NAME failed).
 python3 - "$out" "${jobs[@]}" <<'PY'

@@ -40,6 +40,8 @@ type Chain = DescriptorChain<GuestMemoryLoadGuard<GuestMemoryMmap>>;
 
 /// Largest queue the frontend may set up.
 pub const MAX_QUEUE_SIZE: usize = 1024;
+/// Completions held back at most before the guest is notified.
+const MAX_UNSIGNALLED: usize = 32;
 /// Most request queues we serve (one worker thread each; the vring mask is 64 bits).
 pub const MAX_REQUEST_QUEUES: usize = 63;
 
@@ -159,6 +161,8 @@ impl<F: FileSystem> FsBackend<F> {
             return Ok(());
         };
         let event_idx = self.event_idx.load(Ordering::Relaxed);
+        // Used entries added since the guest was last notified.
+        let mut unsignalled = 0usize;
         loop {
             if event_idx {
                 vring.disable_notification().map_err(io::Error::other)?;
@@ -172,7 +176,16 @@ impl<F: FileSystem> FsBackend<F> {
                 let Some(chain) = chain else { break };
                 let head = chain.head_index();
                 let mem = atomic.memory();
-                let used = self.handle_chain(&mem, chain);
+                let mut flush = |blocking: bool| {
+                    // Completions wait for the end of the batch, unless this request may
+                    // block (then they must not wait behind it) or the batch is long.
+                    if unsignalled > 0 && (blocking || unsignalled >= MAX_UNSIGNALLED) {
+                        unsignalled = 0;
+                        return Self::notify(vring);
+                    }
+                    Ok(())
+                };
+                let used = self.handle_chain(&mem, chain, &mut flush)?;
                 let g = self.epoch(queue);
                 if g.as_deref().copied() != epoch {
                     log::info!(
@@ -181,10 +194,12 @@ impl<F: FileSystem> FsBackend<F> {
                     continue;
                 }
                 vring.add_used(head, used).map_err(io::Error::other)?;
-                if vring.needs_notification().map_err(io::Error::other)? {
-                    vring.signal_used_queue()?;
-                }
+                unsignalled += 1;
                 drop(g);
+            }
+            if unsignalled > 0 {
+                unsignalled = 0;
+                Self::notify(vring)?;
             }
             if !event_idx || !vring.enable_notification().map_err(io::Error::other)? {
                 break;
@@ -201,22 +216,41 @@ impl<F: FileSystem> FsBackend<F> {
     }
 
     /// Serves one request; returns the bytes written for the used ring.
-    fn handle_chain(&self, mem: &GuestMemoryMmap, chain: Chain) -> u32 {
+    /// Signals the guest if it asked to be (EVENT_IDX) or always without EVENT_IDX.
+    fn notify(vring: &VringRwLock) -> io::Result<()> {
+        if vring.needs_notification().map_err(io::Error::other)? {
+            vring.signal_used_queue()?;
+        }
+        Ok(())
+    }
+
+    /// Serves one request; returns the bytes written for the used ring. `flush(blocking)` is
+    /// called first, with `blocking` set for a request that may wait indefinitely (SETLKW).
+    fn handle_chain(
+        &self,
+        mem: &GuestMemoryMmap,
+        chain: Chain,
+        flush: &mut dyn FnMut(bool) -> io::Result<()>,
+    ) -> io::Result<u32> {
         let (readable, writable) = match split_chain(mem, chain) {
             Ok(v) => v,
             Err(e) => {
                 log::warn!("dropping malformed descriptor chain: {e}");
-                return 0;
+                return Ok(0);
             }
         };
+        let mut head = [0u8; 8];
+        let blocking = Reader::new(readable.clone()).read_exact(&mut head).is_ok()
+            && u32::from_le_bytes([head[4], head[5], head[6], head[7]]) == crate::abi::opcode::SETLKW;
+        flush(blocking)?;
         let w = (!writable.is_empty()).then(|| Writer::new(writable));
-        match self.server.handle(Reader::new(readable), w) {
+        Ok(match self.server.handle(Reader::new(readable), w) {
             Ok(h) => u32::try_from(h.written).unwrap_or(0),
             Err(e) => {
                 log::warn!("request dropped: {e}");
                 0
             }
-        }
+        })
     }
 }
 

@@ -1,0 +1,557 @@
+#!/usr/bin/env python3
+"""Summaries, report.md and report.png for a benchmark run (bench/run.py writes the JSON).
+
+    bench/report.py RESULTS.json [--md FILE] [--png FILE]
+
+re-renders a run's report from its JSON (default: next to the JSON, same base name).
+"""
+import json
+import os
+import statistics
+import sys
+
+CONFIGS = {
+    "daxfsd-never": "daxfsd cache=never",
+    "daxfsd-never-dax": "daxfsd cache=never + DAX",
+    "daxfsd-auto": "daxfsd cache=auto",
+    "virtiofsd-never": "virtiofsd 1.14 cache=never",
+    "virtiofsd-auto": "virtiofsd 1.14 cache=auto",
+    "nodax": "daxfsd, no DAX",
+    "dax-64M": "daxfsd, DAX, 64M window",
+    "dax-1G": "daxfsd, DAX, 1G window",
+    "daxfsd-q1": "daxfsd 1 queue",
+    "daxfsd-q2": "daxfsd 2 queues",
+    "daxfsd-q4": "daxfsd 4 queues",
+    "virtiofsd-q1": "virtiofsd 1 queue",
+    "virtiofsd-q2": "virtiofsd 2 queues",
+    "virtiofsd-q4": "virtiofsd 4 queues",
+}
+
+RWS = ["seqread", "randread", "seqwrite", "randwrite"]
+ENGINES = ["psync", "mmap", "libaio"]
+SEED_JOBS = [f"{rw}-{e}{m}" for rw in RWS for e in ENGINES for m in ("", "-multi")]
+# The seed's numbers (virtiofs cache=none vs cache=none + DAX, MiB/s; 0 = unsupported).
+SEED = {
+    "seqread-psync": (35, 643), "seqread-psync-multi": (219, 2132), "seqread-mmap": (0, 741),
+    "seqread-mmap-multi": (0, 2530), "seqread-libaio": (293, 425), "seqread-libaio-multi": (207, 1543),
+    "randread-psync": (36, 572), "randread-psync-multi": (211, 1764), "randread-mmap": (0, 719),
+    "randread-mmap-multi": (0, 2005), "randread-libaio": (300, 413), "randread-libaio-multi": (327, 1326),
+    "seqwrite-psync": (34, 494), "seqwrite-psync-multi": (223, 1680), "seqwrite-mmap": (0, 1217),
+    "seqwrite-mmap-multi": (0, 2359), "seqwrite-libaio": (282, 348), "seqwrite-libaio-multi": (320, 1255),
+    "randwrite-psync": (32, 458), "randwrite-psync-multi": (213, 1343), "randwrite-mmap": (0, 663),
+    "randwrite-mmap-multi": (0, 1820), "randwrite-libaio": (292, 341), "randwrite-libaio-multi": (322, 1094),
+}
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+# ---- summaries --------------------------------------------------------------------------
+
+def summarize(res):
+    """Adds res["summary"] (per cell: medians over repeats), res["daemon_cost"] and
+    res["proto_summary"]."""
+    groups = {}
+    for c in res.get("cells", []):
+        groups.setdefault((c["section"], c["config"], c["job"]), []).append(c)
+    summary = []
+    for (sec, cfg, job), cs in groups.items():
+        ok = [c for c in cs if c["status"] == "ok"]
+        if ok:
+            status = "ok"
+        elif all(c["status"] == "unsupported" for c in cs):
+            status = "unsupported"
+        else:
+            status = "failed"
+        bws = [c["mib_s"] for c in ok]
+        m = med(bws)
+        summary.append({
+            "section": sec, "config": cfg, "job": job, "status": status,
+            "runs_ok": len(ok), "runs": len(cs),
+            "mib_s": m, "mib_s_all": bws,
+            "spread_pct": round(100 * (max(bws) - min(bws)) / m, 1) if m else None,
+            "iops": med([c["iops"] for c in ok]),
+            "clat_p50_us": med([c.get("clat_p50_us") for c in ok]),
+            "clat_p99_us": med([c.get("clat_p99_us") for c in ok]),
+            "daemon_cpu_pct": med([c.get("daemon_cpu_pct") for c in ok]),
+            "daemon_cpu_us_per_io": med([c.get("daemon_cpu_us_per_io") for c in ok]),
+            "errors": sorted({c.get("error", "") for c in cs if c["status"] != "ok"}),
+            "console_logs": [c.get("console_log") for c in cs if c["status"] == "failed"],
+        })
+    res["summary"] = summary
+
+    cost = {}
+    for b in res.get("boots", []):
+        st = b.get("daemon_stats")
+        if not st or b.get("status") == "unsupported":
+            continue
+        k = (b["section"], b["config"])
+        e = cost.setdefault(k, {"section": k[0], "config": k[1], "boots": 0, "hwm_kb": 0,
+                                "private_kb": 0, "shmem_kb": 0, "cpu_s": []})
+        e["boots"] += 1
+        pk = st.get("peak", {})
+        e["hwm_kb"] = max(e["hwm_kb"], pk.get("VmHWM", 0))
+        e["private_kb"] = max(e["private_kb"], pk.get("private", 0))
+        e["shmem_kb"] = max(e["shmem_kb"], pk.get("RssShmem", 0))
+        if st.get("cpu_user_s") is not None:
+            e["cpu_s"].append(st["cpu_user_s"] + st["cpu_sys_s"])
+    for e in cost.values():
+        e["cpu_s_per_boot"] = round(med(e["cpu_s"]), 2) if e["cpu_s"] else None
+        e["under_64mib"] = e["private_kb"] < 64 * 1024
+    res["daemon_cost"] = list(cost.values())
+
+    rows = res.get("proto", {}).get("rows", [])
+    ps = {"rate": [], "callgrind": []}
+    rg, cg = {}, {}
+    for r in rows:
+        if r.get("kind") == "rate":
+            rg.setdefault((r["daemon"], r["op"], r["depth"]), []).append(r["req_per_s"])
+        elif r.get("kind") == "callgrind":
+            cg.setdefault((r["daemon"], r["op"], r["requests"]), []).append(r["instructions_per_req"])
+    for (d, op, n), v in sorted(cg.items()):
+        ps["callgrind"].append({"daemon": d, "op": op, "requests": n,
+                                "instructions_per_req": med(v), "all": v})
+    for (d, op, depth), v in sorted(rg.items()):
+        ps["rate"].append({"daemon": d, "op": op, "depth": depth, "req_per_s": med(v), "all": v})
+    res["proto_summary"] = ps
+    return res
+
+
+# ---- markdown ---------------------------------------------------------------------------
+
+def cell(summary, sec, cfg, job):
+    for s in summary:
+        if s["section"] == sec and s["config"] == cfg and s["job"] == job:
+            return s
+    return None
+
+
+def bw_text(s):
+    if s is None:
+        return "-"
+    if s["status"] == "unsupported":
+        return "unsupported"
+    if s["status"] == "failed":
+        return "**failed**"
+    t = f"{s['mib_s']:.1f}"
+    if s["runs_ok"] < s["runs"]:
+        t += f" ({s['runs_ok']}/{s['runs']} ok)"
+    return t
+
+
+def ratio(a, b):
+    if not a or not b or a["status"] != "ok" or b["status"] != "ok" or not b["mib_s"]:
+        return "-"
+    return f"{a['mib_s'] / b['mib_s']:.2f}x"
+
+
+def num(x, fmt="{:.0f}"):
+    return "-" if x is None else fmt.format(x)
+
+
+def render_md(res):
+    S = res.get("summary", [])
+    m = res.get("machine", {})
+    st = res.get("settings", {})
+    out = []
+    w = out.append
+    w(f"# daxfsd benchmark report: run {res['run_id']}\n")
+    dur = res.get("duration_s")
+    w(f"{res.get('mode', '?')} run, {res.get('started', '?')} to {res.get('finished', '?')}"
+      + (f" ({dur / 60:.1f} min; estimated {res.get('estimate_s', 0) / 60:.1f} min)" if dur else "")
+      + (", **interrupted**" if res.get("interrupted") else "")
+      + f". Every cell with its repeats, latencies and daemon cost: `bench/results/{res['run_id']}.json`."
+      + f" Raw fio output and console logs: `{res.get('raw_dir', '?')}`.\n")
+    w("Absolute numbers are TCG numbers on a shared 2-core host and move with its load: "
+      "compare the ratios, which come from configurations measured side by side in one run "
+      "(each repeat boots every configuration once, in turn).\n")
+
+    w("## Machine\n")
+    w("| | |\n|---|---|")
+    for k, label in [("cpu_model", "CPU"), ("host_cores", "host cores"), ("host_mem_gib", "host RAM (GiB)"),
+                     ("host_os", "host OS"), ("host_kernel", "host kernel"),
+                     ("qemu_11", "QEMU (every guest: profile `dax`)"), ("qemu_system", "Debian QEMU (not used)"),
+                     ("accel", "accelerator"), ("guest_kernel", "guest kernel"),
+                     ("daxfsd", "daxfsd"), ("virtiofsd", "virtiofsd")]:
+        w(f"| {label} | {m.get(k, '?')} |")
+    w(f"| guest | {st.get('cpus')} vCPU (4 for the multi-queue runs), {st.get('mem')} RAM, fio {fio_version(res)} |")
+    w(f"| host load average (1/5/15 min) | start {' '.join(m.get('loadavg_start', []))}, "
+      f"end {' '.join(m.get('loadavg_end', []))} |\n")
+
+    w("## Settings\n")
+    w(f"- fio: 4 KiB blocks, `--time_based --runtime={st.get('runtime_s')}`, "
+      f"{st.get('repeats')} repeat(s) per cell, **median** reported; libaio at iodepth 16; "
+      f"\"multi\" = 4 jobs, one file each. Data files: {st.get('file_size')} each, random bytes, "
+      "made on the host before each boot.")
+    w("- QEMU profile `dax` for every guest (QEMU 11.1, `vhost-user-test-device-pci` as virtio-fs). "
+      "It is the only profile with a DAX window, and upstream virtiofsd serves it too, so DAX vs "
+      "non-DAX (same daxfsd command line, only the mount option differs) and daxfsd vs virtiofsd "
+      "are measured on the same QEMU, device and guest kernel.")
+    w("- Configurations: " + "; ".join(
+        f"`{k}` = {CONFIGS[k]}" for k in ("daxfsd-never", "daxfsd-never-dax", "daxfsd-auto",
+                                          "virtiofsd-never", "virtiofsd-auto")) + ".")
+    w("  daxfsd runs with `--dax-window=1G` in all three (mounted `-o dax=never` or `-o dax=always`); "
+      "`--allow-mmap` with `--cache never` for both daemons (FUSE_DIRECT_IO_ALLOW_MMAP), so mmap "
+      "without DAX is measured instead of being unsupported as in the seed. Both daemons run with "
+      "their default sandbox and seccomp.\n")
+
+    jobs = [j for j in SEED_JOBS if any(s["job"] == j and s["section"] == "matrix" for s in S)]
+    if jobs:
+        w("## fio matrix, MiB/s\n")
+        w("| I/O operation | daxfsd never | daxfsd never + DAX | **DAX / non-DAX** | daxfsd auto "
+          "| virtiofsd never | virtiofsd auto | **daxfsd / virtiofsd** never | **daxfsd / virtiofsd** auto "
+          "| seed: none / none+DAX |")
+        w("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+        for j in jobs:
+            c = {k: cell(S, "matrix", k, j) for k in ("daxfsd-never", "daxfsd-never-dax", "daxfsd-auto",
+                                                      "virtiofsd-never", "virtiofsd-auto")}
+            seed = SEED.get(j)
+            seed_txt = f"{seed[0]} / {seed[1]}" if seed else "-"
+            w(f"| {j} | {bw_text(c['daxfsd-never'])} | {bw_text(c['daxfsd-never-dax'])} "
+              f"| {ratio(c['daxfsd-never-dax'], c['daxfsd-never'])} | {bw_text(c['daxfsd-auto'])} "
+              f"| {bw_text(c['virtiofsd-never'])} | {bw_text(c['virtiofsd-auto'])} "
+              f"| {ratio(c['daxfsd-never'], c['virtiofsd-never'])} | {ratio(c['daxfsd-auto'], c['virtiofsd-auto'])} "
+              f"| {seed_txt} |")
+        w("")
+        w("### In the seed's layout (cache=none vs cache=none + DAX)\n")
+        w("```")
+        w(f"{'NAME':<28}{'I/O Operation':<24}BW(Read/Write)")
+        for j in jobs:
+            for cfg, nm in (("daxfsd-never", "daxfsd-cache-none"), ("daxfsd-never-dax", "daxfsd-cache-none-dax")):
+                s = cell(S, "matrix", cfg, j)
+                bw = ("0(KiB/s)" if s and s["status"] == "unsupported" else
+                      "failed" if not s or s["status"] != "ok" else f"{s['mib_s']:.1f}(MiB/s)")
+                w(f"{nm:<28}{j:<24}{bw}")
+        w("```\n")
+
+        w("### IOPS, completion latency and daemon CPU per cell\n")
+        w("Medians over the repeats. clat = fio completion latency; daemon CPU = the daemon's "
+          "CPU time (all its processes, sampled from /proc every 200 ms) during the job, as % of one "
+          "core and per I/O; spread = (max - min) / median of MiB/s over the repeats.\n")
+        w("| I/O operation | configuration | MiB/s | IOPS | clat p50 us | clat p99 us | daemon CPU % "
+          "| daemon CPU us/IO | spread | runs ok |")
+        w("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+        for j in jobs:
+            for k in ("daxfsd-never", "daxfsd-never-dax", "daxfsd-auto", "virtiofsd-never", "virtiofsd-auto"):
+                s = cell(S, "matrix", k, j)
+                if not s:
+                    continue
+                w(f"| {j} | {k} | {bw_text(s)} | {num(s['iops'])} | {num(s['clat_p50_us'], '{:.1f}')} "
+                  f"| {num(s['clat_p99_us'], '{:.1f}')} | {num(s['daemon_cpu_pct'], '{:.1f}')} "
+                  f"| {num(s['daemon_cpu_us_per_io'], '{:.1f}')} | {num(s['spread_pct'], '{:.0f}%')} "
+                  f"| {s['runs_ok']}/{s['runs']} |")
+        w("")
+
+    cost = res.get("daemon_cost", [])
+    if cost:
+        w("## Daemon cost per configuration\n")
+        w("Peak RSS = the kernel's high-water mark (VmHWM) summed over the daemon's processes "
+          "(the namespace sandbox forks one). It includes guest RAM the daemon touched through "
+          "its shared mapping of the guest's memory (RssShmem: buffers it copied file data "
+          "into or out of), which is guest memory, not the daemon's; own memory = peak "
+          "RssAnon + RssFile, the part the 64 MiB budget is about. CPU = user + system seconds "
+          "of a whole boot (start-up, every job, exit), median over the repeats.\n")
+        w("| section | configuration | boots | peak RSS MiB | own memory peak MiB | guest RAM touched MiB "
+          "| CPU s per boot | own memory < 64 MiB |")
+        w("|---|---|--:|--:|--:|--:|--:|---|")
+        for e in cost:
+            w(f"| {e['section']} | {e['config']} | {e['boots']} | {e['hwm_kb'] / 1024:.1f} "
+              f"| {e['private_kb'] / 1024:.1f} | {e['shmem_kb'] / 1024:.1f} | {num(e['cpu_s_per_boot'], '{:.2f}')} "
+              f"| {'yes' if e['under_64mib'] else '**NO**'} |")
+        w("")
+
+    pj = [j for j in ("randread-psync", "randread-mmap") if any(s["section"] == "pressure" and s["job"] == j for s in S)]
+    if pj:
+        st_ = res.get("settings", {})
+        w("## Window pressure\n")
+        w(f"randread over one {st_.get('pressure_file_size')} file, 4 KiB, daxfsd `--cache never`: the "
+          "working set is 4x a 64M DAX window, so the guest keeps reclaiming 2 MiB ranges "
+          "(REMOVEMAPPING + SETUPMAPPING). MiB/s, median.\n")
+        w("| I/O operation | no DAX | DAX, 64M window | DAX, 1G window | DAX 64M / no DAX | DAX 64M / DAX 1G |")
+        w("|---|--:|--:|--:|--:|--:|")
+        for j in pj:
+            a, b, c = (cell(S, "pressure", k, j) for k in ("nodax", "dax-64M", "dax-1G"))
+            w(f"| {j} | {bw_text(a)} | {bw_text(b)} | {bw_text(c)} | {ratio(b, a)} | {ratio(b, c)} |")
+        cnt = []
+        for k in ("dax-64M", "dax-1G"):
+            bs = [b for b in res.get("boots", []) if b["section"] == "pressure" and b["config"] == k
+                  and b.get("dax_counters")]
+            if bs:
+                maps = med([b["dax_counters"].get("maps") for b in bs])
+                unmaps = med([b["dax_counters"].get("unmaps") for b in bs])
+                ios = med([sum(c.get("total_ios", 0) for c in res.get("cells", [])
+                               if c["boot"] == b["id"] and c["status"] == "ok") for b in bs])
+                per = f", {maps / ios:.2f} maps per I/O" if ios else ""
+                cnt.append(f"`{k}`: {maps:.0f} SETUPMAPPINGs and {unmaps:.0f} removals per boot{per}")
+        if cnt:
+            w("\nDAX window traffic (daxfsd's counters, median per boot, both jobs): " + "; ".join(cnt) + ".")
+        w("")
+
+    mj = [j for j in ("randread-psync-multi", "randread-libaio-multi") if any(s["section"] == "mq" and s["job"] == j for s in S)]
+    if mj:
+        w("## Request queues\n")
+        w("4-vCPU guest, 4 jobs on 4 files, `--cache never`, no DAX; `--queues N` in vm.sh "
+          "(num_vqs = 1 + N) and `--queues=N` for daxfsd. MiB/s, median.\n")
+        w("| I/O operation | daxfsd 1 queue | daxfsd 2 | daxfsd 4 | virtiofsd 1 | virtiofsd 2 | virtiofsd 4 "
+          "| daxfsd 4 / 1 | daxfsd / virtiofsd, 1 queue |")
+        w("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+        for j in mj:
+            c = {k: cell(S, "mq", k, j) for k in ("daxfsd-q1", "daxfsd-q2", "daxfsd-q4",
+                                                  "virtiofsd-q1", "virtiofsd-q2", "virtiofsd-q4")}
+            w(f"| {j} | {bw_text(c['daxfsd-q1'])} | {bw_text(c['daxfsd-q2'])} | {bw_text(c['daxfsd-q4'])} "
+              f"| {bw_text(c['virtiofsd-q1'])} | {bw_text(c['virtiofsd-q2'])} | {bw_text(c['virtiofsd-q4'])} "
+              f"| {ratio(c['daxfsd-q4'], c['daxfsd-q1'])} | {ratio(c['daxfsd-q1'], c['virtiofsd-q1'])} |")
+        uns = [s for s in S if s["section"] == "mq" and s["status"] == "unsupported"]
+        if uns:
+            w(f"\nunsupported: {uns[0]['config']}...: {'; '.join(uns[0]['errors'])}")
+        w("")
+
+    ps = res.get("proto_summary", {})
+    if ps.get("rate") or ps.get("callgrind"):
+        st_ = res.get("settings", {})
+        w("## Protocol microbenchmark (no VM)\n")
+        w("`tests/vufs-driver/examples/protobench.rs`: the userspace virtio-fs driver plays QEMU "
+          "and the guest over the vhost-user socket; one request queue, requests laid out as Linux "
+          "lays them out, every reply checked. READ = 4 KiB at sequential offsets of a 64 MiB file "
+          "(host page cache); GETATTR of that file. Both daemons: `--cache=never --sandbox=none`, "
+          "seccomp `kill` for the rates and `none` under valgrind. The driver runs on the same 2 "
+          "cores, so req/s is a round-trip figure of driver + daemon.\n")
+        if ps.get("rate"):
+            w(f"Requests per second (median of {st_.get('proto_rounds')} round(s) of "
+              f"{st_.get('proto_seconds')} s, daemons alternating):\n")
+            w("| request | in flight | daxfsd req/s | virtiofsd req/s | daxfsd / virtiofsd |")
+            w("|---|--:|--:|--:|--:|")
+            keys = sorted({(r["op"], r["depth"]) for r in ps["rate"]})
+            for op, depth in keys:
+                d = next((r for r in ps["rate"] if r["daemon"] == "daxfsd" and r["op"] == op and r["depth"] == depth), None)
+                v = next((r for r in ps["rate"] if r["daemon"] == "virtiofsd" and r["op"] == op and r["depth"] == depth), None)
+                rt = f"{d['req_per_s'] / v['req_per_s']:.2f}x" if d and v and v["req_per_s"] else "-"
+                w(f"| {op.upper()} | {depth} | {num(d and d['req_per_s'])} | {num(v and v['req_per_s'])} | {rt} |")
+            w("")
+        if ps.get("callgrind"):
+            n = ps["callgrind"][0]["requests"]
+            w(f"Instructions per request (callgrind `Ir`, every thread of the daemon: a run of {n} "
+              "requests minus a run of 0 requests with the same start-up, INIT, LOOKUP, OPEN and exit, "
+              f"divided by {n}; user-space instructions only, system calls not counted; median of "
+              f"{st_.get('callgrind_rounds', 1)} run(s), range in brackets):\n")
+            w("| request | daxfsd | virtiofsd | daxfsd / virtiofsd |")
+            w("|---|--:|--:|--:|")
+            for op in ("read", "getattr"):
+                d = next((r for r in ps["callgrind"] if r["daemon"] == "daxfsd" and r["op"] == op), None)
+                v = next((r for r in ps["callgrind"] if r["daemon"] == "virtiofsd" and r["op"] == op), None)
+                if not d and not v:
+                    continue
+                rt = f"{d['instructions_per_req'] / v['instructions_per_req']:.2f}x" if d and v else "-"
+
+                def ir(x):
+                    if not x:
+                        return "-"
+                    t = f"{x['instructions_per_req']:.0f}"
+                    if len(x.get("all", [])) > 1:
+                        t += f" ({min(x['all']):.0f}-{max(x['all']):.0f})"
+                    return t
+                w(f"| {op.upper()} | {ir(d)} | {ir(v)} | {rt} |")
+            w("")
+
+    bad = [s for s in S if s["status"] == "failed"]
+    perr = [r for r in res.get("proto", {}).get("rows", []) if r.get("kind") == "error"]
+    w("## Failures\n")
+    if not bad and not perr:
+        w("None.\n")
+    for s in bad:
+        w(f"- {s['section']} `{s['config']}` {s['job']}: {'; '.join(s['errors'])} "
+          f"(console log: {', '.join(sorted(set(filter(None, s['console_logs']))))})")
+    for r in perr:
+        w(f"- proto {r['what']}: `{r['error'][-300:]}`")
+    if bad or perr:
+        w("")
+
+    boots = [b for b in res.get("boots", []) if "wall_s" in b]
+    if boots:
+        bt = [b["boot_to_mount_s"] for b in boots if b.get("boot_to_mount_s")]
+        w("## Run time\n")
+        w(f"{len(boots)} guest boots, {sum(b['wall_s'] for b in boots) / 60:.1f} min of VM time; "
+          f"boot to mount median {num(med(bt), '{:.1f}')} s. `scripts/bench.sh --estimate` prints the "
+          "planned duration of a matrix without running it.\n")
+    return "\n".join(out) + "\n"
+
+
+def fio_version(res):
+    for c in res.get("cells", []):
+        if c.get("fio_version"):
+            return c["fio_version"]
+    return "?"
+
+
+# ---- chart ------------------------------------------------------------------------------
+
+COLORS = {
+    "daxfsd-never": "#4c72b0", "daxfsd-never-dax": "#dd8452", "daxfsd-auto": "#8fb0de",
+    "virtiofsd-never": "#55a868", "virtiofsd-auto": "#a5d6a7",
+}
+
+
+def render_png(res, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    S = res.get("summary", [])
+    jobs = [j for j in SEED_JOBS if any(s["job"] == j and s["section"] == "matrix" for s in S)]
+    cfgs = [k for k in COLORS if any(s["config"] == k and s["section"] == "matrix" for s in S)]
+    height = max(6.0, 0.42 * len(jobs) * max(1, len(cfgs)) / 3 + 2)
+    fig = plt.figure(figsize=(16, height))
+    gs = fig.add_gridspec(3, 2, width_ratios=[1.6, 1], hspace=0.55, wspace=0.25)
+    ax = fig.add_subplot(gs[:, 0])
+    n = max(1, len(cfgs))
+    bh = 0.8 / n
+    for i, k in enumerate(cfgs):
+        ys, xs, labels = [], [], []
+        for r, j in enumerate(jobs):
+            s = cell(S, "matrix", k, j)
+            y = r + (i - (n - 1) / 2) * bh
+            if s and s["status"] == "ok" and s["mib_s"]:
+                ys.append(y)
+                xs.append(s["mib_s"])
+            elif s:
+                labels.append((y, "unsupported" if s["status"] == "unsupported" else "FAILED"))
+        ax.barh(ys, xs, height=bh, color=COLORS[k], label=CONFIGS[k])
+        for y, t in labels:
+            ax.text(0.0, y, " " + t, va="center", fontsize=6, color="red",
+                    transform=ax.get_yaxis_transform())
+    ax.set_yticks(range(len(jobs)))
+    ax.set_yticklabels(jobs, fontsize=8)
+    ax.invert_yaxis()
+    if any(s["section"] == "matrix" and s["status"] == "ok" and s["mib_s"] for s in S):
+        ax.set_xscale("log")
+    ax.set_xlabel("MiB/s (log scale), median")
+    st = res.get("settings", {})
+    ax.set_title(f"fio 4 KiB, {st.get('runtime_s')} s x {st.get('repeats')} run(s), "
+                 f"{st.get('cpus')} vCPU guest, QEMU 11.1 TCG", fontsize=10)
+    ax.grid(axis="x", which="both", alpha=0.3)
+    # Below the x label: 0.55 inch, in axes fractions.
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.55 / (height * 0.85)),
+              ncol=3, frameon=False)
+    # DAX/non-DAX ratio next to each job.
+    for r, j in enumerate(jobs):
+        a, b = cell(S, "matrix", "daxfsd-never-dax", j), cell(S, "matrix", "daxfsd-never", j)
+        t = ratio(a, b)
+        if t != "-":
+            ax.text(1.01, r, f"DAX {t}", transform=ax.get_yaxis_transform(), va="center", fontsize=7)
+
+    def bars(axp, title, entries, xlabel_fmt="{:.0f}", ylabel="MiB/s"):
+        names = [e[0] for e in entries]
+        vals = [e[1] or 0 for e in entries]
+        cols = [e[2] for e in entries]
+        axp.bar(range(len(entries)), vals, color=cols)
+        axp.set_ylim(0, (max(vals) if vals and max(vals) > 0 else 1) * 1.3)
+        axp.set_xticks(range(len(entries)))
+        axp.set_xticklabels(names, fontsize=7, rotation=20, ha="right")
+        axp.set_title(title, fontsize=9)
+        axp.set_ylabel(ylabel, fontsize=8)
+        axp.tick_params(axis="y", labelsize=7)
+        for i, (v, e) in enumerate(zip(vals, entries)):
+            axp.text(i, v, e[3] if len(e) > 3 else (xlabel_fmt.format(v) if v else "n/a"),
+                     ha="center", va="bottom", fontsize=7)
+
+    # Window pressure.
+    axp = fig.add_subplot(gs[0, 1])
+    ent = []
+    for j in ("randread-psync", "randread-mmap"):
+        for k, col in (("nodax", "#4c72b0"), ("dax-64M", "#dd8452"), ("dax-1G", "#f2b880")):
+            s = cell(S, "pressure", k, j)
+            if s:
+                ent.append((f"{j.split('-')[1]}\n{k}", s["mib_s"] if s["status"] == "ok" else None, col))
+    if ent:
+        bars(axp, f"window pressure: randread, {st.get('pressure_file_size')} file, 64M window", ent, "{:.1f}")
+    else:
+        axp.axis("off")
+    # Request queues.
+    axq = fig.add_subplot(gs[1, 1])
+    plotted = False
+    for j, ls in (("randread-psync-multi", "-"), ("randread-libaio-multi", "--")):
+        for dmn, col in (("daxfsd", "#4c72b0"), ("virtiofsd", "#55a868")):
+            pts = []
+            for q in (1, 2, 4):
+                s = cell(S, "mq", f"{dmn}-q{q}", j)
+                if s and s["status"] == "ok":
+                    pts.append((q, s["mib_s"]))
+            if pts:
+                axq.plot([p[0] for p in pts], [p[1] for p in pts], ls, marker="o", color=col,
+                         label=f"{dmn} {j.replace('randread-', '')}")
+                plotted = True
+    if plotted:
+        axq.set_xticks([1, 2, 4])
+        axq.set_xlabel("request queues (4 vCPU, 4 jobs)", fontsize=8)
+        axq.set_ylabel("MiB/s", fontsize=8)
+        axq.set_title("request queues: randread, cache=never, no DAX", fontsize=9)
+        axq.legend(fontsize=7)
+        axq.tick_params(labelsize=7)
+        axq.set_ylim(bottom=0)
+    else:
+        axq.axis("off")
+    # Protocol microbenchmark.
+    axr = fig.add_subplot(gs[2, 1])
+    ps = res.get("proto_summary", {})
+    ent = []
+    for op in ("read", "getattr"):
+        for dmn, col in (("daxfsd", "#4c72b0"), ("virtiofsd", "#55a868")):
+            r = next((x for x in ps.get("callgrind", []) if x["daemon"] == dmn and x["op"] == op), None)
+            rr = next((x for x in ps.get("rate", []) if x["daemon"] == dmn and x["op"] == op and x["depth"] == 1), None)
+            if r or rr:
+                lab = f"{r['instructions_per_req']:.0f} instr" if r else "n/a"
+                if rr:
+                    lab += f"\n{rr['req_per_s'] / 1000:.0f}k req/s"
+                ent.append((f"{op.upper()}\n{dmn}", r["instructions_per_req"] if r else 0, col, lab))
+    if ent:
+        bars(axr, "protocol: instructions per request (callgrind); req/s at depth 1", ent,
+             ylabel="instructions / request")
+        axr.set_ylim(top=(max(e[1] for e in ent) or 1) * 1.4)
+    else:
+        axr.axis("off")
+    m = res.get("machine", {})
+    fig.suptitle(f"daxfsd benchmark {res['run_id']}: {m.get('cpu_model', '?')}, {m.get('host_cores')} host cores, "
+                 f"{m.get('qemu_11', '?')}, {m.get('accel', 'tcg').upper()}", fontsize=11)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+
+
+def render(res, md_path, png_path):
+    summarize(res)
+    with open(md_path, "w") as f:
+        f.write(render_md(res))
+    try:
+        render_png(res, png_path)
+    except ImportError as e:
+        print(f"report: no chart ({e}); install python3-matplotlib", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001  (a chart problem must not lose the report)
+        print(f"report: ERROR drawing {png_path}: {e!r}", file=sys.stderr)
+
+
+def main():
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if len(sys.argv) >= 2 else 2
+    src = sys.argv[1]
+    base = os.path.splitext(src)[0]
+    md, png = base + ".md", base + ".png"
+    args = sys.argv[2:]
+    while args:
+        if args[0] == "--md" and len(args) > 1:
+            md = args[1]
+        elif args[0] == "--png" and len(args) > 1:
+            png = args[1]
+        else:
+            print(__doc__, file=sys.stderr)
+            return 2
+        args = args[2:]
+    res = json.load(open(src))
+    render(res, md, png)
+    print(f"{md}\n{png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
