@@ -241,7 +241,8 @@ impl<F: FileSystem> FsBackend<F> {
         };
         let mut head = [0u8; 8];
         let blocking = Reader::new(readable.clone()).read_exact(&mut head).is_ok()
-            && u32::from_le_bytes([head[4], head[5], head[6], head[7]]) == crate::abi::opcode::SETLKW;
+            && u32::from_le_bytes([head[4], head[5], head[6], head[7]])
+                == crate::abi::opcode::SETLKW;
         flush(blocking)?;
         let w = (!writable.is_empty()).then(|| Writer::new(writable));
         Ok(match self.server.handle(Reader::new(readable), w) {
