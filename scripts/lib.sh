@@ -36,6 +36,7 @@ RIG_CHILD=""
 run_logged() {
     local logfile=$1 rc=0
     shift
+    mkdir -p -- "$(dirname -- "$logfile")"
     setsid "$@" </dev/null >>"$logfile" 2>&1 &
     RIG_CHILD=$!
     wait "$RIG_CHILD" || rc=$?
