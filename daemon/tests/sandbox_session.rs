@@ -490,20 +490,26 @@ fn default_sandbox_and_seccomp_serve_a_full_session() {
     assert!(!d.socket().exists(), "socket file left behind");
 }
 
-#[test]
-fn chroot_sandbox_serves_and_confines() {
-    let share = tempfile::tempdir().unwrap();
-    prepare_share(share.path());
-    let mut d = Daemon::builder(&DaemonKind::Path(daxfsd()))
+/// A daemon with `--xattr --dax-window=64M` in sandbox `mode` (default seccomp), past INIT.
+fn start_session(share: &std::path::Path, mode: &str) -> (Daemon, Session) {
+    let d = Daemon::builder(&DaemonKind::Path(daxfsd()))
         .unwrap()
-        .shared_dir(share.path())
-        .sandbox("chroot")
+        .shared_dir(share)
+        .sandbox(mode)
         .arg("--xattr")
         .arg("--dax-window=64M")
         .spawn()
         .unwrap();
     let s = Session::connect(d.socket_path()).unwrap();
     s.init().unwrap();
+    (d, s)
+}
+
+#[test]
+fn chroot_sandbox_serves_and_confines() {
+    let share = tempfile::tempdir().unwrap();
+    prepare_share(share.path());
+    let (mut d, s) = start_session(share.path(), "chroot");
     let pid = d.pid().unwrap();
     // No fork: the daemon itself is chrooted, filtered and stripped of capabilities.
     assert!(children_of(pid).is_empty());
@@ -523,16 +529,7 @@ fn chroot_sandbox_serves_and_confines() {
 fn sandbox_none_with_seccomp_serves_the_same_session() {
     let share = tempfile::tempdir().unwrap();
     prepare_share(share.path());
-    let mut d = Daemon::builder(&DaemonKind::Path(daxfsd()))
-        .unwrap()
-        .shared_dir(share.path())
-        .sandbox("none")
-        .arg("--xattr")
-        .arg("--dax-window=64M")
-        .spawn()
-        .unwrap();
-    let s = Session::connect(d.socket_path()).unwrap();
-    s.init().unwrap();
+    let (mut d, s) = start_session(share.path(), "none");
     let pid = d.pid().unwrap();
     assert_eq!(status_field(pid, "Seccomp").as_deref(), Some("2"));
     exercise(&s, share.path());
