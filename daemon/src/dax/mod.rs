@@ -18,8 +18,9 @@
 pub mod tail;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
@@ -117,7 +118,7 @@ struct Placed {
     foffset: u64,
     writable: bool,
     /// The mapped file (kept to re-place the mapping and write the tail back).
-    file: Arc<OwnedFd>,
+    file: Arc<File>,
     /// Bytes `[0, file_len)` of the range are mapped from the file.
     file_len: u64,
     /// The rest, when the file does not cover it.
@@ -333,7 +334,7 @@ impl<S: WindowSink> DaxWindow<S> {
         owner: u64,
         moffset: u64,
         len: u64,
-        file: Arc<OwnedFd>,
+        file: Arc<File>,
         foffset: u64,
         writable: bool,
     ) -> io::Result<Placed> {
@@ -431,7 +432,7 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
             return self.fail(einval("file offset not page aligned or overflowing"));
         }
         let file = match fd.try_clone_to_owned() {
-            Ok(f) => Arc::new(f),
+            Ok(f) => Arc::new(File::from(f)),
             Err(e) => return self.fail(e),
         };
         let mut t = match self.lock() {

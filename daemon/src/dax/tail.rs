@@ -7,7 +7,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 
 use super::MAP_ALIGNMENT;
@@ -35,7 +35,7 @@ pub struct Tail {
 
 impl Tail {
     /// A memfd of `size` bytes holding the `valid` file bytes at file offset `at`.
-    pub fn new(file: &OwnedFd, at: u64, valid: u64, size: u64) -> io::Result<Tail> {
+    pub fn new(file: &File, at: u64, valid: u64, size: u64) -> io::Result<Tail> {
         let name = c"daxfsd-tail";
         // SAFETY: `name` is NUL-terminated; memfd_create takes no other pointers.
         let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
@@ -58,7 +58,7 @@ impl Tail {
 
     /// Writes the bytes the guest changed in the tail back to the file at offset `at`
     /// (never past the file's current end). Returns the bytes written.
-    pub fn write_back(&mut self, file: &OwnedFd, at: u64) -> io::Result<usize> {
+    pub fn write_back(&mut self, file: &File, at: u64) -> io::Result<usize> {
         let mut now = vec![0u8; self.snapshot.len()];
         self.memfd.read_exact_at(&mut now, 0)?;
         let Some(first) = now.iter().zip(&self.snapshot).position(|(a, b)| a != b) else {
@@ -76,49 +76,22 @@ impl Tail {
             return Ok(0);
         }
         let span = &now[first..first + (end - start) as usize];
-        let mut done = 0;
-        while done < span.len() {
-            // SAFETY: the buffer is valid for `span.len() - done` bytes; `file` is open.
-            let n = unsafe {
-                libc::pwrite(
-                    file.as_raw_fd(),
-                    span[done..].as_ptr().cast(),
-                    span.len() - done,
-                    (start + done as u64) as libc::off_t,
-                )
-            };
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if n == 0 {
-                break;
-            }
-            done += n as usize;
-        }
-        self.snapshot[first..first + done].copy_from_slice(&span[..done]);
-        Ok(done)
+        file.write_all_at(span, start)?;
+        self.snapshot[first..first + span.len()].copy_from_slice(span);
+        Ok(span.len())
     }
 }
 
-fn pread_full(file: &OwnedFd, buf: &mut [u8], at: u64) -> io::Result<usize> {
+/// Reads up to `buf.len()` bytes at `at`, stopping early only at end of file.
+fn pread_full(file: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
-        // SAFETY: the buffer is valid and writable for `buf.len() - done` bytes.
-        let n = unsafe {
-            libc::pread(
-                file.as_raw_fd(),
-                buf[done..].as_mut_ptr().cast(),
-                buf.len() - done,
-                (at + done as u64) as libc::off_t,
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
+        match file.read_at(&mut buf[done..], at + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
-        if n == 0 {
-            break;
-        }
-        done += n as usize;
     }
     Ok(done)
 }
@@ -150,7 +123,7 @@ mod tests {
     fn tail_round_trip_writes_back_only_changes() {
         let mut f = tempfile::tempfile().unwrap();
         f.write_all(b"0123456789").unwrap();
-        let fd: OwnedFd = f.try_clone().unwrap().into();
+        let fd = f.try_clone().unwrap();
         let mut t = Tail::new(&fd, 2, 8, P).unwrap();
         let mut buf = [0u8; 10];
         t.memfd.read_exact_at(&mut buf, 0).unwrap();
@@ -174,7 +147,7 @@ mod tests {
     fn write_back_stops_at_a_shrunken_end() {
         let f = tempfile::tempfile().unwrap();
         f.write_all_at(b"abcdef", 0).unwrap();
-        let fd: OwnedFd = f.try_clone().unwrap().into();
+        let fd = f.try_clone().unwrap();
         let mut t = Tail::new(&fd, 0, 6, P).unwrap();
         t.memfd.write_all_at(b"ABCDEF", 0).unwrap();
         f.set_len(3).unwrap();
