@@ -306,9 +306,26 @@ impl<S: WindowSink> DaxWindow<S> {
         }
     }
 
-    fn fail<T>(&self, e: io::Error) -> io::Result<T> {
-        self.counters.failures.fetch_add(1, Ordering::Relaxed);
-        Err(e)
+    /// Counts a refused or failed request.
+    fn counted<T>(&self, res: io::Result<T>) -> io::Result<T> {
+        if res.is_err() {
+            self.counters.failures.fetch_add(1, Ordering::Relaxed);
+        }
+        res
+    }
+
+    /// Checks a window range and takes every live mapping wholly inside it out of the
+    /// frontend. Returns the locked table (so the caller can place a new mapping before
+    /// anyone else sends) and whether anything was removed.
+    fn clear_range(&self, moffset: u64, len: u64) -> io::Result<(MutexGuard<'_, Table>, bool)> {
+        let end = self.check_range(moffset, len)?;
+        let mut t = self.lock()?;
+        let old = Self::overlapping(&t, moffset, end)?;
+        let replaced = !old.is_empty();
+        for s in old {
+            self.remove_locked(&mut t, s)?;
+        }
+        Ok((t, replaced))
     }
 
     fn write_back(&self, p: &mut Placed) {
@@ -424,63 +441,28 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
         foffset: u64,
         writable: bool,
     ) -> io::Result<()> {
-        let end = match self.check_range(moffset, len) {
-            Ok(end) => end,
-            Err(e) => return self.fail(e),
-        };
-        if foffset % MAP_ALIGNMENT != 0 || foffset.checked_add(len).is_none() {
-            return self.fail(einval("file offset not page aligned or overflowing"));
-        }
-        let file = match fd.try_clone_to_owned() {
-            Ok(f) => Arc::new(File::from(f)),
-            Err(e) => return self.fail(e),
-        };
-        let mut t = match self.lock() {
-            Ok(t) => t,
-            Err(e) => return self.fail(e),
-        };
-        let old = match Self::overlapping(&t, moffset, end) {
-            Ok(v) => v,
-            Err(e) => return self.fail(e),
-        };
-        if !old.is_empty() {
-            self.counters.upgrades.fetch_add(1, Ordering::Relaxed);
-        }
-        for s in old {
-            if let Err(e) = self.remove_locked(&mut t, s) {
-                return self.fail(e);
+        let res = (|| {
+            self.check_range(moffset, len)?;
+            if foffset % MAP_ALIGNMENT != 0 || foffset.checked_add(len).is_none() {
+                return Err(einval("file offset not page aligned or overflowing"));
             }
-        }
-        match self.place(owner, moffset, len, file, foffset, writable) {
-            Ok(p) => {
-                t.insert(moffset, p);
-                self.counters.maps.fetch_add(1, Ordering::Relaxed);
-                Ok(())
+            let file = Arc::new(File::from(fd.try_clone_to_owned()?));
+            let (mut t, replaced) = self.clear_range(moffset, len)?;
+            if replaced {
+                self.counters.upgrades.fetch_add(1, Ordering::Relaxed);
             }
-            Err(e) => self.fail(e),
-        }
+            let p = self.place(owner, moffset, len, file, foffset, writable)?;
+            t.insert(moffset, p);
+            self.counters.maps.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        })();
+        self.counted(res)
     }
 
     fn unmap(&self, moffset: u64, len: u64) -> io::Result<()> {
-        let end = match self.check_range(moffset, len) {
-            Ok(end) => end,
-            Err(e) => return self.fail(e),
-        };
-        let mut t = match self.lock() {
-            Ok(t) => t,
-            Err(e) => return self.fail(e),
-        };
-        let old = match Self::overlapping(&t, moffset, end) {
-            Ok(v) => v,
-            Err(e) => return self.fail(e),
-        };
         // Nothing mapped there: nothing to do (the guest may remove a range it never got).
-        for s in old {
-            if let Err(e) = self.remove_locked(&mut t, s) {
-                return self.fail(e);
-            }
-        }
-        Ok(())
+        let res = self.clear_range(moffset, len).map(drop);
+        self.counted(res)
     }
 
     fn sync(&self, owner: u64) {
