@@ -30,6 +30,8 @@ pub trait Mapper: Send + Sync {
     fn sync(&self, _owner: u64) {}
     /// Inode `owner` may have changed size through the request queue: update its mappings.
     fn refresh(&self, _owner: u64) {}
+    /// The FUSE session ended (DESTROY, a new INIT, a device reset): remove every mapping.
+    fn end_session(&self) {}
 }
 
 /// A shared mapper (the daemon keeps a handle to its window for counters and shutdown).
@@ -56,6 +58,9 @@ impl<M: Mapper + ?Sized> Mapper for std::sync::Arc<M> {
     }
     fn refresh(&self, owner: u64) {
         (**self).refresh(owner)
+    }
+    fn end_session(&self) {
+        (**self).end_session()
     }
 }
 

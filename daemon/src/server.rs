@@ -137,6 +137,7 @@ impl<F: FileSystem> Server<F> {
     pub fn reset(&self) {
         self.session.initialized.store(false, Ordering::SeqCst);
         self.session.flags.store(0, Ordering::SeqCst);
+        self.mapper.end_session();
         self.fs.destroy();
     }
 
@@ -570,6 +571,11 @@ impl<F: FileSystem> Server<F> {
     }
 
     fn init(&self, r: &mut Reader, w: &mut Writer) -> HandlerResult {
+        if self.session.initialized.load(Ordering::Acquire) {
+            // A rebooted guest (the device was only stopped, not reset) starts over.
+            log::info!("INIT in an initialized session: ending the previous session");
+            self.reset();
+        }
         let mut a = InitIn::default();
         let n = r.available().min(std::mem::size_of::<InitIn>());
         if n < COMPAT_INIT_IN_SIZE {

@@ -48,10 +48,15 @@ pub const MAX_REQUEST_QUEUES: usize = 63;
 /// Receives the backend-request channel once the frontend sets it up (the DAX window).
 pub trait BackendChannel: Send + Sync {
     fn set_channel(&self, backend: Backend);
-    /// The guest started the device (first kick since start or reset).
+    /// The guest started the device (first kick since start, pause or reset).
     fn device_started(&self);
-    /// The device stopped or was reset: forget the channel's state, send nothing more.
-    fn device_stopped(&self);
+    /// Every vring was stopped with GET_VRING_BASE (`stop` in the monitor, a snapshot, the
+    /// source of a migration, or the first step of a guest reboot). The FUSE session goes on;
+    /// send nothing until the device starts again.
+    fn device_paused(&self);
+    /// The device was reset (RESET_DEVICE) or the frontend went away: forget the channel's
+    /// state, send nothing more.
+    fn device_reset(&self);
     /// Size of the shared-memory window, or 0.
     fn window_size(&self) -> u64;
 }
@@ -124,11 +129,11 @@ impl<F: FileSystem> FsBackend<F> {
         &self.server
     }
 
-    /// Ends the FUSE session and the DAX state of a stopped or reset device.
+    /// Ends the FUSE session and the DAX state of a reset device.
     fn end_session(&self, why: &str) {
         log::info!("device {why}: dropping all inodes, handles and mappings");
         if let Some(c) = &self.channel {
-            c.device_stopped();
+            c.device_reset();
         }
         self.server.reset();
     }
@@ -392,7 +397,12 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         let bit = 1u64.checked_shl(queue_index).unwrap_or(0);
         let before = self.running.fetch_and(!bit, Ordering::SeqCst);
         if before & bit != 0 && before & !bit == 0 {
-            self.end_session("stopped");
+            // A pause, not a reset: the guest keeps its FUSE session (node ids, handles). A
+            // rebooting guest ends it with its next INIT (or the frontend with RESET_DEVICE).
+            log::info!("device stopped: every vring stopped, FUSE session kept");
+            if let Some(c) = &self.channel {
+                c.device_paused();
+            }
         }
         Ok(())
     }

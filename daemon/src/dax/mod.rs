@@ -474,6 +474,16 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
         }
     }
 
+    fn end_session(&self) {
+        let Ok(mut t) = self.table.lock() else { return };
+        let all: Vec<u64> = t.live.keys().copied().collect();
+        for m in all {
+            if let Err(e) = self.remove_locked(&mut t, m) {
+                log::warn!("end of session: removing DAX mapping {m:#x} failed: {e}");
+            }
+        }
+    }
+
     fn refresh(&self, owner: u64) {
         let Ok(mut t) = self.table.lock() else { return };
         for m in t.of_owner(owner) {
@@ -513,7 +523,12 @@ impl BackendChannel for DaxWindow<Backend> {
         self.start();
     }
 
-    fn device_stopped(&self) {
+    fn device_paused(&self) {
+        // Interim: send nothing while paused; the mapping table is kept as it is.
+        self.running.store(false, Ordering::SeqCst);
+    }
+
+    fn device_reset(&self) {
         self.stop();
     }
 
