@@ -327,10 +327,6 @@ impl Cli {
             (self.posix_acl != Negotiation::Never, "--posix-acl"),
             (self.syslog, "--syslog"),
             (
-                self.thread_pool_size > 0,
-                "--thread-pool-size greater than 0",
-            ),
-            (
                 self.inode_file_handles == InodeFileHandles::Mandatory,
                 "--inode-file-handles=mandatory",
             ),
@@ -555,7 +551,6 @@ mod tests {
             "--security-label",
             "--preserve-noatime",
             "--uid-map=:0:0:1:",
-            "--thread-pool-size=4",
             "--migration-mode=find-paths",
         ] {
             let e = parse(&["--shared-dir=/tmp", "--socket-path=/tmp/s", opt]).unwrap_err();
