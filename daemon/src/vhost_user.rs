@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use vhost::vhost_user::message::{
-    VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserVirtioFeatures,
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
+    VhostUserShMemConfig, VhostUserVirtioFeatures,
 };
 use vhost::vhost_user::Backend;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
@@ -83,6 +84,8 @@ pub struct FsBackend<F: FileSystem> {
     /// never completed in another: its ring is gone (a rebooted guest has new rings there).
     epochs: Vec<Mutex<u64>>,
     channel: Option<Arc<dyn BackendChannel>>,
+    /// Live migration (DEVICE_STATE), when the filesystem supports it.
+    device_state: Option<Arc<dyn crate::migration::DeviceStateTransfer>>,
 }
 
 impl<F: FileSystem> FsBackend<F> {
@@ -122,7 +125,14 @@ impl<F: FileSystem> FsBackend<F> {
             running: AtomicU64::new(0),
             epochs: (0..=cfg.request_queues).map(|_| Mutex::new(0)).collect(),
             channel,
+            device_state: None,
         })
+    }
+
+    /// Offers live migration (protocol feature DEVICE_STATE) through `t`.
+    pub fn with_device_state(mut self, t: Arc<dyn crate::migration::DeviceStateTransfer>) -> Self {
+        self.device_state = Some(t);
+        self
     }
 
     pub fn server(&self) -> &Arc<Server<F>> {
@@ -325,6 +335,9 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         if self.channel.as_ref().is_some_and(|c| c.window_size() > 0) {
             f |= VhostUserProtocolFeatures::SHMEM;
         }
+        if self.device_state.is_some() {
+            f |= VhostUserProtocolFeatures::DEVICE_STATE;
+        }
         f
     }
 
@@ -435,6 +448,39 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             log::error!("queue {thread_id}: {e}");
         }
         Ok(())
+    }
+
+    fn set_device_state_fd(
+        &self,
+        direction: VhostTransferStateDirection,
+        phase: VhostTransferStatePhase,
+        file: std::fs::File,
+    ) -> io::Result<Option<std::fs::File>> {
+        let Some(t) = &self.device_state else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no device-state transfer",
+            ));
+        };
+        if phase != VhostTransferStatePhase::STOPPED {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("device-state transfer in phase {phase:?}"),
+            ));
+        }
+        // The transfer runs on its own thread; CHECK_DEVICE_STATE reports how it went.
+        t.set_fd(direction == VhostTransferStateDirection::LOAD, file)?;
+        Ok(None)
+    }
+
+    fn check_device_state(&self) -> io::Result<()> {
+        match &self.device_state {
+            Some(t) => t.check(),
+            None => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no device-state transfer",
+            )),
+        }
     }
 }
 
