@@ -258,7 +258,16 @@ impl PassthroughFs {
             Location::Handle(h) => {
                 // open_by_handle_at refuses an O_PATH descriptor as the mount descriptor.
                 let mount = sys::openat(root.fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-                open_handle(mount.as_fd(), h)?
+                open_handle(mount.as_fd(), h).map_err(|e| {
+                    if e.raw_os_error() == Some(libc::EPERM) {
+                        io::Error::new(
+                            e.kind(),
+                            format!("{e}: opening file handles needs CAP_DAC_READ_SEARCH (run as root with --modcaps=+dac_read_search)"),
+                        )
+                    } else {
+                        e
+                    }
+                })?
             }
             Location::Lost => {
                 return Err(io::Error::new(
