@@ -15,6 +15,7 @@ use vhost::vhost_user::message::{
     VhostUserShMemConfig, VhostUserVirtioFeatures,
 };
 use vhost::vhost_user::Backend;
+use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::bindings::virtio_ring::{
@@ -35,9 +36,12 @@ use crate::filesystem::FileSystem;
 use crate::iobuf::{Reader, Writer};
 use crate::server::Server;
 
-/// Guest memory as the backend sees it.
-pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
-type Chain = DescriptorChain<GuestMemoryLoadGuard<GuestMemoryMmap>>;
+/// Guest memory as the backend sees it: with a dirty-page bitmap that the frontend's log
+/// (SET_LOG_BASE, during a live migration) replaces.
+pub type GuestMemoryLogged = GuestMemoryMmap<BitmapMmapRegion>;
+pub type GuestMem = GuestMemoryAtomic<GuestMemoryLogged>;
+type Chain = DescriptorChain<GuestMemoryLoadGuard<GuestMemoryLogged>>;
+type FsVring = VringRwLock<GuestMem>;
 
 /// Largest queue the frontend may set up.
 pub const MAX_QUEUE_SIZE: usize = 1024;
@@ -165,7 +169,7 @@ impl<F: FileSystem> FsBackend<F> {
         }
     }
 
-    fn process_queue(&self, queue: usize, vring: &VringRwLock) -> io::Result<()> {
+    fn process_queue(&self, queue: usize, vring: &FsVring) -> io::Result<()> {
         let Some(atomic) = self
             .mem
             .read()
@@ -223,7 +227,7 @@ impl<F: FileSystem> FsBackend<F> {
         Ok(())
     }
 
-    fn pop(&self, vring: &VringRwLock, mem: &GuestMem) -> Option<Chain> {
+    fn pop(&self, vring: &FsVring, mem: &GuestMem) -> Option<Chain> {
         vring
             .get_mut()
             .get_queue_mut()
@@ -232,7 +236,7 @@ impl<F: FileSystem> FsBackend<F> {
 
     /// Serves one request; returns the bytes written for the used ring.
     /// Signals the guest if it asked to be (EVENT_IDX) or always without EVENT_IDX.
-    fn notify(vring: &VringRwLock) -> io::Result<()> {
+    fn notify(vring: &FsVring) -> io::Result<()> {
         if vring.needs_notification().map_err(io::Error::other)? {
             vring.signal_used_queue()?;
         }
@@ -243,7 +247,7 @@ impl<F: FileSystem> FsBackend<F> {
     /// called first, with `blocking` set for a request that may wait indefinitely (SETLKW).
     fn handle_chain(
         &self,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMemoryLogged,
         chain: Chain,
         flush: &mut dyn FnMut(bool) -> io::Result<()>,
     ) -> io::Result<u32> {
@@ -259,21 +263,62 @@ impl<F: FileSystem> FsBackend<F> {
             && u32::from_le_bytes([head[4], head[5], head[6], head[7]])
                 == crate::abi::opcode::SETLKW;
         flush(blocking)?;
+        let spans: Vec<(usize, usize)> = writable
+            .iter()
+            .map(|s| (s.ptr_guard().as_ptr() as usize, s.len()))
+            .collect();
         let w = (!writable.is_empty()).then(|| Writer::new(writable));
-        Ok(match self.server.handle(Reader::new(readable), w) {
+        let used = match self.server.handle(Reader::new(readable), w) {
             Ok(h) => u32::try_from(h.written).unwrap_or(0),
             Err(e) => {
                 log::warn!("request dropped: {e}");
                 0
             }
-        })
+        };
+        // A migration's log must see the reply once it is written (never before).
+        mark_written(mem, &spans, used as usize);
+        Ok(used)
+    }
+}
+
+/// Marks the first `written` bytes of a reply dirty in the frontend's migration log (a no-op
+/// until SET_LOG_BASE). `spans` are the host (address, length) pieces of the writable part,
+/// in order; each is found in the region whose host mapping holds it (addresses only, no
+/// memory is touched).
+fn mark_written(mem: &GuestMemoryLogged, spans: &[(usize, usize)], written: usize) {
+    use vm_memory::bitmap::Bitmap;
+    use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+    let mut left = written;
+    for &(host, len) in spans {
+        if left == 0 {
+            break;
+        }
+        let n = len.min(left);
+        left -= n;
+        for region in mem.iter() {
+            let Ok(base) = region.get_host_address(vm_memory::MemoryRegionAddress(0)) else {
+                continue;
+            };
+            let base = base as usize;
+            let size = region.len() as usize;
+            if host >= base && host - base < size {
+                region
+                    .bitmap()
+                    .mark_dirty(host - base, n.min(size - (host - base)));
+                break;
+            }
+        }
     }
 }
 
 /// Splits a chain into its device-readable and device-writable parts, resolved to host
-/// memory. Readable descriptors must all come before writable ones.
-pub fn split_chain<M: std::ops::Deref<Target = GuestMemoryMmap>>(
-    mem: &GuestMemoryMmap,
+/// memory. Readable descriptors must all come before writable ones. Works on guest memory
+/// with any dirty bitmap; the slices it returns carry none (the caller marks what it wrote).
+pub fn split_chain<
+    B: vm_memory::bitmap::Bitmap,
+    M: std::ops::Deref<Target = GuestMemoryMmap<B>>,
+>(
+    mem: &GuestMemoryMmap<B>,
     chain: DescriptorChain<M>,
 ) -> Result<(Vec<VolatileSlice<'_>>, Vec<VolatileSlice<'_>>), String> {
     let mut readable = Vec::new();
@@ -295,7 +340,11 @@ pub fn split_chain<M: std::ops::Deref<Target = GuestMemoryMmap>>(
             )
         };
         for s in mem.get_slices(desc.addr(), len, access).map_err(bad)? {
-            out.push(s.map_err(bad)?);
+            let s = s.map_err(bad)?;
+            // SAFETY: `s` lies inside a region of `mem`, which is mapped (mmap-backed memory:
+            // the pointer stays valid without a guard) for as long as `mem` is borrowed, the
+            // lifetime of the returned slice; only the bitmap is dropped.
+            out.push(unsafe { VolatileSlice::new(s.ptr_guard_mut().as_ptr(), s.len()) });
         }
     }
     if readable.is_empty() {
@@ -305,8 +354,8 @@ pub fn split_chain<M: std::ops::Deref<Target = GuestMemoryMmap>>(
 }
 
 impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
-    type Bitmap = ();
-    type Vring = VringRwLock;
+    type Bitmap = BitmapMmapRegion;
+    type Vring = FsVring;
 
     fn num_queues(&self) -> usize {
         self.request_queues + 1
@@ -321,6 +370,8 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             | (1 << VIRTIO_RING_F_INDIRECT_DESC)
             | (1 << VIRTIO_RING_F_EVENT_IDX)
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            // Dirty-page logging (QEMU refuses to migrate without it).
+            | VhostUserVirtioFeatures::LOG_ALL.bits()
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
@@ -336,7 +387,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             f |= VhostUserProtocolFeatures::SHMEM;
         }
         if self.device_state.is_some() {
-            f |= VhostUserProtocolFeatures::DEVICE_STATE;
+            f |= VhostUserProtocolFeatures::DEVICE_STATE | VhostUserProtocolFeatures::LOG_SHMFD;
         }
         f
     }
@@ -424,7 +475,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         &self,
         device_event: u16,
         evset: EventSet,
-        vrings: &[VringRwLock],
+        vrings: &[FsVring],
         thread_id: usize,
     ) -> io::Result<()> {
         if evset != EventSet::IN {
