@@ -4,7 +4,7 @@
 # migrates the device internally through the vhost-user device-state transfer
 # (DEVICE_STATE: SET_DEVICE_STATE_FD + CHECK_DEVICE_STATE).
 #
-#   tests/e2e/migrate.sh [-m find-paths|file-handles|all] [-d DAXFSD] [-T SEC]
+#   tests/e2e/migrate.sh [-m find-paths|file-handles|refusal|all] [-d DAXFSD] [-T SEC]
 #
 # For each migration mode (default: all):
 #   The guest (tests/e2e/guest/migrate-guest.sh) keeps a working directory and two open
@@ -22,11 +22,12 @@ RIG_TAG=e2e-migrate
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 cd "$RIG_ROOT"
 
-modes=(find-paths file-handles) daxfsd="" timeout=900
+modes=(find-paths file-handles) daxfsd="" timeout=900 refusal=1
 while (($#)); do
     case $1 in
-        -m) case ${2:-} in all) ;; find-paths|file-handles) modes=("$2") ;;
-                *) die "-m takes find-paths, file-handles or all" ;; esac; shift 2 ;;
+        -m) case ${2:-} in all) ;; find-paths|file-handles) modes=("$2") refusal=0 ;;
+                refusal) modes=() ;;
+                *) die "-m takes find-paths, file-handles, refusal or all" ;; esac; shift 2 ;;
         -d) daxfsd=$2; shift 2 ;;
         -T) timeout=$2; shift 2 ;;
         -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -223,7 +224,69 @@ run_mode() {
     stop_all
 }
 
+# The refusal case: a state the destination must refuse. The source migrates to a file,
+# one payload byte of daxfsd's state inside it is flipped, a destination loads the file.
+run_refusal() {
+    local share=$work/share-refusal s=src-refusal d=dst-refusal st out
+    mkdir -p "$share"
+    log "refusal: booting the source"
+    start_daemon "$s" "$share" || return 0
+    start_daemon "$d" "$share" || return 0
+    start_qemu "$s" || return 0
+    if ! wait_for "$timeout" grep -aq MIGRATE-READY "$logs/$s.console"; then
+        bad "refusal/source-ready" "guest never said MIGRATE-READY"; stop_all; return 0
+    fi
+    log "refusal: migrating to a file"
+    if ! out=$(qmp "$work/$s.qmp" migrate "{\"uri\": \"file:$work/state.mig\"}" 2>&1); then
+        bad "refusal/migrate-to-file" "QMP migrate refused: $out"; stop_all; return 0
+    fi
+    st=$(wait_migration "$work/$s.qmp")
+    [[ $st == completed ]] && ok "refusal/migrate-to-file" ||
+        { bad "refusal/migrate-to-file" "status $st"; stop_all; return 0; }
+    # Flip one byte inside the payload of daxfsd's state (after its 16-byte header).
+    if out=$(python3 - "$work/state.mig" <<'PY'
+import mmap, sys
+with open(sys.argv[1], "r+b") as f:
+    m = mmap.mmap(f.fileno(), 0)
+    at = m.find(b"DAXFSMIG")
+    if at < 0 or m.find(b"DAXFSMIG", at + 1) >= 0:
+        sys.exit("daxfsd's state is not in the stream exactly once")
+    m[at + 16 + 10] ^= 0x40
+    m.flush()
+    print(at)
+PY
+    ); then ok "refusal/state-found-in-stream"; else
+        bad "refusal/state-found-in-stream" "$out"; stop_all; return 0
+    fi
+    start_qemu "$d" -incoming "file:$work/state.mig" || { stop_all; return 0; }
+    # The destination must fail to load and exit; the source stays paused until `cont`.
+    if wait_for 120 grep -aq 'load of migration failed' "$logs/$d.qemu.log"; then
+        ok "refusal/destination-load-failed"
+    else
+        bad "refusal/destination-load-failed" "QEMU: $(tail -n 3 "$logs/$d.qemu.log")"
+    fi
+    if wait_for 30 grep -q 'loading the device state failed.*checksum' "$logs/$d.daemon.log"; then
+        ok "refusal/daemon-refused-corrupt-state"
+    else
+        bad "refusal/daemon-refused-corrupt-state" "$(tail -n 3 "$logs/$d.daemon.log")"
+    fi
+    if grep -q panicked "$logs/$d.daemon.log"; then bad "refusal/no-panic" "daemon panicked"
+    else ok "refusal/no-panic"; fi
+    # The source guest carries on where it was.
+    qmp "$work/$s.qmp" cont >/dev/null || bad "refusal/source-cont" "QMP cont failed"
+    echo source >"$share/migrated"
+    if wait_for "$timeout" grep -aq '@@DAXFSD-RESULT' "$logs/$s.console"; then :; else
+        bad "refusal/source-finished" "no result within ${timeout}s"
+    fi
+    guest_checks refusal "$logs/$s.console"
+    grep -aq 'MIGRATE-RESUMED on source' "$logs/$s.console" && ok "refusal/source-continued" ||
+        bad "refusal/source-continued" "not in $logs/$s.console"
+    stop_all
+    rm -f -- "$work/state.mig"
+}
+
 for m in "${modes[@]}"; do run_mode "$m"; done
+((refusal)) && run_refusal
 log "logs: $logs"
 printf 'e2e-migrate: %d passed, %d failed\n' "$pass" "$fail"
 ((fail == 0))
