@@ -519,6 +519,13 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
                 format!("device-state transfer in phase {phase:?}"),
             ));
         }
+        if self.running.load(Ordering::SeqCst) != 0 {
+            // The tables must not change under the transfer.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "device-state transfer while vrings run (stop them first)",
+            ));
+        }
         // The transfer runs on its own thread; CHECK_DEVICE_STATE reports how it went.
         t.set_fd(direction == VhostTransferStateDirection::LOAD, file)?;
         Ok(None)

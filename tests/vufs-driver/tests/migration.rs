@@ -202,6 +202,17 @@ fn bad_state_is_refused_and_source_continues() {
         fresh.lookup(1, "d").unwrap();
     }
 
+    if is_daxfsd(&kind) {
+        // A transfer while the vrings run is refused (the tables could change under it).
+        let (b, live) = destination(&kind, root.path(), &[]);
+        live.device().restart().unwrap();
+        let live = Session::new(live.device().clone());
+        live.init().unwrap();
+        live.lookup(1, "d").unwrap();
+        assert!(save_state(live.device()).is_err(), "{}", b.log_contents());
+        live.lookup(1, "d").unwrap();
+    }
+
     // The unlinked open file cannot be found by path: `abort` refuses the whole state.
     let (b, dst) = destination(&kind, root.path(), &["--migration-on-error=abort"]);
     assert!(load_state(dst.device(), &state).is_err());
