@@ -18,8 +18,9 @@ pub mod format;
 
 use std::fs::File;
 use std::io::{self, Read, Write};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// Most inodes a stream may carry.
 pub const MAX_INODES: usize = 1 << 20;
@@ -229,11 +230,17 @@ pub trait DeviceStateTransfer: Send + Sync {
     fn check(&self) -> io::Result<()>;
 }
 
+/// How long CHECK_DEVICE_STATE waits for the transfer. QEMU checks once it has closed its
+/// end of the pipe, so the transfer is normally done; a frontend that never closes it gets an
+/// error instead of a vhost-user thread blocked for good.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Runs transfers on a thread of their own.
 pub struct Migration {
     host: Arc<dyn StateHost>,
     opts: MigrationOptions,
-    job: Mutex<Option<JoinHandle<io::Result<()>>>>,
+    /// The running (or finished, unchecked) transfer's result.
+    job: Mutex<Option<Receiver<io::Result<()>>>>,
 }
 
 impl Migration {
@@ -278,12 +285,21 @@ impl DeviceStateTransfer for Migration {
     fn set_fd(&self, load: bool, file: File) -> io::Result<()> {
         let mut job = self.job.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(old) = job.take() {
-            log::warn!("migration: a new transfer starts before the last was checked");
-            let _ = old.join();
+            match old.try_recv() {
+                Err(TryRecvError::Empty) => {
+                    *job = Some(old);
+                    return Err(io::Error::new(
+                        io::ErrorKind::ResourceBusy,
+                        "a device-state transfer is still running",
+                    ));
+                }
+                _ => log::warn!("migration: a new transfer starts before the last was checked"),
+            }
         }
         let host = self.host.clone();
         let opts = self.opts;
-        let t = std::thread::Builder::new()
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
             .name("migration".into())
             .spawn(move || {
                 let r = if load {
@@ -295,19 +311,31 @@ impl DeviceStateTransfer for Migration {
                     let what = if load { "loading" } else { "saving" };
                     log::error!("migration: {what} the device state failed: {e}");
                 }
-                r
+                let _ = tx.send(r);
             })?;
-        *job = Some(t);
+        *job = Some(rx);
         Ok(())
     }
 
     fn check(&self) -> io::Result<()> {
         let job = self.job.lock().unwrap_or_else(|p| p.into_inner()).take();
-        match job {
-            None => Err(io::Error::other("no device-state transfer was started")),
-            Some(t) => t
-                .join()
-                .map_err(|_| io::Error::other("the device-state transfer thread panicked"))?,
+        let Some(rx) = job else {
+            return Err(io::Error::other("no device-state transfer was started"));
+        };
+        match rx.recv_timeout(CHECK_TIMEOUT) {
+            Ok(r) => r,
+            Err(RecvTimeoutError::Timeout) => {
+                log::error!(
+                    "migration: the device-state transfer did not finish within {CHECK_TIMEOUT:?}"
+                );
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "device-state transfer still running",
+                ))
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(io::Error::other(
+                "the device-state transfer thread ended without a result",
+            )),
         }
     }
 }

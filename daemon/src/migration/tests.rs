@@ -368,3 +368,72 @@ mod passthrough {
         assert!(e.to_string().contains("file handle"), "{e}");
     }
 }
+
+mod transfer {
+    use super::super::*;
+    use super::sample;
+    use std::io::{Read, Write};
+    use std::os::fd::FromRawFd;
+
+    #[derive(Default)]
+    struct Fake {
+        loaded: Mutex<Option<DeviceState>>,
+    }
+
+    impl StateHost for Fake {
+        fn save_state(&self, _: &MigrationOptions) -> io::Result<DeviceState> {
+            Ok(sample())
+        }
+        fn load_state(&self, s: DeviceState, _: &MigrationOptions) -> io::Result<()> {
+            *self.loaded.lock().unwrap() = Some(s);
+            Ok(())
+        }
+    }
+
+    fn pipe() -> (File, File) {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: both descriptors are new and owned by nobody else.
+        unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) }
+    }
+
+    #[test]
+    fn save_then_load_through_pipes() {
+        let host = Arc::new(Fake::default());
+        let m = Migration::new(host.clone(), MigrationOptions::default());
+        assert!(m.check().is_err(), "check without a transfer");
+        let (mut r, w) = pipe();
+        m.set_fd(false, w).unwrap();
+        let mut bytes = Vec::new();
+        r.read_to_end(&mut bytes).unwrap();
+        m.check().unwrap();
+        let (r, mut w) = pipe();
+        m.set_fd(true, r).unwrap();
+        w.write_all(&bytes).unwrap();
+        drop(w);
+        m.check().unwrap();
+        assert_eq!(host.loaded.lock().unwrap().as_ref(), Some(&sample()));
+    }
+
+    #[test]
+    fn bad_streams_fail_the_check() {
+        let host = Arc::new(Fake::default());
+        let m = Migration::new(host.clone(), MigrationOptions::default());
+        let good = format::encode(&sample()).unwrap();
+        let mut inconsistent = sample();
+        inconsistent.fs.handles[0].inode = 999;
+        for bad in [
+            Vec::new(),
+            good[..good.len() / 2].to_vec(),
+            format::encode(&inconsistent).unwrap(),
+        ] {
+            let (r, mut w) = pipe();
+            m.set_fd(true, r).unwrap();
+            let _ = w.write_all(&bad);
+            drop(w);
+            assert!(m.check().is_err());
+        }
+        assert!(host.loaded.lock().unwrap().is_none());
+    }
+}
