@@ -288,10 +288,7 @@ impl DeviceStateTransfer for Migration {
             match old.try_recv() {
                 Err(TryRecvError::Empty) => {
                     *job = Some(old);
-                    return Err(io::Error::new(
-                        io::ErrorKind::ResourceBusy,
-                        "a device-state transfer is still running",
-                    ));
+                    return Err(io::Error::other("a device-state transfer is still running"));
                 }
                 _ => log::warn!("migration: a new transfer starts before the last was checked"),
             }
