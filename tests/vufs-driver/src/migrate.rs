@@ -74,3 +74,57 @@ pub fn load_state(dev: &Device, state: &[u8]) -> io::Result<()> {
     drop(w);
     check_state(dev)
 }
+
+/// The frontend's dirty-page log (SET_LOG_BASE with LOG_SHMFD): one bit per 4 KiB guest page,
+/// from guest physical address 0, in a memfd shared with the backend.
+pub struct DirtyLog {
+    file: File,
+    len: u64,
+}
+
+impl DirtyLog {
+    /// Creates a log covering guest physical addresses below `end` and hands it to the backend.
+    pub fn start(dev: &Device, end: u64) -> io::Result<DirtyLog> {
+        use std::os::fd::AsRawFd;
+        let len = end.div_ceil(4096).div_ceil(8).next_multiple_of(8);
+        // SAFETY: the name is NUL-terminated; a non-negative result is a new descriptor.
+        let fd = unsafe { libc::memfd_create(c"vufs-dirty-log".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created and is owned by nobody else.
+        let file = unsafe { File::from_raw_fd(fd) };
+        file.set_len(len)?;
+        let region = vhost::VhostUserDirtyLogRegion {
+            mmap_size: len,
+            mmap_offset: 0,
+            mmap_handle: file.as_raw_fd(),
+        };
+        dev.with_frontend(false, |fe| {
+            vhost::VhostBackend::set_log_base(fe, 0, Some(region))
+        })?;
+        Ok(DirtyLog { file, len })
+    }
+
+    /// Guest page numbers whose bit is set.
+    pub fn dirty_pages(&self) -> io::Result<Vec<u64>> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; self.len as usize];
+        self.file.read_exact_at(&mut buf, 0)?;
+        let mut pages = Vec::new();
+        for (i, b) in buf.iter().enumerate() {
+            for bit in 0..8 {
+                if b & (1 << bit) != 0 {
+                    pages.push(i as u64 * 8 + bit);
+                }
+            }
+        }
+        Ok(pages)
+    }
+
+    /// Clears every bit (as QEMU does when it syncs the log).
+    pub fn clear(&self) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file.write_all_at(&vec![0u8; self.len as usize], 0)
+    }
+}

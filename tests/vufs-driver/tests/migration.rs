@@ -234,3 +234,40 @@ fn bad_state_is_refused_and_source_continues() {
     );
     src.lookup(h.dir, "f").unwrap();
 }
+
+/// Dirty-page logging, which QEMU needs before it migrates at all (LOG_SHMFD): once the
+/// frontend sets a log, every guest page the backend writes (replies, used ring) is marked.
+#[test]
+fn replies_are_logged_dirty() {
+    use vufs_driver::migrate::DirtyLog;
+    let kind = common::kind();
+    let root = tempfile::tempdir().unwrap();
+    fs::write(root.path().join("big"), vec![0x5a; 1 << 20]).unwrap();
+    let d = host::spawn(&kind, root.path(), &[]);
+    let mut c = cfg();
+    c.protocol_features |= VhostUserProtocolFeatures::LOG_SHMFD;
+    let s = host::connect(&d, &c);
+    let f = s.lookup(1, "big").unwrap().nodeid;
+    let fh = s.open(f, libc::O_RDONLY as u32).unwrap().fh;
+    let end = c.mem_base + c.mem_size;
+    let log = DirtyLog::start(s.device(), end)
+        .unwrap_or_else(|e| panic!("SET_LOG_BASE: {e}\nlog:\n{}", d.log_contents()));
+    assert!(log.dirty_pages().unwrap().is_empty(), "nothing written yet");
+    assert_eq!(s.read(f, fh, 0, 64 << 10).unwrap().len(), 64 << 10);
+    let pages = log.dirty_pages().unwrap();
+    let guest = c.mem_base / 4096..end / 4096;
+    assert!(
+        pages.iter().all(|p| guest.contains(p)),
+        "dirty pages outside guest memory: {pages:?}"
+    );
+    // 64 KiB of reply data spans at least 16 pages (plus the out-header and used ring).
+    assert!(pages.len() >= 16, "{} dirty pages: {pages:?}", pages.len());
+    log.clear().unwrap();
+    s.getattr(f, None).unwrap();
+    let small = log.dirty_pages().unwrap();
+    assert!(
+        !small.is_empty() && small.len() <= 4,
+        "a GETATTR dirtied {} pages: {small:?}",
+        small.len()
+    );
+}
