@@ -59,6 +59,10 @@ initramfs=$(scripts/build-initramfs.sh 2>/dev/null) || die "initramfs missing; r
 pass=0 fail=0
 ok() { pass=$((pass + 1)); printf 'CHECK PASS %s\n' "$1"; }
 bad() { fail=$((fail + 1)); printf 'CHECK FAIL %s: %s\n' "$1" "$2"; }
+verdict() { # verdict NAME WHY CMD...: PASS when CMD succeeds, else FAIL with WHY
+    local name=$1 why=$2; shift 2
+    if "$@"; then ok "$name"; else bad "$name" "$why"; fi
+}
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-e2e-migrate.XXXXXX")
 logs="$DAXFSD_CACHE/logs/migrate-$(date +%Y%m%d-%H%M%S)-$$"
@@ -71,6 +75,7 @@ stop_all() {
     for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
     pids=()
 }
+# shellcheck disable=SC2016 # expanded when the cleanup runs
 RIG_CLEANUP+=('stop_all' 'rm -rf -- "$work"')
 
 # The guest program, packed as /daxfsd-cmd in a cpio appended to the initramfs.
@@ -209,8 +214,7 @@ run_mode() {
     ok "$mode/migrate-completed"
     local dst_status
     dst_status=$(qmp "$work/$d.qmp" query-status | python3 -c 'import json,sys; print(json.load(sys.stdin)["status"])')
-    [[ $dst_status == running ]] && ok "$mode/destination-running" ||
-        bad "$mode/destination-running" "status $dst_status"
+    verdict "$mode/destination-running" "status $dst_status" [ "$dst_status" = running ]
     qmp "$work/$s.qmp" quit >/dev/null 2>&1 || true
     echo destination >"$share/migrated"
     # Wait for the destination guest to finish (QEMU exits at the guest's reboot).
@@ -221,15 +225,15 @@ run_mode() {
     if grep -aq 'MIGRATE-RESUMED on destination' "$logs/$d.console"; then ok "$mode/resumed-on-destination"
     else bad "$mode/resumed-on-destination" "not in $logs/$d.console"; fi
     # The files the guest made after the switch-over, on the host.
-    [[ $(cat "$share/work/renamed" 2>/dev/null) == "made after migration" ]] &&
-        ok "$mode/host-sees-created" || bad "$mode/host-sees-created" "work/renamed: $(cat "$share/work/renamed" 2>&1)"
-    [[ $(tr '\n' ' ' <"$share/work/appended" 2>/dev/null) == "line1 line2 " ]] &&
-        ok "$mode/host-sees-append" || bad "$mode/host-sees-append" "$(cat "$share/work/appended" 2>&1)"
+    verdict "$mode/host-sees-created" "work/renamed: $(cat "$share/work/renamed" 2>&1)" \
+        [ "$(cat "$share/work/renamed" 2>/dev/null)" = "made after migration" ]
+    verdict "$mode/host-sees-append" "work/appended: $(cat "$share/work/appended" 2>&1)" \
+        [ "$(tr '\n' ' ' <"$share/work/appended" 2>/dev/null)" = "line1 line2 " ]
     ((upstream)) && { stop_all; return 0; }
-    grep -q 'migration: saved' "$logs/$s.daemon.log" && ok "$mode/source-saved" ||
-        bad "$mode/source-saved" "no 'migration: saved' in $logs/$s.daemon.log"
-    grep -q 'migration: loaded' "$logs/$d.daemon.log" && ok "$mode/destination-loaded" ||
-        bad "$mode/destination-loaded" "no 'migration: loaded' in $logs/$d.daemon.log"
+    verdict "$mode/source-saved" "no 'migration: saved' in $logs/$s.daemon.log" \
+        grep -q 'migration: saved' "$logs/$s.daemon.log"
+    verdict "$mode/destination-loaded" "no 'migration: loaded' in $logs/$d.daemon.log" \
+        grep -q 'migration: loaded' "$logs/$d.daemon.log"
     stop_all
 }
 
@@ -250,8 +254,10 @@ run_refusal() {
         bad "refusal/migrate-to-file" "QMP migrate refused: $out"; stop_all; return 0
     fi
     st=$(wait_migration "$work/$s.qmp")
-    [[ $st == completed ]] && ok "refusal/migrate-to-file" ||
-        { bad "refusal/migrate-to-file" "status $st"; stop_all; return 0; }
+    if [[ $st != completed ]]; then
+        bad "refusal/migrate-to-file" "status $st"; stop_all; return 0
+    fi
+    ok "refusal/migrate-to-file"
     # Flip one byte inside the payload of daxfsd's state (after its 16-byte header).
     if out=$(python3 - "$work/state.mig" <<'PY'
 import mmap, sys
@@ -288,8 +294,8 @@ PY
         bad "refusal/source-finished" "no result within ${timeout}s"
     fi
     guest_checks refusal "$logs/$s.console"
-    grep -aq 'MIGRATE-RESUMED on source' "$logs/$s.console" && ok "refusal/source-continued" ||
-        bad "refusal/source-continued" "not in $logs/$s.console"
+    verdict "refusal/source-continued" "not in $logs/$s.console" \
+        grep -aq 'MIGRATE-RESUMED on source' "$logs/$s.console"
     stop_all
     rm -f -- "$work/state.mig"
 }

@@ -1,3 +1,4 @@
+# shellcheck shell=sh disable=SC2016,SC2317 # sh -c bodies expand in the guest; check calls the helpers
 # Guest side of tests/e2e/migrate.sh (busybox sh, run in /mnt by the test init).
 # Holds a working directory and open files on the share, says MIGRATE-READY, waits
 # for the host's marker file ../migrated (written once the VM runs where it should), then
@@ -26,7 +27,7 @@ check fd_opened_before_reads read_fd3
 check cwd_lists sh -c 'ls . | grep -qx held'
 check stat_held test -f held
 check create_write sh -c 'echo "made after migration" >created && [ "$(cat created)" = "made after migration" ]'
-append_fd4() { echo line2 >&4 && [ "$(cat appended | tr '\n' ' ')" = "line1 line2 " ]; }
+append_fd4() { echo line2 >&4 && [ "$(tr '\n' ' ' <appended)" = "line1 line2 " ]; }
 check append_fd_opened_before append_fd4
 check mkdir_in_cwd sh -c 'mkdir sub && echo x >sub/f && [ "$(ls sub)" = f ]'
 check rename sh -c 'mv created renamed && [ -f renamed ] && [ ! -e created ]'
