@@ -350,10 +350,6 @@ impl Cli {
             (self.posix_acl != Negotiation::Never, "--posix-acl"),
             (self.syslog, "--syslog"),
             (
-                self.thread_pool_size > 0,
-                "--thread-pool-size greater than 0",
-            ),
-            (
                 self.inode_file_handles == InodeFileHandles::Mandatory,
                 "--inode-file-handles=mandatory",
             ),
@@ -606,7 +602,6 @@ mod tests {
             "--security-label",
             "--preserve-noatime",
             "--uid-map=:0:0:1:",
-            "--thread-pool-size=4",
         ] {
             let e = parse(&["--shared-dir=/tmp", "--socket-path=/tmp/s", opt]).unwrap_err();
             assert!(e.starts_with("not supported yet: "), "{opt}: {e}");

@@ -295,6 +295,7 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     let cfg = FsBackendConfig {
         tag: cli.tag.clone(),
         request_queues: cli.queues,
+        thread_pool_size: cli.thread_pool_size,
     };
     let migration = crate::migration::Migration::new(server.clone(), cli.migration_options());
     let backend =
