@@ -351,6 +351,27 @@ mod passthrough {
     }
 
     #[test]
+    fn unlinked_name_with_another_hard_link_is_found_by_search() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (src, _, f, fh, _) = populated(tmp.path());
+        std::fs::create_dir_all(tmp.path().join("x/y")).unwrap();
+        std::fs::hard_link(tmp.path().join("d/f"), tmp.path().join("x/y/other")).unwrap();
+        std::fs::remove_file(tmp.path().join("d/f")).unwrap();
+        let opts = MigrationOptions {
+            verify_handles: true,
+            ..Default::default()
+        };
+        let st = round(&src, &opts);
+        let i = st.inodes.iter().find(|i| i.id == f).unwrap();
+        assert_eq!(i.location, Location::Path(b"x/y/other".to_vec()));
+        assert!(i.verify.is_some());
+        let dst = fs(tmp.path());
+        assert_eq!(dst.import_state(&st, &opts).unwrap(), (0, 0));
+        let ctx = Context::default();
+        assert_eq!(dst.getattr(&ctx, f, Some(fh)).unwrap().0.size, 5);
+    }
+
+    #[test]
     fn replaced_file_is_caught_by_verify_handles() {
         let tmp = tempfile::tempdir().unwrap();
         let (src, _, f, _, _) = populated(tmp.path());

@@ -1,21 +1,26 @@
 //! Export and import of the passthrough's tables for live migration (see
 //! [`crate::migration`]): inodes by path or file handle, handles by inode and open flags.
 
-use std::ffi::CString;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::handle::{HandleData, HandleKind};
-use super::inode::InodeData;
-use super::{err, fd_name, key_of, stat_fd, PassthroughFs};
+use super::inode::{InodeData, InodeKey};
+use super::{err, fd_name, key_of, stat_fd, PassthroughFs, STATX_MASK};
 use crate::abi::ROOT_ID;
+use crate::filesystem::Inode;
 use crate::migration::{
     check_relative_path, FileHandleBytes, FsState, HandleState, InodeState, Location,
-    MigrationMode, MigrationOptions, OnError, MAX_FILE_HANDLE,
+    MigrationMode, MigrationOptions, OnError, MAX_FILE_HANDLE, MAX_PATH,
 };
 use crate::sys;
+
+/// Most directory entries the fallback path search visits.
+const SEARCH_MAX_ENTRIES: usize = 1_000_000;
 
 const NEG_WRITEBACK: u32 = 1 << 0;
 const NEG_SUBMOUNTS: u32 = 1 << 1;
@@ -136,6 +141,82 @@ impl PassthroughFs {
         Some(rel.to_vec())
     }
 
+    /// Walks the shared directory breadth-first (never following a symlink, at most
+    /// [`SEARCH_MAX_ENTRIES`] entries, paths up to `PATH_MAX`) for the host files in
+    /// `wanted`; returns the first path found for each inode. Directories are reopened by
+    /// path when their turn comes, so the walk holds two descriptors at a time.
+    fn search_paths(&self, wanted: &HashMap<InodeKey, Inode>) -> HashMap<Inode, Vec<u8>> {
+        let mut found = HashMap::new();
+        let mut queue: VecDeque<Vec<u8>> = VecDeque::from([Vec::new()]);
+        let mut visited = 0usize;
+        let mut buf = vec![0u8; 16 * 1024];
+        while let Some(prefix) = queue.pop_front() {
+            let dir = if prefix.is_empty() {
+                self.inodes
+                    .get(ROOT_ID)
+                    .and_then(|r| sys::openat(r.fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0))
+            } else {
+                self.open_path(&prefix).and_then(|p| {
+                    sys::openat(p.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
+                })
+            };
+            let Ok(dir) = dir else { continue };
+            loop {
+                let n = match sys::getdents64(dir.as_fd(), &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n.min(buf.len()),
+                };
+                let mut off = 0;
+                // linux_dirent64: u64 ino, i64 off, u16 reclen, u8 type, name (NUL-terminated).
+                while off + 20 <= n {
+                    let reclen = usize::from(u16::from_ne_bytes([buf[off + 16], buf[off + 17]]));
+                    if reclen < 20 || off + reclen > n {
+                        break;
+                    }
+                    let rec = &buf[off + 19..off + reclen];
+                    off += reclen;
+                    let Ok(name) = CStr::from_bytes_until_nul(rec) else {
+                        continue;
+                    };
+                    let nb = name.to_bytes();
+                    if nb.is_empty() || nb == b"." || nb == b".." {
+                        continue;
+                    }
+                    visited += 1;
+                    if visited > SEARCH_MAX_ENTRIES {
+                        log::warn!(
+                            "migration: path search stopped after {SEARCH_MAX_ENTRIES} entries"
+                        );
+                        return found;
+                    }
+                    let mut path = prefix.clone();
+                    if !path.is_empty() {
+                        path.push(b'/');
+                    }
+                    path.extend_from_slice(nb);
+                    if path.len() > MAX_PATH {
+                        continue;
+                    }
+                    let Ok(st) =
+                        sys::statx(dir.as_fd(), name, libc::AT_SYMLINK_NOFOLLOW, STATX_MASK)
+                    else {
+                        continue;
+                    };
+                    if let Some(&id) = wanted.get(&key_of(&st)) {
+                        found.entry(id).or_insert_with(|| path.clone());
+                        if found.len() == wanted.len() {
+                            return found;
+                        }
+                    }
+                    if u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFDIR {
+                        queue.push_back(path);
+                    }
+                }
+            }
+        }
+        found
+    }
+
     /// Opens relative path `rel` below the shared directory one component at a time, never
     /// following a symlink, as an `O_PATH` descriptor.
     fn open_path(&self, rel: &[u8]) -> io::Result<OwnedFd> {
@@ -156,34 +237,23 @@ impl PassthroughFs {
         let root = self.inodes.get(ROOT_ID)?;
         let root_path = self.proc_path(root.fd());
         let mut out = Vec::with_capacity(inodes.len());
-        let mut lost = 0usize;
-        for (data, refs) in inodes {
-            let mut verify = None;
+        // find-paths: inodes /proc/self/fd gave no usable path for, by host identity.
+        let mut unnamed: HashMap<InodeKey, Inode> = HashMap::new();
+        for (data, refs) in &inodes {
             let location = if data.id == ROOT_ID {
                 Location::Root
             } else {
                 match opts.mode {
-                    MigrationMode::FindPaths => {
-                        match root_path
-                            .as_deref()
-                            .and_then(|r| self.relative_path(r, &data, opts))
-                        {
-                            Some(p) => {
-                                if opts.verify_handles {
-                                    verify = file_handle(data.fd())
-                                        .inspect_err(|e| {
-                                            log::warn!(
-                                                "migration: no file handle for inode {}: {e}",
-                                                data.id
-                                            )
-                                        })
-                                        .ok();
-                                }
-                                Location::Path(p)
-                            }
-                            None => Location::Lost,
+                    MigrationMode::FindPaths => match root_path
+                        .as_deref()
+                        .and_then(|r| self.relative_path(r, data, opts))
+                    {
+                        Some(p) => Location::Path(p),
+                        None => {
+                            unnamed.insert(data.key, data.id);
+                            Location::Lost
                         }
-                    }
+                    },
                     MigrationMode::FileHandles => match file_handle(data.fd()) {
                         Ok(h) => Location::Handle(h),
                         Err(e) => {
@@ -193,21 +263,53 @@ impl PassthroughFs {
                     },
                 }
             };
-            if location == Location::Lost {
-                lost += 1;
-                log::warn!(
-                    "migration: inode {} cannot be named for the destination (unlinked or moved?)",
-                    data.id
-                );
-            }
             out.push(InodeState {
                 id: data.id,
-                refs,
+                refs: *refs,
                 generation: 0,
                 kind: data.kind,
                 location,
-                verify,
+                verify: None,
             });
+        }
+        if !unnamed.is_empty() {
+            // As virtiofsd: fall back to walking the shared directory (finds, e.g., another
+            // hard link of a file whose guest-visible name was unlinked).
+            let found = self.search_paths(&unnamed);
+            log::info!(
+                "migration: searched the shared directory for {} inode(s), found {}",
+                unnamed.len(),
+                found.len()
+            );
+            for i in &mut out {
+                if let Some(p) = found.get(&i.id) {
+                    i.location = Location::Path(p.clone());
+                }
+            }
+        }
+        let by_id: HashMap<Inode, &Arc<InodeData>> =
+            inodes.iter().map(|(d, _)| (d.id, d)).collect();
+        let mut lost = 0usize;
+        for i in &mut out {
+            match &i.location {
+                Location::Lost => {
+                    lost += 1;
+                    log::warn!(
+                        "migration: inode {} cannot be named for the destination (unlinked or moved?)",
+                        i.id
+                    );
+                }
+                Location::Path(_) if opts.verify_handles => {
+                    if let Some(data) = by_id.get(&i.id) {
+                        i.verify = file_handle(data.fd())
+                            .inspect_err(|e| {
+                                log::warn!("migration: no file handle for inode {}: {e}", i.id)
+                            })
+                            .ok();
+                    }
+                }
+                _ => {}
+            }
         }
         out.sort_by_key(|i| i.id);
         let (handles, next_handle) = self.handles.export();
