@@ -57,6 +57,14 @@ test-lifecycle: kernel initramfs qemu virtiofsd build
 test-escape: kernel initramfs qemu build
 	tests/e2e/escape.sh
 
+# Live migration end to end: two QEMU 11.1 guests with vhost-user-fs-pci, two daemons; both
+# migration modes and a refused (corrupted) state with daxfsd, then the same migrations with
+# upstream virtiofsd.
+.PHONY: test-migrate
+test-migrate: kernel initramfs qemu virtiofsd build
+	tests/e2e/migrate.sh
+	tests/e2e/migrate.sh -d virtiofsd
+
 test: lint test-unit test-fuzz test-e2e test-e2e-virtiofsd test-dax test-escape
 	@echo "make test: all suites passed"
 

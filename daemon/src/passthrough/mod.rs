@@ -34,6 +34,7 @@ mod file_ops;
 mod fs_impl;
 mod handle;
 mod inode;
+mod migration;
 mod xattr_ops;
 
 use std::ffi::{CStr, CString};
