@@ -624,7 +624,11 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             f |= VhostUserProtocolFeatures::CONFIG;
         }
         if self.channel.as_ref().is_some_and(|c| c.window_size() > 0) {
-            f |= VhostUserProtocolFeatures::SHMEM;
+            // Every SHMEM mapping becomes a RAM region of the guest's address space that QEMU
+            // also puts into our memory table. Without CONFIGURE_MEM_SLOTS that table holds at
+            // most 8 regions: past a few live mappings SET_MEM_TABLE fails, and with it the
+            // restart of the vrings after `stop`/`cont` (the guest hangs).
+            f |= VhostUserProtocolFeatures::SHMEM | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
         }
         if self.device_state.is_some() {
             f |= VhostUserProtocolFeatures::DEVICE_STATE | VhostUserProtocolFeatures::LOG_SHMFD;
