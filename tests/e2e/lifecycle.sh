@@ -12,9 +12,10 @@
 #   pause-pci-virtiofsd  the same against upstream virtiofsd 1.14 (proof the test is right)
 #   pause-dax            the same on profile dax (QEMU 11.1, DAX window, -o dax=always): the
 #                        48 MiB file is read through DAX before and after the pauses
-#   sigterm-dax          DAX shadow tails: bytes the guest wrote into a file's last partial
-#                        page are on the host after a guest `sync` while the guest runs, and
-#                        after SIGTERM to the daemon (which exits 0) without a sync
+#   sigterm-dax          DAX shadow tails: bytes the guest stored through a shared mapping
+#                        into a file's last partial page (no close, no fsync after the
+#                        store) are on the host after a guest `sync` while the guest runs,
+#                        and after SIGTERM to the daemon (which exits 0) without a sync
 # Ends with "e2e-lifecycle: N passed, M failed"; exits non-zero on any failure.
 set -euo pipefail
 RIG_TAG=e2e-lifecycle
@@ -173,11 +174,13 @@ if wanted sigterm-dax; then
     mkdir -p "$share"
     head -c 100 /dev/zero | tr '\0' a >"$share/tailfile"
     cat >"$work/$name.sh" <<'EOF'
-printf 'GUESTBYTES' | dd of=/mnt/tailfile bs=1 seek=10 conv=notrunc 2>/dev/null
+/e2e/vfstest mmapdirty /mnt/tailfile 10 GUESTBYTES >/tmp/d1 &
+while [ ! -s /tmp/d1 ]; do sleep 0.1; done
 sync
 touch /mnt/synced
 while [ ! -e /mnt/go ]; do sleep 0.2; done
-printf 'SECOND' | dd of=/mnt/tailfile bs=1 seek=40 conv=notrunc 2>/dev/null
+/e2e/vfstest mmapdirty /mnt/tailfile 40 SECOND >/tmp/dirty &
+while [ ! -s /tmp/dirty ]; do sleep 0.1; done
 touch /mnt/dirty
 sleep 600
 EOF
@@ -195,7 +198,7 @@ EOF
         if ! wait_file "$share/dirty" 120; then
             bad "$name/guest_dirty" "the guest never wrote its second tail"
         else
-            sleep 1
+            # At once: the periodic write-back (5 s) must not be what saves the bytes.
             dpid=$(cat "$mon.daemon-pid")
             kill -TERM "$dpid"
             for _ in $(seq 1 100); do kill -0 "$dpid" 2>/dev/null || break; sleep 0.1; done
