@@ -279,13 +279,19 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         0 => None,
         size => Some(Arc::new(DaxWindow::new(size)?)),
     };
-    let mapper: Box<dyn Mapper> = match &window {
-        Some(w) => Box::new(w.clone()),
-        None => Box::new(NoMapper),
+    let mapper: Arc<dyn Mapper> = match &window {
+        Some(w) => {
+            log::info!("{}", w.describe());
+            w.spawn_writeback(crate::dax::WRITEBACK_PERIOD);
+            w.clone()
+        }
+        None => Arc::new(NoMapper),
     };
+    // DAX coherence (shadow write-back, re-placement) wraps the filesystem.
+    let fs = crate::dax::coherent::Coherent::new(fs, mapper.clone());
     let server = Arc::new(Server::new(
         fs,
-        mapper,
+        Box::new(mapper),
         ServerOptions {
             dax_policy: cli.dax_policy,
             ..Default::default()
