@@ -199,6 +199,9 @@ struct Table {
     /// Bumped when the frontend dropped every mapping (device reset): round trips that
     /// started before it publish nothing.
     gen: u64,
+    /// Frontend mappings a round trip placed across a reset: the frontend may have applied
+    /// them after its reset. Unmapped (a refusal tolerated) before the range is used again.
+    orphans: Vec<(u64, u64)>,
 }
 
 impl Table {
@@ -388,6 +391,16 @@ impl<S: WindowSink> DaxWindow<S> {
         }
     }
 
+    /// What `device_paused` does: send nothing until the device starts; keep the table.
+    pub fn pause(&self) {
+        self.running.store(false, Ordering::SeqCst);
+    }
+
+    #[cfg(test)]
+    fn device_paused_for_test(&self) {
+        self.pause();
+    }
+
     /// Empties the table (new generation); returns what was in it.
     fn drain(&self) -> Vec<(u64, Placed)> {
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
@@ -529,7 +542,22 @@ impl<S: WindowSink> DaxWindow<S> {
             }
         }
         t.busy.push((moffset, end));
-        Ok((t.gen, taken))
+        let mut orphans = Vec::new();
+        t.orphans.retain(|&(s, l)| {
+            let hit = s < end && moffset < s + l;
+            if hit {
+                orphans.push((s, l));
+            }
+            !hit
+        });
+        let gen = t.gen;
+        drop(t);
+        for (s, l) in orphans {
+            if let Err(e) = self.with_sink(|k| k.unmap(s, l)) {
+                log::debug!("SHMEM_UNMAP of orphan {s:#x}+{l:#x}: {e} (the reset removed it)");
+            }
+        }
+        Ok((gen, taken))
     }
 
     /// Ends a claim: publishes `placed` if the frontend still has it (same generation).
@@ -540,6 +568,14 @@ impl<S: WindowSink> DaxWindow<S> {
             if let Some(p) = placed {
                 self.owners.add(p.owner);
                 t.insert(moffset, p);
+            }
+        } else if let Some(p) = placed {
+            log::warn!("DAX mapping {moffset:#x} completed across a device reset: dropped");
+            if p.file_len > 0 {
+                t.orphans.push((moffset, p.file_len));
+            }
+            if p.file_len < p.len {
+                t.orphans.push((moffset + p.file_len, p.len - p.file_len));
             }
         }
         t.unbusy(moffset);
@@ -1028,7 +1064,7 @@ impl BackendChannel for DaxWindow<Backend> {
     fn device_paused(&self) {
         // `stop`/`cont` (vhost_dev_stop/start) leave QEMU's SHMEM mappings in place: keep
         // the table as it is and send nothing until the device starts again. No lock taken.
-        self.running.store(false, Ordering::SeqCst);
+        self.pause();
     }
 
     fn device_reset(&self) {
@@ -1044,11 +1080,16 @@ impl BackendChannel for DaxWindow<Backend> {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+    use std::os::unix::fs::FileExt;
 
     #[derive(Default)]
     struct Rec {
         calls: Mutex<Vec<String>>,
         fail_map: AtomicBool,
+        /// Descriptors of live maps by window offset (what the frontend would map).
+        fds: Mutex<HashMap<u64, File>>,
+        /// Held by a test to delay every reply.
+        gate: Mutex<()>,
     }
 
     impl WindowSink for std::sync::Arc<Rec> {
@@ -1060,9 +1101,14 @@ mod tests {
             foffset: u64,
             writable: bool,
         ) -> io::Result<()> {
+            drop(self.gate.lock().unwrap());
             if self.fail_map.load(Ordering::SeqCst) {
                 return Err(io::Error::other("frontend said no"));
             }
+            self.fds
+                .lock()
+                .unwrap()
+                .insert(moffset, File::from(_fd.try_clone_to_owned().unwrap()));
             let w = if writable { "rw" } else { "ro" };
             self.calls
                 .lock()
@@ -1071,6 +1117,8 @@ mod tests {
             Ok(())
         }
         fn unmap(&self, moffset: u64, len: u64) -> io::Result<()> {
+            drop(self.gate.lock().unwrap());
+            self.fds.lock().unwrap().remove(&moffset);
             self.calls
                 .lock()
                 .unwrap()
@@ -1265,5 +1313,223 @@ mod tests {
         w.map(7, MB2, MB2, f.as_fd(), 0, false).unwrap();
         assert_eq!(calls(&rec), vec!["map 0x200000+0x200000@0x0 ro"]);
         assert_eq!(f.metadata().unwrap().len(), 0, "the file is never extended");
+    }
+
+    fn tmpfile_with(bytes: &[u8], mode: u32) -> File {
+        use std::os::unix::fs::PermissionsExt;
+        let f = tempfile::tempfile().unwrap();
+        f.write_all_at(bytes, 0).unwrap();
+        f.set_permissions(std::fs::Permissions::from_mode(mode))
+            .unwrap();
+        f
+    }
+
+    /// Window bytes `[m, m+len)` as the frontend's mappings show them (every mapping here
+    /// starts at offset 0 of its descriptor).
+    fn window_read(rec: &Rec, m: u64, len: usize) -> Vec<u8> {
+        let fds = rec.fds.lock().unwrap();
+        let mut out = vec![0u8; len];
+        for x in 0..len as u64 {
+            let at = m + x;
+            let (k, fd) = fds
+                .iter()
+                .filter(|(k, _)| **k <= at)
+                .max_by_key(|(k, _)| **k)
+                .expect("mapped");
+            let mut b = [0u8; 1];
+            fd.read_exact_at(&mut b, at - k).unwrap();
+            out[x as usize] = b[0];
+        }
+        out
+    }
+
+    fn mapped_bytes(rec: &Rec, moffset: u64, len: usize) -> Vec<u8> {
+        let fds = rec.fds.lock().unwrap();
+        let mut v = vec![0u8; len];
+        fds[&moffset].read_exact_at(&mut v, 0).unwrap();
+        v
+    }
+
+    #[test]
+    fn executables_are_mapped_from_a_snapshot_without_a_writable_descriptor() {
+        let (w, rec, _) = window();
+        let f = tmpfile_with(&[7u8; 10000], 0o755);
+        w.map(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+        assert_eq!(calls(&rec), vec!["map 0x0+0x200000@0x0 ro"]);
+        assert_eq!(w.stats().snapshots, 1);
+        assert_eq!(mapped_bytes(&rec, 0, 10000), vec![7u8; 10000]);
+        assert_eq!(mapped_bytes(&rec, 0, 10001)[10000], 0, "zero padded");
+        // No descriptor of the file is kept by the window.
+        let t = w.table.lock().unwrap();
+        assert!(t.live[&0].file.is_none());
+        drop(t);
+        // A writable mapping of it maps the file itself.
+        w.map(7, 0, MB2, f.as_fd(), 0, true).unwrap();
+        assert_eq!(
+            calls(&rec),
+            vec![
+                "unmap 0x0+0x200000",
+                "map 0x0+0x2000@0x0 rw",
+                "map 0x2000+0x1fe000@0x0 rw"
+            ]
+        );
+    }
+
+    #[test]
+    fn read_only_descriptors_get_a_snapshot_kept_coherent() {
+        let (w, rec, _) = window();
+        let path = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(path.path(), [1u8; 5000]).unwrap();
+        let ro = File::open(path.path()).unwrap();
+        w.map(9, 0, MB2, ro.as_fd(), 0, false).unwrap();
+        assert_eq!(calls(&rec), vec!["map 0x0+0x200000@0x0 ro"]);
+        // A writable mapping needs a writable descriptor.
+        let e = w.map(9, MB2, MB2, ro.as_fd(), 0, true).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EACCES));
+        // The host changes the file: the next sync point shows it to the guest.
+        let rw = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path.path())
+            .unwrap();
+        rw.write_all_at(&[2u8; 100], 4000).unwrap();
+        w.sync(9);
+        let got = mapped_bytes(&rec, 0, 5000);
+        assert_eq!(
+            &got[3999..4101],
+            &[&[1u8][..], &[2u8; 100], &[1u8]].concat()[..]
+        );
+    }
+
+    #[test]
+    fn aliases_share_one_tail() {
+        let (w, rec, _) = window();
+        let path = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(path.path(), b"hello world").unwrap();
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path.path())
+                .unwrap()
+        };
+        let (a, b) = (open(), open());
+        // Two inodes (a bind mount alias) map the same host range at two window offsets.
+        w.map(1, 0, MB2, a.as_fd(), 0, true).unwrap();
+        w.map(2, MB2, MB2, b.as_fd(), 0, true).unwrap();
+        calls(&rec);
+        let fds = rec.fds.lock().unwrap();
+        fds[&0].write_all_at(b"HELLO", 0).unwrap();
+        let mut via_b = [0u8; 5];
+        fds[&MB2].read_exact_at(&mut via_b, 0).unwrap();
+        assert_eq!(&via_b, b"HELLO", "one memfd behind both mappings");
+        drop(fds);
+        // Writing back through either inode writes the bytes once; the other has no stale
+        // copy to overwrite them with.
+        w.sync(2);
+        w.sync(1);
+        assert_eq!(std::fs::read(path.path()).unwrap(), b"HELLO world");
+        assert_eq!(w.stats().written_back, 5);
+    }
+
+    #[test]
+    fn size_changes_replace_only_when_the_page_layout_changes() {
+        let (w, rec, f) = window();
+        f.set_len(100).unwrap();
+        w.map(7, 0, MB2, f.as_fd(), 0, true).unwrap();
+        calls(&rec);
+        // Growth inside the last page: the tail is updated in place, nothing re-placed.
+        f.write_all_at(b"grown", 100).unwrap();
+        w.refresh(7);
+        w.sync(7);
+        assert!(
+            calls(&rec).is_empty(),
+            "no unmap/map for an unchanged layout"
+        );
+        assert_eq!(&mapped_bytes(&rec, 0, 105)[100..], b"grown");
+        // Growth past the page: re-placed once.
+        f.set_len(3 * 4096).unwrap();
+        w.sync(7);
+        assert_eq!(
+            calls(&rec),
+            vec![
+                "unmap 0x0+0x200000",
+                "map 0x0+0x3000@0x0 rw",
+                "map 0x3000+0x1fd000@0x0 rw"
+            ]
+        );
+        assert_eq!(w.stats().replaced, 1);
+    }
+
+    #[test]
+    fn the_budget_folds_tails_into_one_mapping_per_range() {
+        // 8 ranges, room for 10 frontend mappings: small files need 2 each, so most fold.
+        let w: DaxWindow<Arc<Rec>> = DaxWindow::with_budget(8 * MB2, 10).unwrap();
+        let rec = Arc::new(Rec::default());
+        w.set_sink(rec.clone());
+        w.start();
+        let files: Vec<File> = (0..8)
+            .map(|i| tmpfile_with(&vec![i as u8; 5000], 0o644))
+            .collect();
+        for (i, f) in files.iter().enumerate() {
+            w.map(i as u64, i as u64 * MB2, MB2, f.as_fd(), 0, true)
+                .unwrap();
+        }
+        let s = w.stats();
+        assert!(s.peak_regions <= 10, "{s}");
+        assert!(s.merged > 0, "{s}");
+        assert_eq!(s.mapped_bytes, 8 * MB2);
+        // Every range shows its file's bytes, zero padded.
+        for (i, _) in files.iter().enumerate() {
+            let m = i as u64 * MB2;
+            let mut want = vec![i as u8; 5000];
+            want.resize(8192, 0);
+            assert_eq!(window_read(&rec, m, 8192), want, "range {i}");
+        }
+        // A hostile guest mapping 4 KiB pieces runs into the budget and gets ENOSPC.
+        let w2: DaxWindow<Arc<Rec>> = DaxWindow::with_budget(2 * MB2, 2).unwrap();
+        w2.set_sink(Arc::new(Rec::default()));
+        w2.start();
+        let f = tmpfile_with(&[0u8; 8192], 0o644);
+        w2.map(1, 0, 4096, f.as_fd(), 0, false).unwrap();
+        w2.map(1, 4096, 4096, f.as_fd(), 0, false).unwrap();
+        let e = w2.map(1, 8192, 4096, f.as_fd(), 0, false).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+    }
+
+    #[test]
+    fn reset_and_pause_never_wait_for_a_frontend_round_trip() {
+        let (w, rec, f) = window();
+        let w = Arc::new(w);
+        let gate = rec.gate.lock().unwrap();
+        // A SETUPMAPPING whose SHMEM_MAP reply is held back by the frontend.
+        let w2 = w.clone();
+        let fd = f.try_clone().unwrap();
+        let t = std::thread::spawn(move || w2.map(7, 0, MB2, fd.as_fd(), 0, false));
+        std::thread::sleep(Duration::from_millis(50));
+        let started = std::time::Instant::now();
+        w.device_paused_for_test();
+        w.stop();
+        w.sync(8);
+        w.sync_all();
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "pause/reset waited for the frontend"
+        );
+        drop(gate);
+        let _ = t.join().unwrap();
+        assert_eq!(
+            w.stats().mapped_bytes,
+            0,
+            "nothing published across the reset"
+        );
+        // The frontend may have applied that map after its reset: it is unmapped before the
+        // range is used again.
+        calls(&rec);
+        w.start();
+        w.map(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+        assert_eq!(
+            calls(&rec),
+            vec!["unmap 0x0+0x200000", "map 0x0+0x200000@0x0 ro"]
+        );
     }
 }
