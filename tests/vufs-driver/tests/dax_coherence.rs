@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use daxfsd::abi::SETUPMAPPING_FLAG_WRITE as WRITE;
 use daxfsd::abi::{self, RemovemappingOne, SETUPMAPPING_FLAG_READ as READ};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vm_memory::ByteValued;
 use vufs_driver::dax::QEMU_SLOT_LIMIT;
 use vufs_driver::{DaemonKind, DriverConfig};
 
@@ -60,7 +61,7 @@ fn map_storm_past_the_budget_stays_within_qemus_slots() {
     assert_eq!(w.len(), 512 << 20);
     let mut handles = Vec::new();
     for i in 0..N {
-        let e = r.s.lookup(abi::ROOT_ID, &format!("f{i}")).unwrap();
+        let e = r.s.lookup(abi::ROOT_ID, format!("f{i}")).unwrap();
         let o = r.s.open(e.nodeid, libc::O_RDWR as u32).unwrap();
         r.s.setupmapping(e.nodeid, o.fh, 0, MIB2, READ | WRITE, i as u64 * MIB2)
             .unwrap_or_else(|err| panic!("SETUPMAPPING {i}: {err}\n{}", r.daemon.log_contents()));
@@ -362,4 +363,53 @@ fn resets_race_a_map_storm_with_delayed_frontend_replies() {
         "slot violations: {v:?}"
     );
     assert!(r.daemon.try_wait().unwrap().is_none(), "daemon exited");
+}
+
+/// Guest stores into a tail reach the file on SYNCFS and on FSYNCDIR (the guest's `sync`)
+/// without any request on the file itself, and, with no request at all, within the periodic
+/// write-back: a SIGKILL of the daemon after that loses nothing.
+#[test]
+fn syncfs_fsyncdir_and_the_periodic_write_back_reach_the_file() {
+    if !only_daxfsd("syncfs_fsyncdir_and_the_periodic_write_back_reach_the_file") {
+        return;
+    }
+    let mut r = common::start_with(&["--dax-window=64M"], &DriverConfig::default(), |d| {
+        fs::write(d.join("s"), vec![b'.'; 100]).unwrap();
+    });
+    let w = r.s.dax().cloned().expect("no window");
+    let e = r.s.lookup(abi::ROOT_ID, "s").unwrap();
+    let o = r.s.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+    r.s.setupmapping(e.nodeid, o.fh, 0, MIB2, READ | WRITE, 0)
+        .unwrap();
+    let path = r.host("s");
+    let host = || fs::read(&path).unwrap();
+
+    w.write(10, b"SYNCFS").unwrap();
+    let syncfs = abi::SyncfsIn::default();
+    r.s.call(abi::opcode::SYNCFS, abi::ROOT_ID, &[syncfs.as_slice()], 0)
+        .unwrap();
+    assert_eq!(&host()[10..16], b"SYNCFS", "SYNCFS wrote the tail back");
+
+    w.write(20, b"FSYNCDIR").unwrap();
+    let d = r.s.opendir(abi::ROOT_ID, 0).unwrap();
+    let a = abi::FsyncIn {
+        fh: d.fh,
+        ..Default::default()
+    };
+    r.s.call(abi::opcode::FSYNCDIR, abi::ROOT_ID, &[a.as_slice()], 0)
+        .unwrap();
+    assert_eq!(&host()[20..28], b"FSYNCDIR", "FSYNCDIR wrote the tail back");
+    r.s.releasedir(abi::ROOT_ID, d.fh, 0).unwrap();
+
+    // No request: the periodic write-back (every 5 s) is the bound on what SIGKILL loses.
+    w.write(40, b"PERIODIC").unwrap();
+    let t0 = Instant::now();
+    while &host()[40..48] != b"PERIODIC" && t0.elapsed() < Duration::from_secs(12) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(&host()[40..48], b"PERIODIC", "not written back within 12 s");
+    r.daemon.kill().unwrap();
+    let h = host();
+    assert_eq!(h.len(), 100, "size unchanged");
+    assert_eq!(&h[10..16], b"SYNCFS");
 }
