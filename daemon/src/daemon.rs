@@ -282,7 +282,6 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     let mapper: Arc<dyn Mapper> = match &window {
         Some(w) => {
             log::info!("{}", w.describe());
-            w.spawn_writeback(crate::dax::WRITEBACK_PERIOD);
             w.clone()
         }
         None => Arc::new(NoMapper),
@@ -306,6 +305,10 @@ pub fn run(cli: &Cli) -> io::Result<()> {
 
     if let Some(w) = window.clone() {
         spawn_sigusr1_reporter(move || log::info!("{}", w.stats()));
+    }
+    if let Some(w) = &window {
+        // Bounds what a SIGKILL can lose of guest stores into shadow tails.
+        w.spawn_writeback(crate::dax::WRITEBACK_PERIOD);
     }
 
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());

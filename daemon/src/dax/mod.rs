@@ -443,15 +443,26 @@ impl<S: WindowSink> DaxWindow<S> {
         let weak = Arc::downgrade(self);
         let spawned = std::thread::Builder::new()
             .name("dax-writeback".into())
-            .spawn(move || loop {
-                // A timed condvar wait (futex) rather than a sleep: the seccomp allowlist
-                // has futex for every lock already.
-                let (m, cv) = (Mutex::new(()), Condvar::new());
-                let g = m.lock().unwrap_or_else(|e| e.into_inner());
-                drop(cv.wait_timeout(g, period));
-                match weak.upgrade() {
-                    Some(w) => w.sync_all(),
-                    None => return,
+            .spawn(move || {
+                // Signals are for the threads that wait for them (SIGUSR1, SIGTERM): a
+                // thread with them unblocked would take their default action instead.
+                // SAFETY: `all` is initialised by sigfillset; this changes only this
+                // thread's mask.
+                unsafe {
+                    let mut all: libc::sigset_t = std::mem::zeroed();
+                    libc::sigfillset(&mut all);
+                    libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+                }
+                loop {
+                    // A timed condvar wait (futex) rather than a sleep: the seccomp allowlist
+                    // has futex for every lock already.
+                    let (m, cv) = (Mutex::new(()), Condvar::new());
+                    let g = m.lock().unwrap_or_else(|e| e.into_inner());
+                    drop(cv.wait_timeout(g, period));
+                    match weak.upgrade() {
+                        Some(w) => w.sync_all(),
+                        None => return,
+                    }
                 }
             });
         if let Err(e) = spawned {
