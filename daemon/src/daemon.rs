@@ -273,6 +273,7 @@ pub fn run(cli: &Cli) -> io::Result<()> {
 
     let mut cfg = passthrough_config(cli)?;
     cfg.root_dir = inside.shared_dir.clone();
+    let dax_proc_fd = inside.proc_self_fd.try_clone()?;
     let fs = PassthroughFs::with_proc_self_fd(cfg, inside.proc_self_fd)?;
 
     let window: Option<Arc<DaxWindow<Backend>>> = match cli.dax_window {
@@ -282,6 +283,7 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     let mapper: Arc<dyn Mapper> = match &window {
         Some(w) => {
             log::info!("{}", w.describe());
+            w.set_proc_self_fd(dax_proc_fd);
             w.clone()
         }
         None => Arc::new(NoMapper),

@@ -294,6 +294,8 @@ pub struct DaxWindow<S: WindowSink = Backend> {
     shadows: Mutex<HashMap<ShadowKey, Weak<Mutex<Shadow>>>>,
     /// Files already logged as mapped from snapshots (bounded).
     logged: Mutex<HashSet<(u64, u64)>>,
+    /// `/proc/self/fd`, to reopen an executable read-only for its snapshot.
+    proc_self_fd: std::sync::OnceLock<std::os::fd::OwnedFd>,
     counters: Counters,
 }
 
@@ -343,8 +345,25 @@ impl<S: WindowSink> DaxWindow<S> {
             owners: Owners::new(),
             shadows: Mutex::new(HashMap::new()),
             logged: Mutex::new(HashSet::new()),
+            proc_self_fd: std::sync::OnceLock::new(),
             counters: Counters::default(),
         })
+    }
+
+    /// Gives the window `/proc/self/fd` (opened before the sandbox), so a snapshot of an
+    /// executable can keep a read-only descriptor and follow host changes.
+    pub fn set_proc_self_fd(&self, fd: std::os::fd::OwnedFd) {
+        let _ = self.proc_self_fd.set(fd);
+    }
+
+    /// A read-only descriptor of the file behind `fd` (through `/proc/self/fd`), if any.
+    fn reopen_read_only(&self, fd: BorrowedFd) -> Option<File> {
+        let dir = self.proc_self_fd.get()?;
+        let name = std::ffi::CString::new(fd.as_raw_fd().to_string()).ok()?;
+        crate::sys::openat(dir.as_fd(), &name, libc::O_RDONLY | libc::O_CLOEXEC, 0)
+            .map(File::from)
+            .map_err(|e| log::debug!("reopening a mapped file read-only: {e}"))
+            .ok()
     }
 
     /// 2 MiB ranges in the window.
@@ -951,8 +970,15 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
                 self.log_snapshot(&st, "it cannot be opened read-write");
                 (Plan::Snapshot, None)
             } else if exec {
-                self.log_snapshot(&st, "executable: the host may run it while the guest reads it; host changes reach the guest when it maps the range again");
-                (Plan::Snapshot, Some(None))
+                // Keep no writable descriptor: the host may run the file meanwhile.
+                let ro = self.reopen_read_only(fd).map(Arc::new);
+                let how = if ro.is_some() {
+                    "executable: the host may run it while the guest reads it"
+                } else {
+                    "executable: the host may run it while the guest reads it; host changes reach the guest when it maps the range again"
+                };
+                self.log_snapshot(&st, how);
+                (Plan::Snapshot, Some(ro))
             } else {
                 (Plan::Direct, None)
             };
@@ -1370,10 +1396,27 @@ mod tests {
         assert_eq!(w.stats().snapshots, 1);
         assert_eq!(mapped_bytes(&rec, 0, 10000), vec![7u8; 10000]);
         assert_eq!(mapped_bytes(&rec, 0, 10001)[10000], 0, "zero padded");
-        // No descriptor of the file is kept by the window.
+        // No descriptor of the file is kept by the window (no /proc/self/fd given).
         let t = w.table.lock().unwrap();
         assert!(t.live[&0].file.is_none());
         drop(t);
+        // With /proc/self/fd, a read-only one, which follows host changes at sync points.
+        let w2: DaxWindow<Arc<Rec>> = DaxWindow::new(8 * MB2).unwrap();
+        let rec2 = Arc::new(Rec::default());
+        w2.set_sink(rec2.clone());
+        w2.start();
+        w2.set_proc_self_fd(
+            crate::sys::open(c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY, 0).unwrap(),
+        );
+        w2.map(5, 0, MB2, f.as_fd(), 0, false).unwrap();
+        {
+            let t = w2.table.lock().unwrap();
+            let kept = t.live[&0].file.as_ref().expect("a read-only descriptor");
+            assert!(!fd_writable(kept.as_fd()));
+        }
+        f.write_all_at(b"new", 0).unwrap();
+        w2.sync(5);
+        assert_eq!(&mapped_bytes(&rec2, 0, 3), b"new");
         // A writable mapping of it maps the file itself.
         w.map(7, 0, MB2, f.as_fd(), 0, true).unwrap();
         assert_eq!(
