@@ -181,8 +181,9 @@ pub struct Cli {
     #[arg(long)]
     pub print_capabilities: bool,
 
-    /// Size of the DAX cache window (e.g. 1G, 512M; 0 = no window). Needs a frontend with
-    /// vhost-user SHMEM support (QEMU >= 11.1); guests mount with `-o dax=always`.
+    /// Size of the DAX cache window: a power of two of at least 2M (e.g. 1G, 512M; 0 = no
+    /// window). Needs a frontend with vhost-user SHMEM support (QEMU >= 11.1); guests mount
+    /// with `-o dax=always`.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "0")]
     pub dax_window: u64,
 
