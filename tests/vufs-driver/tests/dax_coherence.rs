@@ -413,3 +413,48 @@ fn syncfs_fsyncdir_and_the_periodic_write_back_reach_the_file() {
     assert_eq!(h.len(), 100, "size unchanged");
     assert_eq!(&h[10..16], b"SYNCFS");
 }
+
+/// DESTROY (the guest unmounts; the device is not reset) ends the session: every mapping
+/// leaves the frontend too, with guest stores written back first, and a new session starts
+/// from an empty window.
+#[test]
+fn destroy_unmaps_every_mapping() {
+    if !only_daxfsd("destroy_unmaps_every_mapping") {
+        return;
+    }
+    let mut r = common::start_with(&["--dax-window=64M"], &DriverConfig::default(), |d| {
+        fs::write(d.join("big"), bytes(5 << 20, 3)).unwrap();
+        fs::write(d.join("small"), b"small file").unwrap();
+    });
+    let w = r.s.dax().cloned().expect("no window");
+    let big = r.s.lookup(abi::ROOT_ID, "big").unwrap();
+    let small = r.s.lookup(abi::ROOT_ID, "small").unwrap();
+    let ob = r.s.open(big.nodeid, libc::O_RDONLY as u32).unwrap();
+    let os = r.s.open(small.nodeid, libc::O_RDWR as u32).unwrap();
+    for k in 0..3 {
+        r.s.setupmapping(big.nodeid, ob.fh, k * MIB2, MIB2, READ, k * MIB2)
+            .unwrap();
+    }
+    r.s.setupmapping(small.nodeid, os.fh, 0, MIB2, READ | WRITE, 8 * MIB2)
+        .unwrap();
+    w.write(8 * MIB2, b"SMALL").unwrap();
+    assert!(w.mappings().len() >= 4);
+    r.s.destroy().unwrap();
+    assert!(
+        w.mappings().is_empty(),
+        "left after DESTROY: {:?}",
+        w.mappings()
+    );
+    assert_eq!(fs::read(r.host("small")).unwrap(), b"SMALL file");
+    r.s.init().unwrap();
+    let big = r.s.lookup(abi::ROOT_ID, "big").unwrap();
+    let ob = r.s.open(big.nodeid, libc::O_RDONLY as u32).unwrap();
+    r.s.setupmapping(big.nodeid, ob.fh, 0, MIB2, READ, 0)
+        .unwrap();
+    let mut got = vec![0u8; 4096];
+    w.read(4096, &mut got).unwrap();
+    assert_eq!(got, bytes(5 << 20, 3)[4096..8192]);
+    let st = w.stats();
+    assert_eq!((st.maps_rejected, st.unmaps_rejected), (0, 0), "{st:?}");
+    r.assert_clean();
+}
