@@ -405,7 +405,7 @@ impl<S: WindowSink> DaxWindow<S> {
     /// waits for a round trip in progress (those see the new generation and publish nothing).
     pub fn stop(&self) {
         self.running.store(false, Ordering::SeqCst);
-        for (_, p) in self.drain() {
+        for (_, p) in self.drain(true) {
             self.settle(&p);
         }
     }
@@ -420,11 +420,15 @@ impl<S: WindowSink> DaxWindow<S> {
         self.pause();
     }
 
-    /// Empties the table (new generation); returns what was in it.
-    fn drain(&self) -> Vec<(u64, Placed)> {
+    /// Empties the table (new generation); returns what was in it. `reset`: the frontend
+    /// dropped every mapping, orphans included.
+    fn drain(&self, reset: bool) -> Vec<(u64, Placed)> {
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         t.gen += 1;
         t.regions = 0;
+        if reset {
+            t.orphans.clear();
+        }
         t.by_owner.clear();
         self.owners.clear();
         std::mem::take(&mut t.live).into_iter().collect()
@@ -830,6 +834,18 @@ impl<S: WindowSink> DaxWindow<S> {
     /// that no longer has it (it was reset behind our back) is not an error for the guest.
     fn unplace(&self, moffset: u64, p: &Placed) {
         self.settle(p);
+        if !self.running.load(Ordering::SeqCst) {
+            // Paused (QEMU keeps its mappings across stop/cont): unmap once it runs again.
+            let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+            if p.file_len > 0 {
+                t.orphans.push((moffset, p.file_len));
+            }
+            if p.file_len < p.len {
+                t.orphans.push((moffset + p.file_len, p.len - p.file_len));
+            }
+            self.counters.unmaps.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         if p.file_len > 0 {
             if let Err(e) = self.with_sink(|s| s.unmap(moffset, p.file_len)) {
                 log::warn!("SHMEM_UNMAP {moffset:#x}+{:#x}: {e}", p.file_len);
@@ -1076,13 +1092,18 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
     fn end_session(&self) {
         // DESTROY or a new INIT: the frontend still has the mappings unless the device was
         // reset (then `stop` already emptied the table, or QEMU refuses the unmaps, which
-        // `unplace` tolerates). A stopped device gets nothing sent.
-        let running = self.running.load(Ordering::SeqCst);
-        for (m, p) in self.drain() {
-            if running {
-                self.unplace(m, &p);
-            } else {
-                self.settle(&p);
+        // `unplace` tolerates).
+        // While paused, `unplace` keeps them as orphans, unmapped once the device runs.
+        for (m, p) in self.drain(false) {
+            self.unplace(m, &p);
+        }
+        if self.running.load(Ordering::SeqCst) {
+            let orphans =
+                std::mem::take(&mut self.table.lock().unwrap_or_else(|e| e.into_inner()).orphans);
+            for (s, l) in orphans {
+                if let Err(e) = self.with_sink(|k| k.unmap(s, l)) {
+                    log::debug!("SHMEM_UNMAP of orphan {s:#x}+{l:#x}: {e}");
+                }
             }
         }
     }
@@ -1585,5 +1606,33 @@ mod tests {
             calls(&rec),
             vec!["unmap 0x0+0x200000", "map 0x0+0x200000@0x0 ro"]
         );
+    }
+
+    #[test]
+    fn an_unmap_while_paused_is_sent_once_the_device_runs() {
+        let (w, rec, f) = window();
+        w.map(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+        calls(&rec);
+        // stop/cont keeps QEMU's mappings: a removal that completes while paused is not
+        // sent then, and not forgotten either.
+        w.pause();
+        w.unmap(0, MB2).unwrap();
+        assert!(calls(&rec).is_empty());
+        w.start();
+        w.map(7, 0, MB2, f.as_fd(), 0, true).unwrap();
+        assert_eq!(
+            calls(&rec),
+            vec!["unmap 0x0+0x200000", "map 0x0+0x200000@0x0 rw"]
+        );
+        // DESTROY sends the pending ones too.
+        w.map(7, MB2, MB2, f.as_fd(), 0, false).unwrap();
+        w.pause();
+        w.unmap(MB2, MB2).unwrap();
+        w.start();
+        calls(&rec);
+        w.end_session();
+        let mut got = calls(&rec);
+        got.sort();
+        assert_eq!(got, vec!["unmap 0x0+0x200000", "unmap 0x200000+0x200000"]);
     }
 }
