@@ -197,8 +197,9 @@ pub struct Cli {
     #[arg(long)]
     pub print_capabilities: bool,
 
-    /// Size of the DAX cache window (e.g. 1G, 512M; 0 = no window). Needs a frontend with
-    /// vhost-user SHMEM support (QEMU >= 11.1); guests mount with `-o dax=always`.
+    /// Size of the DAX cache window: a power of two of at least 2M (e.g. 1G, 512M; 0 = no
+    /// window). Needs a frontend with vhost-user SHMEM support (QEMU >= 11.1); guests mount
+    /// with `-o dax=always`.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "0")]
     pub dax_window: u64,
 
@@ -318,6 +319,40 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
+/// The smallest DAX window: one 2 MiB range, the unit Linux maps.
+pub const MIN_DAX_WINDOW: u64 = 2 << 20;
+
+/// `--dax-window` must be a power of two (QEMU 11.1 places the window in a PCI BAR and
+/// aborts at start otherwise) and at least [`MIN_DAX_WINDOW`]. The message names the two
+/// nearest valid sizes.
+pub fn check_dax_window(size: u64) -> Result<(), String> {
+    if size >= MIN_DAX_WINDOW && size.is_power_of_two() {
+        return Ok(());
+    }
+    let human = |n: u64| -> String {
+        if n >= 1 << 30 && n % (1 << 30) == 0 {
+            format!("{}G", n >> 30)
+        } else if n % (1 << 20) == 0 {
+            format!("{}M", n >> 20)
+        } else {
+            n.to_string()
+        }
+    };
+    let hint = if size < MIN_DAX_WINDOW {
+        format!("the smallest is {}", human(MIN_DAX_WINDOW))
+    } else {
+        let below = 1u64 << (63 - size.leading_zeros());
+        match below.checked_mul(2) {
+            Some(above) => format!("use {} or {}", human(below), human(above)),
+            None => format!("use {}", human(below)),
+        }
+    };
+    Err(format!(
+        "--dax-window {} is not a power of two of at least 2M (QEMU places the window in a PCI BAR): {hint}",
+        human(size)
+    ))
+}
+
 /// Parses `--dax-policy`.
 pub fn parse_dax_policy(s: &str) -> Result<crate::server::DaxPolicy, String> {
     use crate::server::DaxPolicy;
@@ -417,11 +452,8 @@ impl Cli {
                 "--dax-window cannot be combined with --readonly (QEMU maps DAX ranges writable); drop one".into(),
             ));
         }
-        if self.dax_window % 4096 != 0 {
-            return Err(CliError::Invalid(format!(
-                "--dax-window {} is not a multiple of 4096 bytes (use e.g. 1G or 512M)",
-                self.dax_window
-            )));
+        if self.dax_window != 0 {
+            check_dax_window(self.dax_window).map_err(CliError::Invalid)?;
         }
         if self.queues == 0 || self.queues > crate::vhost_user::MAX_REQUEST_QUEUES {
             return Err(CliError::Invalid(format!(
@@ -670,7 +702,17 @@ mod tests {
         .unwrap_err();
         assert!(e.contains("--readonly"), "{e}");
         let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", "--dax-window=1000"]).unwrap_err();
-        assert!(e.contains("multiple of 4096"), "{e}");
+        assert!(e.contains("smallest is 2M"), "{e}");
+        let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", "--dax-window=768M"]).unwrap_err();
+        assert!(
+            e.contains("power of two") && e.contains("use 512M or 1G"),
+            "{e}"
+        );
+        let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", "--dax-window=1M"]).unwrap_err();
+        assert!(e.contains("smallest is 2M"), "{e}");
+        let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", "--dax-window=3G"]).unwrap_err();
+        assert!(e.contains("use 2G or 4G"), "{e}");
+        assert!(parse(&["--shared-dir=/tmp", "--socket-path=/s", "--dax-window=2M"]).is_ok());
         assert_eq!(
             parse(&["--shared-dir=/tmp", "--socket-path=/s", "--dax-window=64M"])
                 .unwrap()

@@ -273,19 +273,26 @@ pub fn run(cli: &Cli) -> io::Result<()> {
 
     let mut cfg = passthrough_config(cli)?;
     cfg.root_dir = inside.shared_dir.clone();
+    let dax_proc_fd = inside.proc_self_fd.try_clone()?;
     let fs = PassthroughFs::with_proc_self_fd(cfg, inside.proc_self_fd)?;
 
     let window: Option<Arc<DaxWindow<Backend>>> = match cli.dax_window {
         0 => None,
         size => Some(Arc::new(DaxWindow::new(size)?)),
     };
-    let mapper: Box<dyn Mapper> = match &window {
-        Some(w) => Box::new(w.clone()),
-        None => Box::new(NoMapper),
+    let mapper: Arc<dyn Mapper> = match &window {
+        Some(w) => {
+            log::info!("{}", w.describe());
+            w.set_proc_self_fd(dax_proc_fd);
+            w.clone()
+        }
+        None => Arc::new(NoMapper),
     };
+    // DAX coherence (shadow write-back, re-placement) wraps the filesystem.
+    let fs = crate::dax::coherent::Coherent::new(fs, mapper.clone());
     let server = Arc::new(Server::new(
         fs,
-        mapper,
+        Box::new(mapper),
         ServerOptions {
             dax_policy: cli.dax_policy,
             ..Default::default()
@@ -303,6 +310,10 @@ pub fn run(cli: &Cli) -> io::Result<()> {
 
     if let Some(w) = window.clone() {
         spawn_sigusr1_reporter(move || log::info!("{}", w.stats()));
+    }
+    if let Some(w) = &window {
+        // Bounds what a SIGKILL can lose of guest stores into shadow tails.
+        w.spawn_writeback(crate::dax::WRITEBACK_PERIOD);
     }
 
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());

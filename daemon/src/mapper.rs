@@ -30,6 +30,9 @@ pub trait Mapper: Send + Sync {
     fn sync(&self, _owner: u64) {}
     /// Inode `owner` may have changed size through the request queue: update its mappings.
     fn refresh(&self, _owner: u64) {}
+    /// The guest synced the whole share (SYNCFS, FSYNCDIR), a periodic write-back or a clean
+    /// exit: write every tail the guest changed back to its file.
+    fn sync_all(&self) {}
     /// The FUSE session ended (DESTROY, a new INIT, a device reset): remove every mapping.
     fn end_session(&self) {}
 }
@@ -58,6 +61,9 @@ impl<M: Mapper + ?Sized> Mapper for std::sync::Arc<M> {
     }
     fn refresh(&self, owner: u64) {
         (**self).refresh(owner)
+    }
+    fn sync_all(&self) {
+        (**self).sync_all()
     }
     fn end_session(&self) {
         (**self).end_session()

@@ -324,35 +324,7 @@ impl<F: FileSystem> Server<F> {
         }
     }
 
-    /// Dispatches with DAX coherence around requests that read, write or resize a file: the
-    /// window's shadow tails are written back first and re-placed after a size change.
     fn dispatch(&self, opcode: u32, req: &Req, r: &mut Reader, w: &mut Writer) -> HandlerResult {
-        if self.mapper.window_size() == 0 {
-            return self.dispatch_op(opcode, req, r, w);
-        }
-        let touches = matches!(
-            opcode,
-            op::READ
-                | op::WRITE
-                | op::SETATTR
-                | op::FALLOCATE
-                | op::FSYNC
-                | op::FLUSH
-                | op::RELEASE
-                | op::LSEEK
-                | op::OPEN
-        );
-        if touches {
-            self.mapper.sync(req.nodeid);
-        }
-        let res = self.dispatch_op(opcode, req, r, w);
-        if res.is_ok() && matches!(opcode, op::WRITE | op::SETATTR | op::FALLOCATE | op::OPEN) {
-            self.mapper.refresh(req.nodeid);
-        }
-        res
-    }
-
-    fn dispatch_op(&self, opcode: u32, req: &Req, r: &mut Reader, w: &mut Writer) -> HandlerResult {
         let (ctx, ino) = (&req.ctx, req.nodeid);
         let fs = &self.fs;
         match opcode {
@@ -557,8 +529,6 @@ impl<F: FileSystem> Server<F> {
                 let a: CopyFileRangeIn = r.read_obj()?;
                 // The reply carries a 32-bit count: never copy more than fits.
                 let len = a.len.min(u64::from(u32::MAX) & !u64::from(PAGE_SIZE - 1));
-                self.mapper.sync(ino);
-                self.mapper.sync(a.nodeid_out);
                 let n = fs.copy_file_range(
                     ctx,
                     ino,
@@ -570,7 +540,6 @@ impl<F: FileSystem> Server<F> {
                     len,
                     a.flags,
                 )?;
-                self.mapper.refresh(a.nodeid_out);
                 obj(
                     w,
                     &WriteOut {

@@ -15,6 +15,18 @@
 #                      maps and unmaps, zero failures in the daemon's counters)
 # Run 2, `-o dax=inode` (the guest's default) with --dax-policy size:1M:
 #   inode_policy       only the large file is mapped
+# Run 3, `-o dax=always`, daemon with --modcaps=-dac_override (files the daemon cannot map
+# writable; host and guest coherence):
+#   immutable_read     a `chattr +i` file reads with the host's checksum
+#   ro0444_read        a 0444 file (no DAC override in the daemon) reads with the host's checksum
+#   running_bin_read   a binary a host process is running reads with the host's checksum
+#   host_exec          the host executes a file the guest has just read through DAX
+#   grown_on_host      a file grown on the host past its last page while the guest has that
+#                      range mapped reads the host's new bytes in the guest
+#   tail_both_survive  guest bytes stored into a tail page and host bytes written elsewhere in
+#                      the same page both end up in the file (and the guest sees the host's)
+# Without a VM:
+#   window_768M        --dax-window=768M is refused with the two nearest sizes; no QEMU started
 # Ends with "e2e-dax: N passed, M failed"; exits non-zero on any failure.
 set -euo pipefail
 RIG_TAG=e2e-dax
@@ -141,6 +153,90 @@ if ((rc2 == 0)) && [[ $maps2 == 4 ]]; then
     ok inode_policy
 else
     bad inode_policy "guest rc=$rc2, counters: ${counters2:-none} (want maps=4: the large file only)"
+fi
+
+# ---- run 3: files the daemon cannot map writable; host and guest in one page ---------
+rm -rf -- "$share" && mkdir -p "$share"
+head -c $((3 * 1024 * 1024 + 777)) /dev/urandom >"$share/imm"
+chattr +i "$share/imm" || bad immutable_read "chattr +i failed on $(df --output=fstype "$share" | tail -n 1)"
+binpid=""
+trap 'chattr -i "$share/imm" 2>/dev/null; [[ -n $binpid ]] && kill "$binpid" 2>/dev/null; rm -rf -- "$work"' EXIT
+head -c 300000 /dev/urandom >"$share/ro0444" && chmod 0444 "$share/ro0444"
+cp /bin/sleep "$share/runbin" && chmod 0755 "$share/runbin"
+"$share/runbin" 900 &
+binpid=$!
+printf '#!/bin/sh\necho host-ran-it\n' >"$share/prog.sh" && chmod 0755 "$share/prog.sh"
+head -c 5000 /dev/urandom >"$share/grow"
+head -c 6000 /dev/zero | tr '\0' '.' >"$share/page"
+want_imm=$(md5 "$share/imm") want_ro=$(md5 "$share/ro0444") want_bin=$(md5 "$share/runbin")
+cat >"$work/run3.sh" <<EOF
+rc=0
+check() { n=\$1; shift; if "\$@"; then echo "GUEST PASS \$n"; else echo "GUEST FAIL \$n"; rc=1; fi; }
+waitfor() { i=0; while [ ! -e "\$1" ] && [ \$i -lt 600 ]; do sleep 0.2; i=\$((i + 1)); done; [ -e "\$1" ]; }
+check immutable_read [ "\$(md5sum /mnt/imm | cut -d' ' -f1)" = "$want_imm" ]
+check ro0444_read [ "\$(md5sum /mnt/ro0444 | cut -d' ' -f1)" = "$want_ro" ]
+check running_bin_read [ "\$(md5sum /mnt/runbin | cut -d' ' -f1)" = "$want_bin" ]
+md5sum /mnt/prog.sh >/dev/null
+md5sum /mnt/grow >/dev/null
+printf 'GUEST' | dd of=/mnt/page bs=1 seek=4100 conv=notrunc 2>/dev/null
+echo "@@E2E-DAX-READ@@"
+waitfor /mnt/host.done
+check host_exec [ "\$(cat /mnt/host.done)" = host-ran-it ]
+check grown_on_host [ "\$(md5sum /mnt/grow | cut -d' ' -f1)" = "\$(cat /mnt/grow.md5)" ]
+sync
+check tail_guest_sees_host [ "\$(dd if=/mnt/page bs=1 skip=5000 count=4 2>/dev/null)" = HOST ]
+check tail_guest_kept [ "\$(dd if=/mnt/page bs=1 skip=4100 count=5 2>/dev/null)" = GUEST ]
+exit \$rc
+EOF
+log3="$logs/e2e-dax-files-$(date +%Y%m%d-%H%M%S)-$$.log"
+log "run 3: immutable, 0444 without DAC override, running binary; host exec; host and guest in one page"
+rc3=0
+scripts/vm.sh "${verbose[@]}" -p dax --cache never -a --dax-window=64M -a --modcaps=-dac_override \
+    -o dax=always -s "$share" --script "$work/run3.sh" -m 1G -T 600 -l "$log3" >"$work/out3.txt" &
+vmpid=$!
+# The host side, while the guest waits: execute the file the guest read, grow a file past
+# its last page, write into the page the guest stored into.
+for _ in $(seq 1 1200); do
+    grep -q '@@E2E-DAX-READ@@' "$log3" 2>/dev/null && break
+    kill -0 "$vmpid" 2>/dev/null || break
+    sleep 0.5
+done
+"$share/prog.sh" >"$work/exec.out" 2>&1 || true
+head -c 9000 /dev/urandom | dd of="$share/grow" bs=1 seek=5000 conv=notrunc 2>/dev/null
+md5 "$share/grow" >"$share/grow.md5"
+printf 'HOST' | dd of="$share/page" bs=1 seek=5000 conv=notrunc 2>/dev/null
+cp "$work/exec.out" "$share/host.done.tmp" && mv "$share/host.done.tmp" "$share/host.done"
+wait "$vmpid" || rc3=$?
+kill "$binpid" 2>/dev/null || true
+binpid=""
+grep -E '^GUEST (PASS|FAIL)' "$work/out3.txt" || true
+for g in immutable_read ro0444_read running_bin_read; do
+    if grep -q "^GUEST PASS $g" "$work/out3.txt"; then ok "$g"; else bad "$g" "guest checksum differs from the host's (rc=$rc3, see $log3)"; fi
+done
+if [[ $(cat "$work/exec.out") == host-ran-it ]] && grep -q '^GUEST PASS host_exec' "$work/out3.txt"; then
+    ok host_exec
+else
+    bad host_exec "host exec of a file the guest read: '$(head -c 200 "$work/exec.out")'"
+fi
+if grep -q '^GUEST PASS grown_on_host' "$work/out3.txt"; then ok grown_on_host; else bad grown_on_host "guest read of the grown file differs from the host's"; fi
+if grep -q '^GUEST PASS tail_guest_sees_host' "$work/out3.txt" && grep -q '^GUEST PASS tail_guest_kept' "$work/out3.txt" &&
+    [[ $(dd if="$share/page" bs=1 skip=4100 count=5 2>/dev/null) == GUEST ]] &&
+    [[ $(dd if="$share/page" bs=1 skip=5000 count=4 2>/dev/null) == HOST ]] && [[ $(stat -c %s "$share/page") == 6000 ]]; then
+    ok tail_both_survive
+else
+    bad tail_both_survive "host file has '$(dd if="$share/page" bs=1 skip=4100 count=5 2>/dev/null)' at 4100 and '$(dd if="$share/page" bs=1 skip=5000 count=4 2>/dev/null)' at 5000"
+fi
+chattr -i "$share/imm" 2>/dev/null || true
+
+# ---- --dax-window 768M: refused at start, no QEMU ----------------------------------
+log4="$logs/e2e-dax-768-$(date +%Y%m%d-%H%M%S)-$$.log"
+rc4=0
+scripts/vm.sh -p dax -a --dax-window=768M -s "$share" -c true -T 60 -l "$log4" >"$work/out4.txt" 2>&1 || rc4=$?
+if ((rc4 != 0)) && grep -q 'is not a power of two' "$work/out4.txt" && grep -q 'use 512M or 1G' "$work/out4.txt" &&
+    [[ ! -s $log4 ]]; then
+    ok window_768M
+else
+    bad window_768M "rc=$rc4, console log $(stat -c %s "$log4" 2>/dev/null || echo 0) bytes: $(tail -n 3 "$work/out4.txt")"
 fi
 
 printf 'e2e-dax: %d passed, %d failed\n' "$pass" "$fail"

@@ -8,30 +8,63 @@
 //! running (QEMU 11.1 crashes on a map before the guest started the device). Requests go out
 //! through a [`WindowSink`]: the vhost-user backend channel in the daemon, a recorder in tests.
 //!
-//! QEMU 11.1 refuses to map a file range the file does not wholly cover, but Linux maps
-//! 2 MiB ranges whatever the file size. So each guest mapping is placed as up to two frontend
-//! mappings: the file's whole pages, then a shadow tail ([`tail::Tail`]) for the rest. The
-//! server keeps tails coherent with the request path through [`Mapper::sync`] (write guest
-//! changes back before the file is touched) and [`Mapper::refresh`] (re-place an inode's
-//! mappings after its size changed).
+//! Placement. QEMU 11.1 maps a file range only when the file covers all of it, and maps
+//! every range shared and writable. So a guest mapping becomes one of:
+//! - *direct*: the file's whole pages from the file, plus a shared shadow tail
+//!   ([`tail::Shadow`]) for the rest when the file ends inside the range (1 or 2 frontend
+//!   mappings);
+//! - *snapshot*: a read-only guest mapping of a file the daemon cannot open read-write
+//!   (immutable, read-only mount, no permission) or of an executable file (so the host can
+//!   still execute it: no writable descriptor is held): the whole range from a memfd copy,
+//!   refreshed from the file at every sync point (1 frontend mapping);
+//! - *merged*: a writable mapping that would need two frontend mappings when the mapping
+//!   budget has no room for them: the whole range from a shadow written back run by run.
+//!
+//! Locking. The table lock is held only for bookkeeping, never across a frontend round trip:
+//! a request claims its window range (marks it busy), releases the lock, talks to the
+//! frontend, and takes the lock again to publish the result. Device pause and reset (called
+//! from the vhost-user control thread, which the frontend may be blocking on) therefore never
+//! wait for a frontend reply. A request for an inode with no mappings looks at one shard of
+//! an owner index, not the table.
+//!
+//! Budget. Every frontend mapping is a memory region in QEMU (a KVM memory slot on KVM hosts,
+//! an entry in each vhost-user backend's memory table). The window never has more than
+//! `budget` of them live or in flight; see [`DEFAULT_MAP_BUDGET`].
 
+pub mod coherent;
 pub mod tail;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
+use std::time::Duration;
 
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
 use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
 
 use crate::mapper::Mapper;
 use crate::vhost_user::BackendChannel;
+use tail::{Shadow, ShadowKey};
 
 /// Window mappings must be aligned to this (what INIT's `map_alignment` announces).
 pub const MAP_ALIGNMENT: u64 = 4096;
+/// The unit Linux maps in (fs/fuse/dax.c `FUSE_DAX_SZ`).
+pub const RANGE_SIZE: u64 = 2 << 20;
+/// Memory slots a QEMU 11.1 VM can give the window: 509 is KVM's per-VM user memslot count
+/// on x86 hosts without the large-memslot change and rust-vmm vhost-user-backend's
+/// `MAX_MEM_SLOTS` (QEMU aborts when KVM runs out of slots); each SHMEM_MAP is one slot.
+pub const FRONTEND_SLOT_LIMIT: usize = 509;
+/// Slots left for the guest's RAM, ROMs and device BARs.
+pub const RESERVED_SLOTS: usize = 16;
+/// Frontend mappings the window keeps live at most (unless the window has more 2 MiB ranges
+/// than this: then one per range, the least any guest needs).
+pub const DEFAULT_MAP_BUDGET: usize = FRONTEND_SLOT_LIMIT - RESERVED_SLOTS;
+/// How often dirty shadows are written back without a guest request: the most a SIGKILL of
+/// the daemon can lose is guest stores into shadow tails of the last period.
+pub const WRITEBACK_PERIOD: Duration = Duration::from_secs(5);
 
 /// Where map/unmap requests go.
 pub trait WindowSink: Send + Sync {
@@ -91,25 +124,40 @@ pub struct DaxStats {
     pub unmaps: u64,
     /// SETUPMAPPINGs over a live range (read-only -> writable upgrades and remaps).
     pub upgrades: u64,
-    /// Requests refused or failed (invalid, or the frontend said no).
+    /// Requests refused or failed (invalid, over budget, or the frontend said no).
     pub failures: u64,
     /// Bytes mapped right now.
     pub mapped_bytes: u64,
     /// Mappings that needed a shadow tail (file shorter than the range).
     pub tails: u64,
-    /// Tail bytes written back to files.
+    /// Read-only mappings served from a snapshot.
+    pub snapshots: u64,
+    /// Writable mappings merged into one frontend mapping for the budget.
+    pub merged: u64,
+    /// Mappings re-placed because the file's page layout changed.
+    pub replaced: u64,
+    /// Guest bytes written back from shadows to files.
     pub written_back: u64,
+    /// Host bytes copied into shadows.
+    pub pulled: u64,
+    /// Frontend mappings live now, and the most ever live.
+    pub regions: u64,
+    pub peak_regions: u64,
 }
 
 impl std::fmt::Display for DaxStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "dax: maps={} unmaps={} upgrades={} failures={} mapped_bytes={} tails={} written_back={}",
-            self.maps, self.unmaps, self.upgrades, self.failures, self.mapped_bytes, self.tails, self.written_back
+            "dax: maps={} unmaps={} upgrades={} failures={} mapped_bytes={} tails={} snapshots={} merged={} replaced={} written_back={} pulled={} regions={} peak_regions={}",
+            self.maps, self.unmaps, self.upgrades, self.failures, self.mapped_bytes, self.tails,
+            self.snapshots, self.merged, self.replaced, self.written_back, self.pulled,
+            self.regions, self.peak_regions
         )
     }
 }
+
+type SharedShadow = Arc<Mutex<Shadow>>;
 
 /// One guest mapping as placed in the frontend.
 struct Placed {
@@ -117,18 +165,43 @@ struct Placed {
     len: u64,
     foffset: u64,
     writable: bool,
-    /// The mapped file (kept to re-place the mapping and write the tail back).
-    file: Arc<File>,
+    /// The mapped file; `None` for a snapshot of a file kept without a descriptor.
+    file: Option<Arc<File>>,
     /// Bytes `[0, file_len)` of the range are mapped from the file.
     file_len: u64,
-    /// The rest, when the file does not cover it.
-    tail: Option<tail::Tail>,
+    /// The rest (or, when `whole`, all of it) from a shadow.
+    shadow: Option<SharedShadow>,
+    whole: bool,
+    /// Frontend mappings this placement uses.
+    regions: usize,
+}
+
+/// How to place a guest mapping.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Plan {
+    /// From the file, then a tail when the file ends inside the range.
+    Direct,
+    /// Read-only, from a snapshot of the whole range.
+    Snapshot,
+    /// Writable, the whole range from a shadow written back to the file.
+    Merged,
 }
 
 #[derive(Default)]
 struct Table {
     live: BTreeMap<u64, Placed>,
+    /// Window ranges with a frontend round trip in progress.
+    busy: Vec<(u64, u64)>,
     by_owner: HashMap<u64, BTreeSet<u64>>,
+    /// Frontend mappings live or reserved for a round trip in progress.
+    regions: usize,
+    peak: usize,
+    /// Bumped when the frontend dropped every mapping (device reset): round trips that
+    /// started before it publish nothing.
+    gen: u64,
+    /// Frontend mappings a round trip placed across a reset: the frontend may have applied
+    /// them after its reset. Unmapped (a refusal tolerated) before the range is used again.
+    orphans: Vec<(u64, u64)>,
 }
 
 impl Table {
@@ -148,11 +221,48 @@ impl Table {
         Some(p)
     }
 
-    fn of_owner(&self, owner: u64) -> Vec<u64> {
-        self.by_owner
-            .get(&owner)
-            .map(|s| s.iter().copied().collect())
-            .unwrap_or_default()
+    fn is_busy(&self, start: u64, end: u64) -> bool {
+        self.busy.iter().any(|&(s, e)| s < end && start < e)
+    }
+
+    fn unbusy(&mut self, start: u64) {
+        if let Some(i) = self.busy.iter().position(|&(s, _)| s == start) {
+            self.busy.swap_remove(i);
+        }
+    }
+}
+
+/// Inodes with live mappings, sharded so that a request for an unmapped inode takes one
+/// small lock that no frontend round trip ever holds.
+struct Owners([Mutex<HashMap<u64, usize>>; 16]);
+
+impl Owners {
+    fn new() -> Self {
+        Owners(std::array::from_fn(|_| Mutex::new(HashMap::new())))
+    }
+    fn shard(&self, owner: u64) -> MutexGuard<'_, HashMap<u64, usize>> {
+        let i = (owner ^ (owner >> 7) ^ (owner >> 17)) as usize % self.0.len();
+        self.0[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn add(&self, owner: u64) {
+        *self.shard(owner).entry(owner).or_default() += 1;
+    }
+    fn sub(&self, owner: u64) {
+        let mut s = self.shard(owner);
+        if let Some(n) = s.get_mut(&owner) {
+            *n -= 1;
+            if *n == 0 {
+                s.remove(&owner);
+            }
+        }
+    }
+    fn has(&self, owner: u64) -> bool {
+        self.shard(owner).contains_key(&owner)
+    }
+    fn clear(&self) {
+        for s in &self.0 {
+            s.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
     }
 }
 
@@ -163,17 +273,29 @@ struct Counters {
     upgrades: AtomicU64,
     failures: AtomicU64,
     tails: AtomicU64,
+    snapshots: AtomicU64,
+    merged: AtomicU64,
+    replaced: AtomicU64,
     written_back: AtomicU64,
+    pulled: AtomicU64,
 }
 
 /// The DAX window of one device.
 pub struct DaxWindow<S: WindowSink = Backend> {
     size: u64,
+    budget: usize,
     sink: RwLock<Option<S>>,
     running: AtomicBool,
-    /// Live mappings. The lock also serialises requests to the frontend, so the table
-    /// always matches what the frontend has mapped.
+    /// Live mappings. Never held across a frontend round trip.
     table: Mutex<Table>,
+    /// Signalled when a busy range is released.
+    idle: Condvar,
+    owners: Owners,
+    shadows: Mutex<HashMap<ShadowKey, Weak<Mutex<Shadow>>>>,
+    /// Files already logged as mapped from snapshots (bounded).
+    logged: Mutex<HashSet<(u64, u64)>>,
+    /// `/proc/self/fd`, to reopen an executable read-only for its snapshot.
+    proc_self_fd: std::sync::OnceLock<std::os::fd::OwnedFd>,
     counters: Counters,
 }
 
@@ -186,22 +308,84 @@ fn eio() -> io::Error {
     io::Error::from_raw_os_error(libc::EIO)
 }
 
+fn file_size(f: &File) -> io::Result<u64> {
+    Ok(crate::sys::fstat(f.as_fd())?.st_size.max(0) as u64)
+}
+
+/// Whether `fd` was opened for writing.
+fn fd_writable(fd: BorrowedFd) -> bool {
+    // SAFETY: F_GETFL reads the descriptor's status flags; `fd` is valid for the call.
+    let fl = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    fl >= 0 && fl & libc::O_ACCMODE == libc::O_RDWR
+}
+
 impl<S: WindowSink> DaxWindow<S> {
-    /// A window of `size` bytes (a multiple of [`MAP_ALIGNMENT`]).
+    /// A window of `size` bytes (a multiple of [`MAP_ALIGNMENT`]) with the default budget.
     pub fn new(size: u64) -> io::Result<Self> {
+        Self::with_budget(size, DEFAULT_MAP_BUDGET)
+    }
+
+    /// A window that keeps at most `budget` frontend mappings live (at least one per 2 MiB
+    /// range of the window, whatever `budget` says).
+    pub fn with_budget(size: u64, budget: usize) -> io::Result<Self> {
         if size == 0 || size % MAP_ALIGNMENT != 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("DAX window size must be a non-zero multiple of {MAP_ALIGNMENT}"),
             ));
         }
+        let ranges = size.div_ceil(RANGE_SIZE) as usize;
         Ok(DaxWindow {
             size,
+            budget: budget.max(ranges),
             sink: RwLock::new(None),
             running: AtomicBool::new(false),
             table: Mutex::new(Table::default()),
+            idle: Condvar::new(),
+            owners: Owners::new(),
+            shadows: Mutex::new(HashMap::new()),
+            logged: Mutex::new(HashSet::new()),
+            proc_self_fd: std::sync::OnceLock::new(),
             counters: Counters::default(),
         })
+    }
+
+    /// Gives the window `/proc/self/fd` (opened before the sandbox), so a snapshot of an
+    /// executable can keep a read-only descriptor and follow host changes.
+    pub fn set_proc_self_fd(&self, fd: std::os::fd::OwnedFd) {
+        let _ = self.proc_self_fd.set(fd);
+    }
+
+    /// A read-only descriptor of the file behind `fd` (through `/proc/self/fd`), if any.
+    fn reopen_read_only(&self, fd: BorrowedFd) -> Option<File> {
+        let dir = self.proc_self_fd.get()?;
+        let name = std::ffi::CString::new(fd.as_raw_fd().to_string()).ok()?;
+        crate::sys::openat(dir.as_fd(), &name, libc::O_RDONLY | libc::O_CLOEXEC, 0)
+            .map(File::from)
+            .map_err(|e| log::debug!("reopening a mapped file read-only: {e}"))
+            .ok()
+    }
+
+    /// 2 MiB ranges in the window.
+    pub fn ranges(&self) -> usize {
+        self.size.div_ceil(RANGE_SIZE) as usize
+    }
+
+    /// Frontend mappings kept live at most.
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// The start-up description: size, ranges, budget.
+    pub fn describe(&self) -> String {
+        format!(
+            "DAX window {} MiB: {} ranges of 2 MiB, at most {} frontend mappings (QEMU memory slots {} minus {} reserved; shadow tails fold into one mapping per range when short)",
+            self.size >> 20,
+            self.ranges(),
+            self.budget,
+            FRONTEND_SLOT_LIMIT,
+            RESERVED_SLOTS
+        )
     }
 
     /// Installs the channel to the frontend.
@@ -216,37 +400,96 @@ impl<S: WindowSink> DaxWindow<S> {
         self.running.store(true, Ordering::SeqCst);
     }
 
-    /// The device stopped or was reset: the frontend dropped every mapping, so do we (after
-    /// writing shadow tails back), and nothing more is sent until it starts again.
+    /// The device was reset: the frontend dropped every mapping (QEMU's `virtio_reset`
+    /// removes them all), so do we, after writing shadows back. Sends nothing and never
+    /// waits for a round trip in progress (those see the new generation and publish nothing).
     pub fn stop(&self) {
-        // Every request to the frontend is sent with the table lock held and after checking
-        // `running`: taking the lock first means none is in flight once this returns.
-        let guard = self.table.lock();
         self.running.store(false, Ordering::SeqCst);
-        if let Ok(mut t) = guard {
-            let all: Vec<u64> = t.live.keys().copied().collect();
-            for m in all {
-                if let Some(mut p) = t.remove(m) {
-                    self.write_back(&mut p);
-                }
-            }
+        for (_, p) in self.drain(true) {
+            self.settle(&p);
         }
+    }
+
+    /// What `device_paused` does: send nothing until the device starts; keep the table.
+    pub fn pause(&self) {
+        self.running.store(false, Ordering::SeqCst);
+    }
+
+    #[cfg(test)]
+    fn device_paused_for_test(&self) {
+        self.pause();
+    }
+
+    /// Empties the table (new generation); returns what was in it. `reset`: the frontend
+    /// dropped every mapping, orphans included.
+    fn drain(&self, reset: bool) -> Vec<(u64, Placed)> {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        t.gen += 1;
+        t.regions = 0;
+        if reset {
+            t.orphans.clear();
+        }
+        t.by_owner.clear();
+        self.owners.clear();
+        std::mem::take(&mut t.live).into_iter().collect()
     }
 
     pub fn stats(&self) -> DaxStats {
         let c = &self.counters;
+        let (mapped_bytes, regions, peak) = self
+            .table
+            .lock()
+            .map(|t| (t.live.values().map(|p| p.len).sum(), t.regions, t.peak))
+            .unwrap_or_default();
         DaxStats {
             maps: c.maps.load(Ordering::Relaxed),
             unmaps: c.unmaps.load(Ordering::Relaxed),
             upgrades: c.upgrades.load(Ordering::Relaxed),
             failures: c.failures.load(Ordering::Relaxed),
-            mapped_bytes: self
-                .table
-                .lock()
-                .map(|t| t.live.values().map(|p| p.len).sum())
-                .unwrap_or(0),
+            mapped_bytes,
             tails: c.tails.load(Ordering::Relaxed),
+            snapshots: c.snapshots.load(Ordering::Relaxed),
+            merged: c.merged.load(Ordering::Relaxed),
+            replaced: c.replaced.load(Ordering::Relaxed),
             written_back: c.written_back.load(Ordering::Relaxed),
+            pulled: c.pulled.load(Ordering::Relaxed),
+            regions: regions as u64,
+            peak_regions: peak as u64,
+        }
+    }
+
+    /// Writes every shadow back every `period` until the window is dropped.
+    pub fn spawn_writeback(self: &Arc<Self>, period: Duration)
+    where
+        S: 'static,
+    {
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("dax-writeback".into())
+            .spawn(move || {
+                // Signals are for the threads that wait for them (SIGUSR1, SIGTERM): a
+                // thread with them unblocked would take their default action instead.
+                // SAFETY: `all` is initialised by sigfillset; this changes only this
+                // thread's mask.
+                unsafe {
+                    let mut all: libc::sigset_t = std::mem::zeroed();
+                    libc::sigfillset(&mut all);
+                    libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+                }
+                loop {
+                    // A timed condvar wait (futex) rather than a sleep: the seccomp allowlist
+                    // has futex for every lock already.
+                    let (m, cv) = (Mutex::new(()), Condvar::new());
+                    let g = m.lock().unwrap_or_else(|e| e.into_inner());
+                    drop(cv.wait_timeout(g, period));
+                    match weak.upgrade() {
+                        Some(w) => w.sync_all(),
+                        None => return,
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            log::error!("cannot start the DAX write-back thread: {e}");
         }
     }
 
@@ -266,7 +509,6 @@ impl<S: WindowSink> DaxWindow<S> {
 
     /// Live mappings overlapping `[start, end)`; fails if one is not wholly inside it.
     fn overlapping(t: &Table, start: u64, end: u64) -> io::Result<Vec<u64>> {
-        // The mapping that starts before `start` may reach into the range.
         if let Some((&s, p)) = t.live.range(..start).next_back() {
             if s + p.len > start {
                 return Err(einval("range cuts through a live mapping"));
@@ -290,7 +532,7 @@ impl<S: WindowSink> DaxWindow<S> {
 
     fn with_sink<T>(&self, f: impl FnOnce(&S) -> io::Result<T>) -> io::Result<T> {
         if !self.running.load(Ordering::SeqCst) {
-            log::warn!("DAX request while the device is not running");
+            log::warn!("DAX request while the device is not running: nothing sent");
             return Err(eio());
         }
         let guard = self
@@ -314,73 +556,268 @@ impl<S: WindowSink> DaxWindow<S> {
         res
     }
 
-    /// Checks a window range and takes every live mapping wholly inside it out of the
-    /// frontend. Returns the locked table (so the caller can place a new mapping before
-    /// anyone else sends) and whether anything was removed.
-    fn clear_range(&self, moffset: u64, len: u64) -> io::Result<(MutexGuard<'_, Table>, bool)> {
-        let end = self.check_range(moffset, len)?;
+    /// Claims `[moffset, end)`: waits until no round trip is in progress there, takes every
+    /// live mapping wholly inside it out of the table and marks the range busy. Returns the
+    /// generation and what was taken out (still in the frontend).
+    fn claim(&self, moffset: u64, end: u64) -> io::Result<(u64, Vec<(u64, Placed)>)> {
         let mut t = self.lock()?;
-        let old = Self::overlapping(&t, moffset, end)?;
-        let replaced = !old.is_empty();
-        for s in old {
-            self.remove_locked(&mut t, s)?;
+        while t.is_busy(moffset, end) {
+            t = self
+                .idle
+                .wait(t)
+                .map_err(|_| io::Error::other("mapping table lock poisoned"))?;
         }
-        Ok((t, replaced))
+        let old = Self::overlapping(&t, moffset, end)?;
+        let mut taken = Vec::with_capacity(old.len());
+        for s in old {
+            if let Some(p) = t.remove(s) {
+                self.owners.sub(p.owner);
+                taken.push((s, p));
+            }
+        }
+        t.busy.push((moffset, end));
+        let mut orphans = Vec::new();
+        t.orphans.retain(|&(s, l)| {
+            let hit = s < end && moffset < s + l;
+            if hit {
+                orphans.push((s, l));
+            }
+            !hit
+        });
+        let gen = t.gen;
+        drop(t);
+        for (s, l) in orphans {
+            if let Err(e) = self.with_sink(|k| k.unmap(s, l)) {
+                log::debug!("SHMEM_UNMAP of orphan {s:#x}+{l:#x}: {e} (the reset removed it)");
+            }
+        }
+        Ok((gen, taken))
     }
 
-    fn write_back(&self, p: &mut Placed) {
-        if !p.writable {
-            return;
+    /// Ends a claim: publishes `placed` if the frontend still has it (same generation).
+    fn release(&self, gen: u64, moffset: u64, placed: Option<Placed>, freed: usize) {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        if t.gen == gen {
+            t.regions = t.regions.saturating_sub(freed);
+            if let Some(p) = placed {
+                self.owners.add(p.owner);
+                t.insert(moffset, p);
+            }
+        } else if let Some(p) = placed {
+            log::warn!("DAX mapping {moffset:#x} completed across a device reset: dropped");
+            if p.file_len > 0 {
+                t.orphans.push((moffset, p.file_len));
+            }
+            if p.file_len < p.len {
+                t.orphans.push((moffset + p.file_len, p.len - p.file_len));
+            }
         }
-        if let Some(t) = p.tail.as_mut() {
-            match t.write_back(&p.file, p.foffset + p.file_len) {
-                Ok(n) => {
-                    self.counters
-                        .written_back
-                        .fetch_add(n as u64, Ordering::Relaxed);
-                }
-                Err(e) => log::error!("writing a DAX tail back to its file failed: {e}"),
+        t.unbusy(moffset);
+        drop(t);
+        self.idle.notify_all();
+    }
+
+    /// Reserves `n` frontend mappings for a new guest mapping. More than one is granted only
+    /// while every 2 MiB range not yet mapped by the guest keeps one mapping in reserve.
+    fn reserve(&self, gen: u64, n: usize) -> bool {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        if t.gen != gen {
+            return false;
+        }
+        let guest = t.live.len() + t.busy.len();
+        let headroom = if n > 1 {
+            self.ranges().saturating_sub(guest)
+        } else {
+            0
+        };
+        if t.regions + n + headroom > self.budget {
+            return false;
+        }
+        t.regions += n;
+        t.peak = t.peak.max(t.regions);
+        true
+    }
+
+    fn unreserve(&self, gen: u64, n: usize) {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        if t.gen == gen {
+            t.regions = t.regions.saturating_sub(n);
+        }
+    }
+
+    /// The shared shadow of `key`, made (from `file`) if none is live.
+    fn shadow(
+        &self,
+        key: ShadowKey,
+        file: &File,
+        keep: Option<Arc<File>>,
+        size: u64,
+        writable: bool,
+    ) -> io::Result<SharedShadow> {
+        let mut reg = self.shadows.lock().unwrap_or_else(|e| e.into_inner());
+        reg.retain(|_, w| w.strong_count() > 0);
+        if let Some(s) = reg.get(&key).and_then(Weak::upgrade) {
+            let mut g = s.lock().unwrap_or_else(|e| e.into_inner());
+            g.grow(size)?;
+            g.attach(keep, writable);
+            drop(g);
+            return Ok(s);
+        }
+        let mut sh = Shadow::new(file, key.2, size)?;
+        sh.attach(keep, writable);
+        let s = Arc::new(Mutex::new(sh));
+        reg.insert(key, Arc::downgrade(&s));
+        Ok(s)
+    }
+
+    /// Merges a shadow with its file, counting what moved.
+    fn sync_shadow(&self, s: &SharedShadow) {
+        let mut g = s.lock().unwrap_or_else(|e| e.into_inner());
+        match g.sync() {
+            Ok(r) => {
+                self.counters
+                    .written_back
+                    .fetch_add(r.written, Ordering::Relaxed);
+                self.counters.pulled.fetch_add(r.pulled, Ordering::Relaxed);
+            }
+            Err(e) => log::error!("syncing a DAX shadow with its file failed: {e}"),
+        }
+    }
+
+    /// Writes a placement's shadow back (it is leaving the frontend).
+    fn settle(&self, p: &Placed) {
+        if let Some(s) = &p.shadow {
+            self.sync_shadow(s);
+        }
+    }
+
+    fn log_snapshot(&self, st: &libc::stat64, why: &str) {
+        let mut l = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+        if l.len() < 4096 && l.insert((st.st_dev, st.st_ino)) {
+            log::info!(
+                "DAX: file dev={} ino={} is mapped read-only from a snapshot ({why})",
+                st.st_dev,
+                st.st_ino
+            );
+        }
+    }
+
+    /// Places a guest mapping in the frontend (round trips; no lock held).
+    #[allow(clippy::too_many_arguments)]
+    fn place(
+        &self,
+        gen: u64,
+        owner: u64,
+        moffset: u64,
+        len: u64,
+        file: Option<Arc<File>>,
+        source: &File,
+        key: (u64, u64),
+        foffset: u64,
+        writable: bool,
+        plan: Plan,
+    ) -> io::Result<Placed> {
+        let size = file_size(source)?;
+        let (file_len, _) = tail::layout(size, foffset, len);
+        let mut plan = plan;
+        let mut regions = match plan {
+            Plan::Direct if file_len > 0 && file_len < len => 2,
+            _ => 1,
+        };
+        if !self.reserve(gen, regions) {
+            let can_merge = regions == 2 && self.reserve(gen, 1);
+            if !can_merge {
+                log::warn!(
+                    "DAX mapping budget of {} frontend mappings reached: SETUPMAPPING at {moffset:#x} refused",
+                    self.budget
+                );
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            plan = Plan::Merged;
+            regions = 1;
+        }
+        let res = self.place_reserved(
+            owner, moffset, len, file, source, key, foffset, writable, plan, file_len,
+        );
+        match res {
+            Ok(mut p) => {
+                p.regions = regions;
+                Ok(p)
+            }
+            Err(e) => {
+                self.unreserve(gen, regions);
+                Err(e)
             }
         }
     }
 
-    /// Places a guest mapping in the frontend: the file's whole pages, then a shadow tail.
     #[allow(clippy::too_many_arguments)]
-    fn place(
+    fn place_reserved(
         &self,
         owner: u64,
         moffset: u64,
         len: u64,
-        file: Arc<File>,
+        file: Option<Arc<File>>,
+        source: &File,
+        key: (u64, u64),
         foffset: u64,
         writable: bool,
+        plan: Plan,
+        file_len: u64,
     ) -> io::Result<Placed> {
-        let size = crate::sys::fstat(file.as_fd())?.st_size.max(0) as u64;
-        let (file_len, valid) = tail::layout(size, foffset, len);
+        let whole = plan != Plan::Direct;
+        let file_len = if whole { 0 } else { file_len };
+        let mut placed = Placed {
+            owner,
+            len,
+            foffset,
+            writable,
+            file: file.clone(),
+            file_len,
+            shadow: None,
+            whole,
+            regions: 0,
+        };
         if file_len > 0 {
-            self.with_sink(|s| s.map(moffset, file_len, file.as_fd(), foffset, writable))
+            let f = file.as_ref().ok_or_else(eio)?;
+            self.with_sink(|s| s.map(moffset, file_len, f.as_fd(), foffset, writable))
                 .map_err(|e| {
                     log::error!("SHMEM_MAP {moffset:#x}+{file_len:#x} failed: {e}");
                     eio()
                 })?;
         }
-        let mut tail = None;
         if file_len < len {
-            let t =
-                tail::Tail::new(&file, foffset + file_len, valid, len - file_len).and_then(|t| {
-                    self.with_sink(|s| {
-                        s.map(moffset + file_len, len - file_len, t.fd(), 0, writable)
-                    })?;
-                    Ok(t)
+            let at = foffset + file_len;
+            let shadow = self
+                .shadow(
+                    (key.0, key.1, at, whole),
+                    source,
+                    file,
+                    len - file_len,
+                    writable,
+                )
+                .and_then(|sh| {
+                    {
+                        let g = sh.lock().unwrap_or_else(|e| e.into_inner());
+                        self.with_sink(|s| {
+                            s.map(moffset + file_len, len - file_len, g.fd(), 0, writable)
+                        })?;
+                    }
+                    Ok(sh)
                 });
-            match t {
-                Ok(t) => {
-                    self.counters.tails.fetch_add(1, Ordering::Relaxed);
-                    tail = Some(t);
+            match shadow {
+                Ok(sh) => {
+                    let c = match plan {
+                        Plan::Direct => &self.counters.tails,
+                        Plan::Snapshot => &self.counters.snapshots,
+                        Plan::Merged => &self.counters.merged,
+                    };
+                    c.fetch_add(1, Ordering::Relaxed);
+                    placed.shadow = Some(sh);
                 }
                 Err(e) => {
                     log::error!(
-                        "SHMEM_MAP of the tail at {:#x} failed: {e}",
+                        "SHMEM_MAP of the shadow at {:#x} failed: {e}",
                         moffset + file_len
                     );
                     if file_len > 0 {
@@ -390,40 +827,129 @@ impl<S: WindowSink> DaxWindow<S> {
                 }
             }
         }
-        Ok(Placed {
-            owner,
-            len,
-            foffset,
-            writable,
-            file,
-            file_len,
-            tail,
-        })
+        Ok(placed)
     }
 
-    /// Takes a placed mapping out of the frontend (its tail written back first).
-    fn unplace(&self, moffset: u64, p: &mut Placed) -> io::Result<()> {
-        self.write_back(p);
-        let mut res = Ok(());
-        if p.file_len > 0 {
-            res = self.with_sink(|s| s.unmap(moffset, p.file_len));
-        }
-        if p.tail.is_some() {
-            let r = self.with_sink(|s| s.unmap(moffset + p.file_len, p.len - p.file_len));
-            res = res.and(r);
-        }
-        res.map_err(|e| {
-            log::error!("SHMEM_UNMAP {moffset:#x}+{:#x} failed: {e}", p.len);
-            eio()
-        })
-    }
-
-    fn remove_locked(&self, t: &mut Table, moffset: u64) -> io::Result<()> {
-        if let Some(mut p) = t.remove(moffset) {
-            self.unplace(moffset, &mut p)?;
+    /// Takes a placement out of the frontend (its shadow written back first). A frontend
+    /// that no longer has it (it was reset behind our back) is not an error for the guest.
+    fn unplace(&self, moffset: u64, p: &Placed) {
+        self.settle(p);
+        if !self.running.load(Ordering::SeqCst) {
+            // Paused (QEMU keeps its mappings across stop/cont): unmap once it runs again.
+            let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+            if p.file_len > 0 {
+                t.orphans.push((moffset, p.file_len));
+            }
+            if p.file_len < p.len {
+                t.orphans.push((moffset + p.file_len, p.len - p.file_len));
+            }
             self.counters.unmaps.fetch_add(1, Ordering::Relaxed);
+            return;
         }
-        Ok(())
+        if p.file_len > 0 {
+            if let Err(e) = self.with_sink(|s| s.unmap(moffset, p.file_len)) {
+                log::warn!("SHMEM_UNMAP {moffset:#x}+{:#x}: {e}", p.file_len);
+            }
+        }
+        if p.file_len < p.len {
+            let (m, l) = (moffset + p.file_len, p.len - p.file_len);
+            if let Err(e) = self.with_sink(|s| s.unmap(m, l)) {
+                log::warn!("SHMEM_UNMAP {m:#x}+{l:#x}: {e}");
+            }
+        }
+        self.counters.unmaps.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Re-places `owner`'s mappings whose page layout no longer matches the file.
+    fn relayout(&self, owner: u64) {
+        let stale: Vec<(u64, u64)> = {
+            let Ok(t) = self.table.lock() else { return };
+            let Some(set) = t.by_owner.get(&owner) else {
+                return;
+            };
+            let mut sizes: HashMap<*const File, Option<u64>> = HashMap::new();
+            set.iter()
+                .filter_map(|m| {
+                    let p = t.live.get(m)?;
+                    if p.whole {
+                        return None;
+                    }
+                    let f = p.file.as_ref()?;
+                    let size = *sizes
+                        .entry(Arc::as_ptr(f))
+                        .or_insert_with(|| file_size(f).ok());
+                    let size = size?;
+                    (tail::layout(size, p.foffset, p.len).0 != p.file_len).then_some((*m, p.len))
+                })
+                .collect()
+        };
+        for (m, len) in stale {
+            let Ok((gen, taken)) = self.claim(m, m + len) else {
+                continue;
+            };
+            let mut placed = None;
+            let mut freed = 0;
+            for (s, p) in taken {
+                self.unplace(s, &p);
+                freed += p.regions;
+                if s == m {
+                    placed = Some(p);
+                }
+            }
+            self.unreserve(gen, freed);
+            let np = placed.and_then(|p| {
+                let f = p.file.clone()?;
+                let key = crate::sys::fstat(f.as_fd())
+                    .map(|st| (st.st_dev, st.st_ino))
+                    .ok()?;
+                let r = self.place(
+                    gen,
+                    p.owner,
+                    m,
+                    p.len,
+                    Some(f.clone()),
+                    &f,
+                    key,
+                    p.foffset,
+                    p.writable,
+                    Plan::Direct,
+                );
+                match r {
+                    Ok(np) => {
+                        self.counters.replaced.fetch_add(1, Ordering::Relaxed);
+                        Some(np)
+                    }
+                    Err(e) => {
+                        // The guest's mapping is gone from the frontend: its next access
+                        // faults there instead of reading stale data.
+                        log::error!(
+                            "re-placing DAX mapping {m:#x} after a size change failed: {e}"
+                        );
+                        self.counters.failures.fetch_add(1, Ordering::Relaxed);
+                        None
+                    }
+                }
+            });
+            self.release(gen, m, np, 0);
+        }
+    }
+
+    /// Shadows of `owner`'s mappings.
+    fn shadows_of(&self, owner: u64) -> Vec<SharedShadow> {
+        let Ok(t) = self.table.lock() else {
+            return Vec::new();
+        };
+        let mut out: Vec<SharedShadow> = Vec::new();
+        if let Some(set) = t.by_owner.get(&owner) {
+            for m in set {
+                if let Some(s) = t.live.get(m).and_then(|p| p.shadow.clone()) {
+                    if !out.iter().any(|o| Arc::ptr_eq(o, &s)) {
+                        out.push(s);
+                    }
+                }
+            }
+        }
+        out
     }
 }
 
@@ -442,68 +968,141 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
         writable: bool,
     ) -> io::Result<()> {
         let res = (|| {
-            self.check_range(moffset, len)?;
+            let end = self.check_range(moffset, len)?;
             if foffset % MAP_ALIGNMENT != 0 || foffset.checked_add(len).is_none() {
                 return Err(einval("file offset not page aligned or overflowing"));
             }
-            let file = Arc::new(File::from(fd.try_clone_to_owned()?));
-            let (mut t, replaced) = self.clear_range(moffset, len)?;
-            if replaced {
+            let st = crate::sys::fstat(fd)?;
+            let rw = fd_writable(fd);
+            let exec = st.st_mode & 0o111 != 0;
+            if writable && !rw {
+                log::warn!("DAX: writable mapping asked with a read-only descriptor");
+                return Err(io::Error::from_raw_os_error(libc::EACCES));
+            }
+            let source = File::from(fd.try_clone_to_owned()?);
+            let (plan, keep) = if writable {
+                (Plan::Direct, None)
+            } else if !rw {
+                self.log_snapshot(&st, "it cannot be opened read-write");
+                (Plan::Snapshot, None)
+            } else if exec {
+                // Keep no writable descriptor: the host may run the file meanwhile.
+                let ro = self.reopen_read_only(fd).map(Arc::new);
+                let how = if ro.is_some() {
+                    "executable: the host may run it while the guest reads it"
+                } else {
+                    "executable: the host may run it while the guest reads it; host changes reach the guest when it maps the range again"
+                };
+                self.log_snapshot(&st, how);
+                (Plan::Snapshot, Some(ro))
+            } else {
+                (Plan::Direct, None)
+            };
+            // The descriptor kept: none for executables (a writable one would stop the host
+            // from executing the file), else this one.
+            let source = Arc::new(source);
+            let file = match keep {
+                Some(k) => k,
+                None => Some(source.clone()),
+            };
+            let (gen, taken) = self.claim(moffset, end)?;
+            let mut freed = 0;
+            if !taken.is_empty() {
                 self.counters.upgrades.fetch_add(1, Ordering::Relaxed);
             }
-            let p = self.place(owner, moffset, len, file, foffset, writable)?;
-            t.insert(moffset, p);
-            self.counters.maps.fetch_add(1, Ordering::Relaxed);
-            Ok(())
+            for (s, p) in &taken {
+                self.unplace(*s, p);
+                freed += p.regions;
+            }
+            self.unreserve(gen, freed);
+            drop(taken);
+            let placed = self.place(
+                gen,
+                owner,
+                moffset,
+                len,
+                file,
+                &source,
+                (st.st_dev, st.st_ino),
+                foffset,
+                writable,
+                plan,
+            );
+            match placed {
+                Ok(p) => {
+                    self.release(gen, moffset, Some(p), 0);
+                    self.counters.maps.fetch_add(1, Ordering::Relaxed);
+                    Ok(())
+                }
+                Err(e) => {
+                    self.release(gen, moffset, None, 0);
+                    Err(e)
+                }
+            }
         })();
         self.counted(res)
     }
 
     fn unmap(&self, moffset: u64, len: u64) -> io::Result<()> {
         // Nothing mapped there: nothing to do (the guest may remove a range it never got).
-        let res = self.clear_range(moffset, len).map(drop);
+        let res = (|| {
+            let end = self.check_range(moffset, len)?;
+            let (gen, taken) = self.claim(moffset, end)?;
+            let mut freed = 0;
+            for (s, p) in &taken {
+                self.unplace(*s, p);
+                freed += p.regions;
+            }
+            self.release(gen, moffset, None, freed);
+            Ok(())
+        })();
         self.counted(res)
     }
 
     fn sync(&self, owner: u64) {
-        let Ok(mut t) = self.table.lock() else { return };
-        for m in t.of_owner(owner) {
-            if let Some(p) = t.live.get_mut(&m) {
-                self.write_back(p);
-            }
+        if !self.owners.has(owner) {
+            return;
+        }
+        for s in self.shadows_of(owner) {
+            self.sync_shadow(&s);
+        }
+        self.relayout(owner);
+    }
+
+    fn refresh(&self, owner: u64) {
+        if !self.owners.has(owner) {
+            return;
+        }
+        self.relayout(owner);
+        for s in self.shadows_of(owner) {
+            self.sync_shadow(&s);
+        }
+    }
+
+    fn sync_all(&self) {
+        let all: Vec<SharedShadow> = {
+            let reg = self.shadows.lock().unwrap_or_else(|e| e.into_inner());
+            reg.values().filter_map(Weak::upgrade).collect()
+        };
+        for s in all {
+            self.sync_shadow(&s);
         }
     }
 
     fn end_session(&self) {
-        let Ok(mut t) = self.table.lock() else { return };
-        let all: Vec<u64> = t.live.keys().copied().collect();
-        for m in all {
-            if let Err(e) = self.remove_locked(&mut t, m) {
-                log::warn!("end of session: removing DAX mapping {m:#x} failed: {e}");
-            }
+        // DESTROY or a new INIT: the frontend still has the mappings unless the device was
+        // reset (then `stop` already emptied the table, or QEMU refuses the unmaps, which
+        // `unplace` tolerates).
+        // While paused, `unplace` keeps them as orphans, unmapped once the device runs.
+        for (m, p) in self.drain(false) {
+            self.unplace(m, &p);
         }
-    }
-
-    fn refresh(&self, owner: u64) {
-        let Ok(mut t) = self.table.lock() else { return };
-        for m in t.of_owner(owner) {
-            let Some(p) = t.live.get(&m) else { continue };
-            let size = crate::sys::fstat(p.file.as_fd()).map(|s| s.st_size.max(0) as u64);
-            let Ok(size) = size else { continue };
-            if p.tail.is_none() && tail::layout(size, p.foffset, p.len).0 == p.file_len {
-                continue;
-            }
-            let Some(mut p) = t.remove(m) else { continue };
-            let replaced = self.unplace(m, &mut p).and_then(|()| {
-                self.place(p.owner, m, p.len, p.file.clone(), p.foffset, p.writable)
-            });
-            match replaced {
-                Ok(np) => t.insert(m, np),
-                Err(e) => {
-                    // The guest's mapping is gone from the frontend: its next access faults
-                    // there instead of reading stale data.
-                    log::error!("re-placing DAX mapping {m:#x} after a size change failed: {e}");
-                    self.counters.failures.fetch_add(1, Ordering::Relaxed);
+        if self.running.load(Ordering::SeqCst) {
+            let orphans =
+                std::mem::take(&mut self.table.lock().unwrap_or_else(|e| e.into_inner()).orphans);
+            for (s, l) in orphans {
+                if let Err(e) = self.with_sink(|k| k.unmap(s, l)) {
+                    log::debug!("SHMEM_UNMAP of orphan {s:#x}+{l:#x}: {e}");
                 }
             }
         }
@@ -512,10 +1111,7 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
 
 impl BackendChannel for DaxWindow<Backend> {
     fn set_channel(&self, backend: Backend) {
-        log::info!(
-            "backend request channel ready: DAX window of {} bytes",
-            self.size
-        );
+        log::info!("backend request channel ready: {}", self.describe());
         self.set_sink(backend);
     }
 
@@ -524,8 +1120,9 @@ impl BackendChannel for DaxWindow<Backend> {
     }
 
     fn device_paused(&self) {
-        // Interim: send nothing while paused; the mapping table is kept as it is.
-        self.running.store(false, Ordering::SeqCst);
+        // `stop`/`cont` (vhost_dev_stop/start) leave QEMU's SHMEM mappings in place: keep
+        // the table as it is and send nothing until the device starts again. No lock taken.
+        self.pause();
     }
 
     fn device_reset(&self) {
@@ -541,11 +1138,16 @@ impl BackendChannel for DaxWindow<Backend> {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+    use std::os::unix::fs::FileExt;
 
     #[derive(Default)]
     struct Rec {
         calls: Mutex<Vec<String>>,
         fail_map: AtomicBool,
+        /// Descriptors of live maps by window offset (what the frontend would map).
+        fds: Mutex<HashMap<u64, File>>,
+        /// Held by a test to delay every reply.
+        gate: Mutex<()>,
     }
 
     impl WindowSink for std::sync::Arc<Rec> {
@@ -557,9 +1159,14 @@ mod tests {
             foffset: u64,
             writable: bool,
         ) -> io::Result<()> {
+            drop(self.gate.lock().unwrap());
             if self.fail_map.load(Ordering::SeqCst) {
                 return Err(io::Error::other("frontend said no"));
             }
+            self.fds
+                .lock()
+                .unwrap()
+                .insert(moffset, File::from(_fd.try_clone_to_owned().unwrap()));
             let w = if writable { "rw" } else { "ro" };
             self.calls
                 .lock()
@@ -568,6 +1175,8 @@ mod tests {
             Ok(())
         }
         fn unmap(&self, moffset: u64, len: u64) -> io::Result<()> {
+            drop(self.gate.lock().unwrap());
+            self.fds.lock().unwrap().remove(&moffset);
             self.calls
                 .lock()
                 .unwrap()
@@ -762,5 +1371,268 @@ mod tests {
         w.map(7, MB2, MB2, f.as_fd(), 0, false).unwrap();
         assert_eq!(calls(&rec), vec!["map 0x200000+0x200000@0x0 ro"]);
         assert_eq!(f.metadata().unwrap().len(), 0, "the file is never extended");
+    }
+
+    fn tmpfile_with(bytes: &[u8], mode: u32) -> File {
+        use std::os::unix::fs::PermissionsExt;
+        let f = tempfile::tempfile().unwrap();
+        f.write_all_at(bytes, 0).unwrap();
+        f.set_permissions(std::fs::Permissions::from_mode(mode))
+            .unwrap();
+        f
+    }
+
+    /// Window bytes `[m, m+len)` as the frontend's mappings show them (every mapping here
+    /// starts at offset 0 of its descriptor).
+    fn window_read(rec: &Rec, m: u64, len: usize) -> Vec<u8> {
+        let fds = rec.fds.lock().unwrap();
+        let mut out = vec![0u8; len];
+        for x in 0..len as u64 {
+            let at = m + x;
+            let (k, fd) = fds
+                .iter()
+                .filter(|(k, _)| **k <= at)
+                .max_by_key(|(k, _)| **k)
+                .expect("mapped");
+            let mut b = [0u8; 1];
+            fd.read_exact_at(&mut b, at - k).unwrap();
+            out[x as usize] = b[0];
+        }
+        out
+    }
+
+    fn mapped_bytes(rec: &Rec, moffset: u64, len: usize) -> Vec<u8> {
+        let fds = rec.fds.lock().unwrap();
+        let mut v = vec![0u8; len];
+        fds[&moffset].read_exact_at(&mut v, 0).unwrap();
+        v
+    }
+
+    #[test]
+    fn executables_are_mapped_from_a_snapshot_without_a_writable_descriptor() {
+        let (w, rec, _) = window();
+        let f = tmpfile_with(&[7u8; 10000], 0o755);
+        w.map(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+        assert_eq!(calls(&rec), vec!["map 0x0+0x200000@0x0 ro"]);
+        assert_eq!(w.stats().snapshots, 1);
+        assert_eq!(mapped_bytes(&rec, 0, 10000), vec![7u8; 10000]);
+        assert_eq!(mapped_bytes(&rec, 0, 10001)[10000], 0, "zero padded");
+        // No descriptor of the file is kept by the window (no /proc/self/fd given).
+        let t = w.table.lock().unwrap();
+        assert!(t.live[&0].file.is_none());
+        drop(t);
+        // With /proc/self/fd, a read-only one, which follows host changes at sync points.
+        let w2: DaxWindow<Arc<Rec>> = DaxWindow::new(8 * MB2).unwrap();
+        let rec2 = Arc::new(Rec::default());
+        w2.set_sink(rec2.clone());
+        w2.start();
+        w2.set_proc_self_fd(
+            crate::sys::open(c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY, 0).unwrap(),
+        );
+        w2.map(5, 0, MB2, f.as_fd(), 0, false).unwrap();
+        {
+            let t = w2.table.lock().unwrap();
+            let kept = t.live[&0].file.as_ref().expect("a read-only descriptor");
+            assert!(!fd_writable(kept.as_fd()));
+        }
+        f.write_all_at(b"new", 0).unwrap();
+        w2.sync(5);
+        assert_eq!(&mapped_bytes(&rec2, 0, 3), b"new");
+        // A writable mapping of it maps the file itself.
+        w.map(7, 0, MB2, f.as_fd(), 0, true).unwrap();
+        assert_eq!(
+            calls(&rec),
+            vec![
+                "unmap 0x0+0x200000",
+                "map 0x0+0x2000@0x0 rw",
+                "map 0x2000+0x1fe000@0x0 rw"
+            ]
+        );
+    }
+
+    #[test]
+    fn read_only_descriptors_get_a_snapshot_kept_coherent() {
+        let (w, rec, _) = window();
+        let path = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(path.path(), [1u8; 5000]).unwrap();
+        let ro = File::open(path.path()).unwrap();
+        w.map(9, 0, MB2, ro.as_fd(), 0, false).unwrap();
+        assert_eq!(calls(&rec), vec!["map 0x0+0x200000@0x0 ro"]);
+        // A writable mapping needs a writable descriptor.
+        let e = w.map(9, MB2, MB2, ro.as_fd(), 0, true).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EACCES));
+        // The host changes the file: the next sync point shows it to the guest.
+        let rw = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path.path())
+            .unwrap();
+        rw.write_all_at(&[2u8; 100], 4000).unwrap();
+        w.sync(9);
+        let got = mapped_bytes(&rec, 0, 5000);
+        assert_eq!(
+            &got[3999..4101],
+            &[&[1u8][..], &[2u8; 100], &[1u8]].concat()[..]
+        );
+    }
+
+    #[test]
+    fn aliases_share_one_tail() {
+        let (w, rec, _) = window();
+        let path = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(path.path(), b"hello world").unwrap();
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path.path())
+                .unwrap()
+        };
+        let (a, b) = (open(), open());
+        // Two inodes (a bind mount alias) map the same host range at two window offsets.
+        w.map(1, 0, MB2, a.as_fd(), 0, true).unwrap();
+        w.map(2, MB2, MB2, b.as_fd(), 0, true).unwrap();
+        calls(&rec);
+        let fds = rec.fds.lock().unwrap();
+        fds[&0].write_all_at(b"HELLO", 0).unwrap();
+        let mut via_b = [0u8; 5];
+        fds[&MB2].read_exact_at(&mut via_b, 0).unwrap();
+        assert_eq!(&via_b, b"HELLO", "one memfd behind both mappings");
+        drop(fds);
+        // Writing back through either inode writes the bytes once; the other has no stale
+        // copy to overwrite them with.
+        w.sync(2);
+        w.sync(1);
+        assert_eq!(std::fs::read(path.path()).unwrap(), b"HELLO world");
+        assert_eq!(w.stats().written_back, 5);
+    }
+
+    #[test]
+    fn size_changes_replace_only_when_the_page_layout_changes() {
+        let (w, rec, f) = window();
+        f.set_len(100).unwrap();
+        w.map(7, 0, MB2, f.as_fd(), 0, true).unwrap();
+        calls(&rec);
+        // Growth inside the last page: the tail is updated in place, nothing re-placed.
+        f.write_all_at(b"grown", 100).unwrap();
+        w.refresh(7);
+        w.sync(7);
+        assert!(
+            calls(&rec).is_empty(),
+            "no unmap/map for an unchanged layout"
+        );
+        assert_eq!(&mapped_bytes(&rec, 0, 105)[100..], b"grown");
+        // Growth past the page: re-placed once.
+        f.set_len(3 * 4096).unwrap();
+        w.sync(7);
+        assert_eq!(
+            calls(&rec),
+            vec![
+                "unmap 0x0+0x200000",
+                "map 0x0+0x3000@0x0 rw",
+                "map 0x3000+0x1fd000@0x0 rw"
+            ]
+        );
+        assert_eq!(w.stats().replaced, 1);
+    }
+
+    #[test]
+    fn the_budget_folds_tails_into_one_mapping_per_range() {
+        // 8 ranges, room for 10 frontend mappings: small files need 2 each, so most fold.
+        let w: DaxWindow<Arc<Rec>> = DaxWindow::with_budget(8 * MB2, 10).unwrap();
+        let rec = Arc::new(Rec::default());
+        w.set_sink(rec.clone());
+        w.start();
+        let files: Vec<File> = (0..8)
+            .map(|i| tmpfile_with(&vec![i as u8; 5000], 0o644))
+            .collect();
+        for (i, f) in files.iter().enumerate() {
+            w.map(i as u64, i as u64 * MB2, MB2, f.as_fd(), 0, true)
+                .unwrap();
+        }
+        let s = w.stats();
+        assert!(s.peak_regions <= 10, "{s}");
+        assert!(s.merged > 0, "{s}");
+        assert_eq!(s.mapped_bytes, 8 * MB2);
+        // Every range shows its file's bytes, zero padded.
+        for (i, _) in files.iter().enumerate() {
+            let m = i as u64 * MB2;
+            let mut want = vec![i as u8; 5000];
+            want.resize(8192, 0);
+            assert_eq!(window_read(&rec, m, 8192), want, "range {i}");
+        }
+        // A hostile guest mapping 4 KiB pieces runs into the budget and gets ENOSPC.
+        let w2: DaxWindow<Arc<Rec>> = DaxWindow::with_budget(2 * MB2, 2).unwrap();
+        w2.set_sink(Arc::new(Rec::default()));
+        w2.start();
+        let f = tmpfile_with(&[0u8; 8192], 0o644);
+        w2.map(1, 0, 4096, f.as_fd(), 0, false).unwrap();
+        w2.map(1, 4096, 4096, f.as_fd(), 0, false).unwrap();
+        let e = w2.map(1, 8192, 4096, f.as_fd(), 0, false).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+    }
+
+    #[test]
+    fn reset_and_pause_never_wait_for_a_frontend_round_trip() {
+        let (w, rec, f) = window();
+        let w = Arc::new(w);
+        let gate = rec.gate.lock().unwrap();
+        // A SETUPMAPPING whose SHMEM_MAP reply is held back by the frontend.
+        let w2 = w.clone();
+        let fd = f.try_clone().unwrap();
+        let t = std::thread::spawn(move || w2.map(7, 0, MB2, fd.as_fd(), 0, false));
+        std::thread::sleep(Duration::from_millis(50));
+        let started = std::time::Instant::now();
+        w.device_paused_for_test();
+        w.stop();
+        w.sync(8);
+        w.sync_all();
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "pause/reset waited for the frontend"
+        );
+        drop(gate);
+        let _ = t.join().unwrap();
+        assert_eq!(
+            w.stats().mapped_bytes,
+            0,
+            "nothing published across the reset"
+        );
+        // The frontend may have applied that map after its reset: it is unmapped before the
+        // range is used again.
+        calls(&rec);
+        w.start();
+        w.map(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+        assert_eq!(
+            calls(&rec),
+            vec!["unmap 0x0+0x200000", "map 0x0+0x200000@0x0 ro"]
+        );
+    }
+
+    #[test]
+    fn an_unmap_while_paused_is_sent_once_the_device_runs() {
+        let (w, rec, f) = window();
+        w.map(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+        calls(&rec);
+        // stop/cont keeps QEMU's mappings: a removal that completes while paused is not
+        // sent then, and not forgotten either.
+        w.pause();
+        w.unmap(0, MB2).unwrap();
+        assert!(calls(&rec).is_empty());
+        w.start();
+        w.map(7, 0, MB2, f.as_fd(), 0, true).unwrap();
+        assert_eq!(
+            calls(&rec),
+            vec!["unmap 0x0+0x200000", "map 0x0+0x200000@0x0 rw"]
+        );
+        // DESTROY sends the pending ones too.
+        w.map(7, MB2, MB2, f.as_fd(), 0, false).unwrap();
+        w.pause();
+        w.unmap(MB2, MB2).unwrap();
+        w.start();
+        calls(&rec);
+        w.end_session();
+        let mut got = calls(&rec);
+        got.sort();
+        assert_eq!(got, vec!["unmap 0x0+0x200000", "unmap 0x200000+0x200000"]);
     }
 }

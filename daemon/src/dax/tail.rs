@@ -1,14 +1,33 @@
-//! Shadow tails: QEMU 11.1 maps a file range only when the file covers all of it, so the
-//! part of a guest mapping past the last whole page of the file (the page holding EOF and
-//! anything after it) is served from a small memfd instead. The memfd starts as a copy of
-//! the file's bytes there (zero-padded); bytes the guest writes through a writable mapping
-//! are written back to the file ([`Tail::write_back`]) before the daemon touches the file
-//! through the request queue, on fsync/flush/release, on unmap and when the device stops.
+//! Shadows: memfds that stand in for file bytes the frontend cannot map from the file.
+//!
+//! QEMU 11.1 maps a file range only when the file covers all of it, and maps every range
+//! shared and writable (so it needs a read-write descriptor). Two kinds of placement use a
+//! shadow memfd instead of the file:
+//! - a *tail*: the part of a guest mapping past the file's last whole page (the page holding
+//!   EOF, and anything after it);
+//! - a *snapshot*: a whole guest range served from a copy, for read-only guest mappings of
+//!   files the daemon does not map directly (see `dax::Placement`), and for writable
+//!   mappings merged into one frontend mapping under the mapping budget.
+//!
+//! A shadow starts as a copy of the file's bytes (zero padded). [`Shadow::sync`] is a
+//! three-way merge between the memfd (the guest's view), `snapshot` (the bytes both sides
+//! agreed on at the last sync) and the file (the host's view):
+//! - each run of bytes the guest changed (memfd != snapshot) is written to the file, run by
+//!   run, never past the file's current end, so bytes in between keep the host's value;
+//! - each byte the guest did not change but the host did (file != snapshot), and each byte
+//!   the file grew by, is copied into the memfd, so the guest sees host writes and growth;
+//! - bytes past a shrunken end are zeroed in the memfd.
+//!
+//! When the guest and the host change the same byte between two syncs the guest's store
+//! wins (it is the later one as far as the daemon can tell). One shadow exists per host file
+//! range, keyed on the host file `(st_dev, st_ino)` and the file offset, so every guest
+//! mapping of that range (aliases through hard links or bind mounts included) shares it.
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, FromRawFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd};
 use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 
 use super::MAP_ALIGNMENT;
 
@@ -26,17 +45,39 @@ pub fn layout(file_size: u64, foffset: u64, len: u64) -> (u64, u64) {
     (file_len, valid)
 }
 
-/// The shadow of one mapping's tail.
-pub struct Tail {
-    memfd: File,
-    /// The file's bytes as last synchronised (what the guest started from).
-    snapshot: Vec<u8>,
+/// Key of a shadow: host file `(st_dev, st_ino)`, file offset of its first byte, and whether
+/// it is a whole-range snapshot (a tail and a snapshot of the same bytes are different
+/// frontend mappings and never share a memfd).
+pub type ShadowKey = (u64, u64, u64, bool);
+
+/// What one [`Shadow::sync`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Synced {
+    /// Guest bytes written to the file.
+    pub written: u64,
+    /// Host bytes copied into the memfd.
+    pub pulled: u64,
 }
 
-impl Tail {
-    /// A memfd of `size` bytes holding the `valid` file bytes at file offset `at`.
-    pub fn new(file: &File, at: u64, valid: u64, size: u64) -> io::Result<Tail> {
-        let name = c"daxfsd-tail";
+/// The shadow of one host file range.
+pub struct Shadow {
+    memfd: File,
+    /// Bytes of the memfd (the longest guest mapping that uses it).
+    size: u64,
+    /// The file's bytes from `at` as of the last sync (at most `size`).
+    snapshot: Vec<u8>,
+    /// File offset of the memfd's first byte.
+    at: u64,
+    /// A descriptor for the file (read-write when a writable guest mapping uses the shadow);
+    /// `None` for snapshots of files the daemon keeps no descriptor for.
+    file: Option<Arc<File>>,
+    writable: bool,
+}
+
+impl Shadow {
+    /// A memfd of `size` bytes holding the file's bytes from offset `at` (zero padded).
+    pub fn new(file: &File, at: u64, size: u64) -> io::Result<Shadow> {
+        let name = c"daxfsd-shadow";
         // SAFETY: `name` is NUL-terminated; memfd_create takes no other pointers.
         let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
         if fd < 0 {
@@ -45,41 +86,137 @@ impl Tail {
         // SAFETY: `fd` was just returned by memfd_create and nothing else owns it.
         let memfd = unsafe { File::from_raw_fd(fd) };
         memfd.set_len(size)?;
-        let mut snapshot = vec![0u8; usize::try_from(valid).unwrap_or(0)];
+        let file_size = crate::sys::fstat(file.as_fd())?.st_size.max(0) as u64;
+        let valid = file_size.saturating_sub(at).min(size);
+        let mut snapshot = vec![0u8; usize::try_from(valid).map_err(|_| einval())?];
         let n = pread_full(file, &mut snapshot, at)?;
         snapshot.truncate(n);
         memfd.write_all_at(&snapshot, 0)?;
-        Ok(Tail { memfd, snapshot })
+        Ok(Shadow {
+            memfd,
+            size,
+            snapshot,
+            at,
+            file: None,
+            writable: false,
+        })
     }
 
-    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+    pub fn fd(&self) -> BorrowedFd<'_> {
         self.memfd.as_fd()
     }
 
-    /// Writes the bytes the guest changed in the tail back to the file at offset `at`
-    /// (never past the file's current end). Returns the bytes written.
-    pub fn write_back(&mut self, file: &File, at: u64) -> io::Result<usize> {
-        let mut now = vec![0u8; self.snapshot.len()];
-        self.memfd.read_exact_at(&mut now, 0)?;
-        let Some(first) = now.iter().zip(&self.snapshot).position(|(a, b)| a != b) else {
-            return Ok(0);
-        };
-        let last = now
-            .iter()
-            .zip(&self.snapshot)
-            .rposition(|(a, b)| a != b)
-            .unwrap_or(first);
-        let size = crate::sys::fstat(file.as_fd())?.st_size.max(0) as u64;
-        let end = (at + last as u64 + 1).min(size);
-        let start = at + first as u64;
-        if end <= start {
-            return Ok(0);
-        }
-        let span = &now[first..first + (end - start) as usize];
-        file.write_all_at(span, start)?;
-        self.snapshot[first..first + span.len()].copy_from_slice(span);
-        Ok(span.len())
+    pub fn size(&self) -> u64 {
+        self.size
     }
+
+    /// Makes the memfd at least `size` bytes (another guest mapping of the range is longer).
+    pub fn grow(&mut self, size: u64) -> io::Result<()> {
+        if size > self.size {
+            self.memfd.set_len(size)?;
+            self.size = size;
+        }
+        Ok(())
+    }
+
+    /// Gives the shadow a descriptor to sync with; a writable one enables write-back.
+    pub fn attach(&mut self, file: Option<Arc<File>>, writable: bool) {
+        if writable {
+            self.writable = true;
+        }
+        if file.is_some() && (self.file.is_none() || writable) {
+            self.file = file;
+        }
+    }
+
+    /// Whether the guest may have stored into the memfd since the last sync.
+    pub fn writable(&self) -> bool {
+        self.writable
+    }
+
+    /// Three-way merge with the file (see the module comment).
+    pub fn sync(&mut self) -> io::Result<Synced> {
+        let Some(file) = self.file.clone() else {
+            return Ok(Synced::default());
+        };
+        let mut out = Synced::default();
+        let old = self.snapshot.len();
+        let mut now = vec![0u8; old];
+        self.memfd.read_exact_at(&mut now, 0)?;
+        let file_size = crate::sys::fstat(file.as_fd())?.st_size.max(0) as u64;
+        let in_file = usize::try_from(file_size.saturating_sub(self.at).min(self.size))
+            .map_err(|_| einval())?;
+        // 1. The guest's runs go to the file, one run at a time, never past its end.
+        if self.writable {
+            for (s, e) in runs(&now, &self.snapshot) {
+                let e = e.min(in_file);
+                if s >= e {
+                    continue;
+                }
+                file.write_all_at(&now[s..e], self.at + s as u64)?;
+                self.snapshot[s..e].copy_from_slice(&now[s..e]);
+                out.written += (e - s) as u64;
+            }
+        }
+        // 2. The host's changes (and growth) come into the memfd where the guest changed
+        //    nothing.
+        let mut host = vec![0u8; in_file];
+        let n = pread_full(&file, &mut host, self.at)?;
+        host.truncate(n);
+        let guest_changed = |i: usize| i < old && now[i] != self.snapshot[i];
+        let mut i = 0;
+        while i < host.len() {
+            let differs = |i: usize| {
+                !guest_changed(i) && (i >= old || host[i] != self.snapshot[i] || now[i] != host[i])
+            };
+            if !differs(i) {
+                i += 1;
+                continue;
+            }
+            let s = i;
+            while i < host.len() && differs(i) {
+                i += 1;
+            }
+            self.memfd.write_all_at(&host[s..i], s as u64)?;
+            out.pulled += (i - s) as u64;
+        }
+        // 3. Bytes past a shrunken end read as zeros, as past EOF of a mapped file.
+        if host.len() < old {
+            let zeros = vec![0u8; old - host.len()];
+            self.memfd.write_all_at(&zeros, host.len() as u64)?;
+        }
+        // The agreed bytes are now the file's (guest runs included, as just written).
+        for (k, b) in host.iter_mut().enumerate() {
+            if guest_changed(k) {
+                *b = now[k];
+            }
+        }
+        self.snapshot = host;
+        Ok(out)
+    }
+}
+
+/// Runs `[start, end)` where `a` and `b` differ.
+fn runs(a: &[u8], b: &[u8]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    let n = a.len().min(b.len());
+    while i < n {
+        if a[i] == b[i] {
+            i += 1;
+            continue;
+        }
+        let s = i;
+        while i < n && a[i] != b[i] {
+            i += 1;
+        }
+        out.push((s, i));
+    }
+    out
+}
+
+fn einval() -> io::Error {
+    io::Error::from_raw_os_error(libc::EINVAL)
 }
 
 /// Reads up to `buf.len()` bytes at `at`, stopping early only at end of file.
@@ -99,10 +236,22 @@ fn pread_full(file: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
 
     const P: u64 = 4096;
     const R: u64 = 2 << 20;
+
+    fn shadow_of(f: &File, at: u64, size: u64, writable: bool) -> Shadow {
+        let mut s = Shadow::new(f, at, size).unwrap();
+        s.attach(Some(Arc::new(f.try_clone().unwrap())), writable);
+        s
+    }
+
+    fn file_bytes(f: &File) -> Vec<u8> {
+        let n = f.metadata().unwrap().len() as usize;
+        let mut v = vec![0u8; n];
+        f.read_exact_at(&mut v, 0).unwrap();
+        v
+    }
 
     #[test]
     fn layouts() {
@@ -120,38 +269,73 @@ mod tests {
     }
 
     #[test]
-    fn tail_round_trip_writes_back_only_changes() {
-        let mut f = tempfile::tempfile().unwrap();
-        f.write_all(b"0123456789").unwrap();
-        let fd = f.try_clone().unwrap();
-        let mut t = Tail::new(&fd, 2, 8, P).unwrap();
+    fn copy_zero_padded_and_nothing_written_when_unchanged() {
+        let f = tempfile::tempfile().unwrap();
+        f.write_all_at(b"0123456789", 0).unwrap();
+        let mut t = shadow_of(&f, 2, P, true);
         let mut buf = [0u8; 10];
         t.memfd.read_exact_at(&mut buf, 0).unwrap();
-        assert_eq!(&buf, b"23456789\0\0", "copy of the file bytes, zero padded");
-        assert_eq!(
-            t.write_back(&fd, 2).unwrap(),
-            0,
-            "unchanged: nothing written"
-        );
-        t.memfd.write_all_at(b"XY", 3).unwrap();
-        t.memfd.write_all_at(b"past-eof", 20).unwrap();
-        assert_eq!(t.write_back(&fd, 2).unwrap(), 2);
-        let mut all = [0u8; 10];
-        f.read_exact_at(&mut all, 0).unwrap();
-        assert_eq!(&all, b"01234XY789");
-        assert_eq!(f.metadata().unwrap().len(), 10, "never extends the file");
-        assert_eq!(t.write_back(&fd, 2).unwrap(), 0, "already in sync");
+        assert_eq!(&buf, b"23456789\0\0");
+        assert_eq!(t.sync().unwrap(), Synced::default());
     }
 
     #[test]
-    fn write_back_stops_at_a_shrunken_end() {
+    fn guest_runs_written_back_run_by_run() {
+        let f = tempfile::tempfile().unwrap();
+        f.write_all_at(b"0123456789", 0).unwrap();
+        let mut t = shadow_of(&f, 0, P, true);
+        // The guest changes bytes 1 and 8; the host changes byte 5 in between.
+        t.memfd.write_all_at(b"A", 1).unwrap();
+        t.memfd.write_all_at(b"B", 8).unwrap();
+        f.write_all_at(b"H", 5).unwrap();
+        t.memfd.write_all_at(b"past-eof", 20).unwrap();
+        let s = t.sync().unwrap();
+        assert_eq!(s.written, 2, "two one-byte runs, not the span between them");
+        assert_eq!(
+            file_bytes(&f),
+            b"0A234H67B9",
+            "host byte between runs survives"
+        );
+        assert_eq!(f.metadata().unwrap().len(), 10, "never extends the file");
+        let mut buf = [0u8; 10];
+        t.memfd.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"0A234H67B9", "the guest sees the host's byte");
+        assert_eq!(t.sync().unwrap(), Synced::default(), "in sync");
+    }
+
+    #[test]
+    fn growth_within_the_page_reaches_the_guest() {
+        let f = tempfile::tempfile().unwrap();
+        f.write_all_at(b"abc", 0).unwrap();
+        let mut t = shadow_of(&f, 0, P, false);
+        f.write_all_at(b"defgh", 3).unwrap();
+        assert_eq!(t.sync().unwrap().pulled, 5);
+        let mut buf = [0u8; 8];
+        t.memfd.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"abcdefgh");
+    }
+
+    #[test]
+    fn shrink_zeroes_and_clips() {
         let f = tempfile::tempfile().unwrap();
         f.write_all_at(b"abcdef", 0).unwrap();
-        let fd = f.try_clone().unwrap();
-        let mut t = Tail::new(&fd, 0, 6, P).unwrap();
+        let mut t = shadow_of(&f, 0, P, true);
         t.memfd.write_all_at(b"ABCDEF", 0).unwrap();
         f.set_len(3).unwrap();
-        assert_eq!(t.write_back(&fd, 0).unwrap(), 3);
-        assert_eq!(f.metadata().unwrap().len(), 3);
+        assert_eq!(t.sync().unwrap().written, 3);
+        assert_eq!(file_bytes(&f), b"ABC");
+        let mut buf = [0u8; 6];
+        t.memfd.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"ABC\0\0\0");
+    }
+
+    #[test]
+    fn read_only_shadows_never_write() {
+        let f = tempfile::tempfile().unwrap();
+        f.write_all_at(b"abcdef", 0).unwrap();
+        let mut t = shadow_of(&f, 0, P, false);
+        t.memfd.write_all_at(b"X", 0).unwrap();
+        t.sync().unwrap();
+        assert_eq!(file_bytes(&f), b"abcdef");
     }
 }

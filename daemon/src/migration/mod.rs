@@ -337,18 +337,35 @@ impl DeviceStateTransfer for Migration {
     }
 }
 
-impl StateHost for crate::server::Server<crate::passthrough::PassthroughFs> {
+/// A served filesystem whose migratable state is a passthrough's tables.
+pub trait PassthroughState {
+    fn passthrough(&self) -> &crate::passthrough::PassthroughFs;
+}
+
+impl PassthroughState for crate::passthrough::PassthroughFs {
+    fn passthrough(&self) -> &crate::passthrough::PassthroughFs {
+        self
+    }
+}
+
+impl PassthroughState for crate::dax::coherent::Coherent<crate::passthrough::PassthroughFs> {
+    fn passthrough(&self) -> &crate::passthrough::PassthroughFs {
+        self.inner()
+    }
+}
+
+impl<F: crate::filesystem::FileSystem + PassthroughState> StateHost for crate::server::Server<F> {
     fn save_state(&self, opts: &MigrationOptions) -> io::Result<DeviceState> {
         Ok(DeviceState {
             session: self.export_session(),
-            fs: self.fs().export_state(opts)?,
+            fs: self.fs().passthrough().export_state(opts)?,
         })
     }
 
     fn load_state(&self, state: DeviceState, opts: &MigrationOptions) -> io::Result<()> {
         let before = self.export_session();
         self.import_session(&state.session)?;
-        match self.fs().import_state(&state.fs, opts) {
+        match self.fs().passthrough().import_state(&state.fs, opts) {
             Ok((0, 0)) => Ok(()),
             Ok((inodes, handles)) => {
                 log::warn!(

@@ -16,6 +16,11 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 const PAGE: u64 = 4096;
 
+/// Live SHMEM mappings QEMU 11.1 can hold on a KVM host with 509 memory slots (each mapping
+/// is a memory region and a KVM slot; QEMU aborts when KVM runs out) after 16 for guest RAM,
+/// ROMs and BARs. The driver refuses a map past it and records a violation.
+pub const QEMU_SLOT_LIMIT: usize = 509 - 16;
+
 /// One live mapping in the window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mapping {
@@ -41,6 +46,10 @@ struct WindowState {
     /// crashes on a map before the guest started the device).
     started: bool,
     violations: Vec<String>,
+    /// Live mappings allowed at once (QEMU's slots).
+    slot_limit: usize,
+    /// Most mappings ever live at once.
+    peak: usize,
 }
 
 /// A reserved `PROT_NONE` address range the backend maps file ranges into.
@@ -48,6 +57,11 @@ pub struct DaxWindow {
     base: usize,
     len: u64,
     state: Mutex<WindowState>,
+    /// Delay before each SHMEM reply, in microseconds (a frontend whose main loop is busy).
+    reply_delay_us: std::sync::atomic::AtomicU64,
+    /// Held while the frontend is "inside" a control-channel request: like QEMU's main loop,
+    /// it serves no backend request until that request's reply arrives.
+    busy: Mutex<()>,
 }
 
 impl DaxWindow {
@@ -83,7 +97,11 @@ impl DaxWindow {
                 stats: DaxStats::default(),
                 started: false,
                 violations: Vec::new(),
+                slot_limit: QEMU_SLOT_LIMIT,
+                peak: 0,
             }),
+            reply_delay_us: std::sync::atomic::AtomicU64::new(0),
+            busy: Mutex::new(()),
         })
     }
 
@@ -122,12 +140,49 @@ impl DaxWindow {
         self.lock().violations.clone()
     }
 
+    /// Sets how many mappings may be live at once (default [`QEMU_SLOT_LIMIT`]).
+    pub fn set_slot_limit(&self, n: usize) {
+        self.lock().slot_limit = n;
+    }
+
+    /// Most mappings live at once so far.
+    pub fn peak(&self) -> usize {
+        self.lock().peak
+    }
+
+    /// Delays every SHMEM reply by `d`.
+    pub fn set_reply_delay(&self, d: Duration) {
+        self.reply_delay_us
+            .store(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Blocks the backend-request channel until the guard drops, as QEMU's main loop does
+    /// while it waits for the reply to a control request (GET_VRING_BASE, RESET_DEVICE).
+    pub fn hold_backend_channel(&self) -> MutexGuard<'_, ()> {
+        self.busy.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn frontend_turn(&self) {
+        let d = self.reply_delay_us.load(Ordering::Relaxed);
+        if d > 0 {
+            std::thread::sleep(Duration::from_micros(d));
+        }
+        drop(self.hold_backend_channel());
+    }
+
+    /// What QEMU does on `stop` (vhost_dev_stop): vrings stop, mappings stay, and no request
+    /// is accepted until the device starts again.
+    pub fn pause(&self) {
+        self.lock().started = false;
+    }
+
     pub(crate) fn set_started(&self, started: bool) {
         self.lock().started = started;
     }
 
-    /// What QEMU does on a device stop or reset: every mapping is dropped and no request is
-    /// accepted until the device starts again.
+    /// What QEMU does on a device reset (`virtio_reset`: "mappings are removed to prevent
+    /// stale fds from remaining open"): every mapping is dropped and no request is accepted
+    /// until the device starts again.
     pub(crate) fn reset(&self) {
         let mut st = self.lock();
         st.started = false;
@@ -220,6 +275,15 @@ impl DaxWindow {
                     )));
                 }
             }
+            if st.maps.len() >= st.slot_limit {
+                let v = format!(
+                    "SHMEM_MAP {off:#x}+{len:#x} with {} mappings live: past the {} memory slots QEMU has (it aborts on KVM)",
+                    st.maps.len(),
+                    st.slot_limit
+                );
+                st.violations.push(v.clone());
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
             let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
             let foff = libc::off_t::try_from(fd_offset).map_err(|_| einval("fd offset too big"))?;
             // SAFETY: the target range [base+off, base+off+len) lies inside our reserved window
@@ -249,6 +313,7 @@ impl DaxWindow {
                     writable,
                 },
             );
+            st.peak = st.peak.max(st.maps.len());
             Ok(0)
         })();
         if res.is_err() {
@@ -361,6 +426,9 @@ impl VhostUserFrontendReqHandler for Handler {
         fd: &dyn AsRawFd,
     ) -> vhost::vhost_user::HandlerResult<u64> {
         // The fd is closed when we return: mmap inside the call.
+        if let Ok(w) = self.window() {
+            w.frontend_turn();
+        }
         let r = self.window().and_then(|w| w.map(req, fd.as_raw_fd()));
         if let Err(e) = &r {
             log::debug!("SHMEM_MAP rejected: {e}");
@@ -369,6 +437,9 @@ impl VhostUserFrontendReqHandler for Handler {
     }
 
     fn shmem_unmap(&self, req: &VhostUserMMap) -> vhost::vhost_user::HandlerResult<u64> {
+        if let Ok(w) = self.window() {
+            w.frontend_turn();
+        }
         let r = self.window().and_then(|w| w.unmap(req));
         if let Err(e) = &r {
             log::debug!("SHMEM_UNMAP rejected: {e}");
