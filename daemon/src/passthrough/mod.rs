@@ -106,6 +106,13 @@ pub struct Config {
     /// Negotiate `FUSE_HANDLE_KILLPRIV_V2` (we clear suid/sgid on write, truncate and
     /// `O_TRUNC`). Off by default, as in virtiofsd.
     pub killpriv_v2: bool,
+    /// Serve POSIX locks on the host (`FUSE_POSIX_LOCKS`), per guest lock owner. Off by
+    /// default, as in virtiofsd: the guest kernel then keeps its locks itself.
+    pub posix_lock: bool,
+    /// Serve BSD flock() locks on the host (`FUSE_FLOCK_LOCKS`). Off by default.
+    pub flock: bool,
+    /// Pass the guest's `O_NOATIME` on (virtiofsd's `--preserve-noatime`); else dropped.
+    pub preserve_noatime: bool,
 }
 
 impl Default for Config {
@@ -121,6 +128,9 @@ impl Default for Config {
             readdirplus: true,
             announce_submounts: false,
             killpriv_v2: false,
+            posix_lock: false,
+            flock: false,
+            preserve_noatime: false,
         }
     }
 }
