@@ -1,0 +1,231 @@
+//! What launchers see of the daemon's life: the pid file `<socket>.pid` (created and locked
+//! before the socket listens: a second daemon on the same path is refused and the live
+//! daemon keeps its socket; a dead daemon's files are taken over) and the stop signals.
+//!
+//! SIGTERM, SIGINT and SIGHUP in every sandbox mode, with a connected, INITed session that
+//! wrote a file: daxfsd ends the session through its clean-exit path and exits 0 with the
+//! socket and pid file removed. Upstream virtiofsd 1.14 shares the pid-file part; on a
+//! signal it `_exit(1)`s (SIGTERM, SIGHUP) or dies of it (SIGINT) and leaves its files:
+//! against it, these tests check that instead (so they are known to observe the real thing).
+
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use daxfsd::abi;
+use vufs_driver::{DaemonKind, Session};
+
+fn kind() -> DaemonKind {
+    DaemonKind::from_env()
+}
+
+struct Proc {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait(&mut self, t: Duration) -> ExitStatus {
+        let end = Instant::now() + t;
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(
+                Instant::now() < end,
+                "the daemon did not exit within {t:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        // SAFETY: signalling our own child process.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the daemon on `socket` sharing `share`, waiting until the socket exists.
+fn spawn(socket: &Path, share: &Path, sandbox: &str, log: &str) -> Proc {
+    let bin = kind().binary().unwrap_or_else(|e| panic!("{e}"));
+    let log = socket.with_file_name(log);
+    let f = std::fs::File::create(&log).unwrap();
+    let child = Command::new(bin)
+        .arg(format!("--socket-path={}", socket.display()))
+        .arg(format!("--shared-dir={}", share.display()))
+        .arg(format!("--sandbox={sandbox}"))
+        .stdin(Stdio::null())
+        .stdout(f.try_clone().unwrap())
+        .stderr(f)
+        .spawn()
+        .unwrap();
+    let mut p = Proc { child, log };
+    let end = Instant::now() + Duration::from_secs(10);
+    while !std::fs::metadata(socket).is_ok_and(|m| m.file_type().is_socket()) {
+        if let Some(st) = p.child.try_wait().unwrap() {
+            panic!("daemon exited early ({st}); log:\n{}", p.log());
+        }
+        assert!(Instant::now() < end, "no socket; log:\n{}", p.log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    p
+}
+
+fn pid_file(socket: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.pid", socket.display()))
+}
+
+fn signal_name(sig: libc::c_int) -> &'static str {
+    match sig {
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGINT => "SIGINT",
+        _ => "SIGHUP",
+    }
+}
+
+#[test]
+fn stop_signals_end_the_session_cleanly_in_every_sandbox() {
+    let upstream = kind() == DaemonKind::Virtiofsd;
+    for sandbox in ["none", "chroot", "namespace"] {
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            let what = format!("{} --sandbox={sandbox} {}", kind().name(), signal_name(sig));
+            let dir = tempfile::tempdir().unwrap();
+            let share = dir.path().join("share");
+            std::fs::create_dir(&share).unwrap();
+            let socket = dir.path().join("fs.sock");
+            let mut d = spawn(&socket, &share, sandbox, "daemon.log");
+            let pid: u32 = std::fs::read_to_string(pid_file(&socket))
+                .unwrap_or_else(|e| panic!("{what}: no pid file: {e}"))
+                .trim()
+                .parse()
+                .unwrap();
+            assert_eq!(pid, d.child.id(), "{what}: the pid file names the daemon");
+            let s = Session::connect(&socket).unwrap();
+            s.init().unwrap();
+            let (e, o) = s
+                .create(abi::ROOT_ID, "f", libc::O_RDWR as u32, 0o644, 0)
+                .unwrap();
+            assert_eq!(
+                s.write(e.nodeid, o.fh, 0, b"before the signal").unwrap(),
+                17
+            );
+            d.signal(sig);
+            let st = d.wait(Duration::from_secs(20));
+            assert_eq!(
+                std::fs::read(share.join("f")).unwrap(),
+                b"before the signal",
+                "{what}"
+            );
+            if upstream {
+                // virtiofsd 1.14: _exit(1) from its SIGTERM/SIGHUP handler; SIGINT kills it.
+                if sig == libc::SIGINT {
+                    assert_eq!(st.signal(), Some(sig), "{what}: {st}");
+                } else {
+                    assert_eq!(st.code(), Some(1), "{what}: {st}");
+                }
+                assert!(
+                    pid_file(&socket).exists(),
+                    "{what}: virtiofsd leaves its pid file"
+                );
+            } else {
+                assert_eq!(st.code(), Some(0), "{what}: {st}; log:\n{}", d.log());
+                assert!(!socket.exists(), "{what}: socket left behind");
+                assert!(!pid_file(&socket).exists(), "{what}: pid file left behind");
+                let log = d.log();
+                assert!(
+                    log.contains(&format!("{}: session ended cleanly", signal_name(sig))),
+                    "{what}: the clean-exit path did not run; log:\n{log}"
+                );
+            }
+            drop(s);
+        }
+    }
+}
+
+#[test]
+fn a_signal_before_the_frontend_connects_exits_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let share = dir.path().join("share");
+    std::fs::create_dir(&share).unwrap();
+    let socket = dir.path().join("fs.sock");
+    let mut d = spawn(&socket, &share, "none", "daemon.log");
+    std::thread::sleep(Duration::from_millis(200));
+    d.signal(libc::SIGTERM);
+    let st = d.wait(Duration::from_secs(10));
+    if kind() == DaemonKind::Virtiofsd {
+        assert_eq!(st.code(), Some(1), "{st}");
+    } else {
+        assert_eq!(st.code(), Some(0), "{st}; log:\n{}", d.log());
+        assert!(!socket.exists() && !pid_file(&socket).exists());
+    }
+}
+
+#[test]
+fn a_second_daemon_on_the_same_socket_is_refused_and_a_dead_ones_files_are_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let share = dir.path().join("share");
+    std::fs::create_dir(&share).unwrap();
+    let socket = dir.path().join("fs.sock");
+    let mut first = spawn(&socket, &share, "none", "first.log");
+    let bin = kind().binary().unwrap();
+    let out = Command::new(&bin)
+        .arg(format!("--socket-path={}", socket.display()))
+        .arg(format!("--shared-dir={}", share.display()))
+        .arg("--sandbox=none")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a second daemon started: {err}");
+    assert!(err.contains(".pid"), "the error names the pid file: {err}");
+    if kind() != DaemonKind::Virtiofsd {
+        assert_eq!(
+            err.lines().filter(|l| !l.trim().is_empty()).count(),
+            1,
+            "one line: {err}"
+        );
+    }
+    // The live daemon still has its socket and serves it.
+    let s = Session::connect(&socket).unwrap();
+    s.init().unwrap();
+    drop(s);
+    first.wait(Duration::from_secs(10));
+    // A daemon killed with SIGKILL leaves both files; the next one takes them over.
+    let mut killed = spawn(&socket, &share, "none", "killed.log");
+    killed.child.kill().unwrap();
+    killed.child.wait().unwrap();
+    assert!(socket.exists() && pid_file(&socket).exists());
+    let next = spawn(&socket, &share, "none", "next.log");
+    // The old socket file is there from the start: wait for the pid file to name the new
+    // daemon (it rewrites it before it replaces the socket).
+    let end = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(pid_file(&socket))
+        .unwrap_or_default()
+        .trim()
+        != next.child.id().to_string()
+    {
+        assert!(
+            Instant::now() < end,
+            "the pid file was not taken over; log:\n{}",
+            next.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let s = Session::connect(&socket).unwrap();
+    s.init().unwrap();
+}
