@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# End-to-end tests with the tools that launch virtiofsd, each run against daxfsd and
+# against upstream virtiofsd 1.14 (proof that the test observes the real thing):
+#   cmdline  Kata (Go runtime, runtime-rs) and podman machine command lines, QEMU guest
+#   libvirt  libvirt 9.0 (`virsh create`), installed with apt by libvirt.sh
+#   vng      virtme-ng 1.42 from PyPI (`vng --run`), installed with pip by vng.sh
+# Each guest mounts the share, reads a file the host wrote and writes one the host checks.
+#
+#   tests/launchers/run.sh [--only cmdline,libvirt,vng] [--daemons "daxfsd virtiofsd"]
+#
+# Ends with "launchers: N passed, M failed" and exits non-zero on any failure.
+set -euo pipefail
+RIG_TAG=launchers
+# shellcheck source=../../scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+here=$RIG_ROOT/tests/launchers
+
+only="cmdline libvirt vng" daemons="daxfsd virtiofsd"
+while (($#)); do
+    case $1 in
+        --only) only=${2//,/ }; shift 2 ;;
+        --daemons) daemons=$2; shift 2 ;;
+        -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown option '$1' (see --help)" ;;
+    esac
+done
+
+daemon_bin() { # daemon_bin NAME: path of daxfsd (newest build) or upstream virtiofsd
+    case $1 in
+        daxfsd)
+            local c best=""
+            for c in "$RIG_ROOT/target/release/daxfsd" "$RIG_ROOT/target/debug/daxfsd"; do
+                [[ -x $c ]] && { [[ -z $best || $c -nt $best ]] && best=$c; }
+            done
+            [[ -n $best ]] || die "no daxfsd build; run 'make build'"
+            echo "$best" ;;
+        virtiofsd) "$RIG_ROOT/scripts/provision-virtiofsd.sh" 2>/dev/null ;;
+        *) die "unknown daemon '$1'" ;;
+    esac
+}
+export -f daemon_bin
+
+run_dir=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-launchers.XXXXXX")
+trap 'rm -rf -- "$run_dir"' EXIT
+pass=0 fail=0 failed=()
+check() { # check NAME CONDITION-STATUS [detail]
+    if (($2 == 0)); then echo "CHECK PASS $1"; pass=$((pass + 1))
+    else echo "CHECK FAIL $1${3:+: $3}"; fail=$((fail + 1)); failed+=("$1"); fi
+}
+
+# The guest's part, run in the mounted share.
+GUEST_CMD='cat from-host.txt && echo "written by the guest" > from-guest.txt && sync'
+
+cmdline_case() { # cmdline_case CASE DAEMON
+    local c=$1 d=$2 share=$run_dir/$1-$2 out err rc=0
+    mkdir -p "$share"
+    echo "host file for $c/$d" >"$share/from-host.txt"
+    out=$run_dir/$c-$d.out err=$run_dir/$c-$d.err
+    : >"$err"
+    LAUNCHER_CASE=$c LAUNCHER_BIN=$(daemon_bin "$d") LAUNCHER_ERR=$err TMPDIR=$run_dir \
+        "$RIG_ROOT/scripts/vm.sh" -p pci -d "$here/cmdline.sh" -s "$share" -T 300 \
+        -c "$GUEST_CMD" >"$out" 2>"$out.log" || rc=$?
+    grep -q "host file for $c/$d" "$out"; check "$c/$d: guest reads the host's file" $? "vm.sh rc=$rc; $(tail -n 5 "$out.log" | tr '\n' ' ')"
+    [[ $(cat "$share/from-guest.txt" 2>/dev/null) == "written by the guest" ]]
+    check "$c/$d: host sees the guest's file" $?
+    if [[ $c == kata-rs ]]; then
+        grep -q '^Waiting for vhost-user socket connection\.\.\.$\|Waiting for vhost-user socket connection\.\.\.' "$err"
+        check "$c/$d: 'Waiting for vhost-user socket connection...' on stderr" $?
+    fi
+}
+
+t0=$SECONDS
+for part in $only; do
+    case $part in
+        cmdline)
+            "$RIG_ROOT/guest-kernel/build.sh" >/dev/null
+            "$RIG_ROOT/scripts/build-initramfs.sh" >/dev/null
+            for d in $daemons; do
+                for c in kata-go kata-rs podman; do
+                    log "cmdline: $c with $d"
+                    cmdline_case "$c" "$d"
+                done
+            done ;;
+        libvirt|vng)
+            for d in $daemons; do
+                log "$part with $d"
+                out=$run_dir/$part-$d.txt
+                RUN_DIR=$run_dir "$here/$part.sh" "$(daemon_bin "$d")" "$d" >"$out" 2>"$out.log" || true
+                cat "$out"
+                p=$(grep -c '^CHECK PASS ' "$out" || true)
+                f=$(grep -c '^CHECK FAIL ' "$out" || true)
+                pass=$((pass + p)) fail=$((fail + f))
+                mapfile -t names < <(sed -n 's/^CHECK FAIL \([^:]*\):.*/\1/p' "$out")
+                failed+=("${names[@]}")
+                if ((p + f == 0)); then
+                    echo "CHECK FAIL $part/$d: no result"; tail -n 20 "$out.log"
+                    fail=$((fail + 1)) failed+=("$part/$d")
+                fi
+            done ;;
+        *) die "unknown part '$part' (cmdline, libvirt, vng)" ;;
+    esac
+done
+log "done in $((SECONDS - t0))s"
+((${#failed[@]} == 0)) || log "failed: ${failed[*]}"
+echo "launchers: $pass passed, $fail failed"
+((fail == 0))
