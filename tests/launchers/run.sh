@@ -4,9 +4,13 @@
 #   cmdline  Kata (Go runtime, runtime-rs) and podman machine command lines, QEMU guest
 #   libvirt  libvirt 9.0 (`virsh create`), installed with apt by libvirt.sh
 #   vng      virtme-ng 1.42 from PyPI (`vng --run`), installed with pip by vng.sh
+#   probe    what launchers probe: --version, --help (virtme-ng greps --readonly),
+#            --print-capabilities (libvirt)
+#   install  (daxfsd only) `make install DESTDIR=...`: the vhost-user descriptor that
+#            libvirt and lima read, the binary it names, the man page
 # Each guest mounts the share, reads a file the host wrote and writes one the host checks.
 #
-#   tests/launchers/run.sh [--only cmdline,libvirt,vng] [--daemons "daxfsd virtiofsd"]
+#   tests/launchers/run.sh [--only probe,cmdline,libvirt,vng,install] [--daemons "daxfsd virtiofsd"]
 #
 # Ends with "launchers: N passed, M failed" and exits non-zero on any failure.
 set -euo pipefail
@@ -15,7 +19,7 @@ RIG_TAG=launchers
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 here=$RIG_ROOT/tests/launchers
 
-only="cmdline libvirt vng" daemons="daxfsd virtiofsd"
+only="probe cmdline libvirt vng install" daemons="daxfsd virtiofsd"
 while (($#)); do
     case $1 in
         --only) only=${2//,/ }; shift 2 ;;
@@ -81,6 +85,25 @@ for part in $only; do
                     cmdline_case "$c" "$d"
                 done
             done ;;
+        probe)
+            for d in $daemons; do
+                b=$(daemon_bin "$d")
+                "$b" --version >"$run_dir/v" 2>&1; check "probe/$d: --version ($(head -n1 "$run_dir/v"))" $?
+                "$b" --help 2>&1 | grep -q -- '--readonly'; check "probe/$d: --help lists --readonly" $?
+                "$b" --print-capabilities | python3 -c 'import json,sys; c=json.load(sys.stdin); assert c["type"] == "fs" and isinstance(c["features"], list), c' 2>"$run_dir/caps"
+                check "probe/$d: --print-capabilities is vhost-user JSON of type fs" $? "$(tail -n1 "$run_dir/caps")"
+            done ;;
+        install)
+            dest=$run_dir/destdir
+            make -s -C "$RIG_ROOT" install DESTDIR="$dest" PREFIX=/usr >"$run_dir/install.log" 2>&1
+            check "install: make install DESTDIR PREFIX=/usr" $? "$(tail -n 3 "$run_dir/install.log" | tr '\n' ' ')"
+            json=$dest/usr/share/qemu/vhost-user/50-daxfsd.json
+            python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["type"] == "fs" and d["binary"] == "/usr/bin/daxfsd", d' "$json" 2>"$run_dir/json"
+            check "install: share/qemu/vhost-user/50-daxfsd.json names /usr/bin/daxfsd, type fs" $? "$(tail -n1 "$run_dir/json")"
+            "$dest/usr/bin/daxfsd" --version | grep -q '^daxfsd '; check "install: the installed binary runs" $?
+            man -l "$dest/usr/share/man/man1/daxfsd.1" 2>/dev/null | grep -q -- '--shared-dir' ||
+                grep -q 'shared\\-dir' "$dest/usr/share/man/man1/daxfsd.1"
+            check "install: man page daxfsd.1 (from the clap definitions)" $? ;;
         libvirt|vng)
             for d in $daemons; do
                 log "$part with $d"
@@ -97,7 +120,7 @@ for part in $only; do
                     fail=$((fail + 1)) failed+=("$part/$d")
                 fi
             done ;;
-        *) die "unknown part '$part' (cmdline, libvirt, vng)" ;;
+        *) die "unknown part '$part' (probe, cmdline, libvirt, vng, install)" ;;
     esac
 done
 log "done in $((SECONDS - t0))s"
