@@ -214,6 +214,21 @@ fn open_flags_reach_the_host_as_virtiofsd_maps_them() {
     let _o = d.open(ino, libc::O_RDONLY | libc::O_DIRECT).unwrap();
     assert_ne!(io_fd_flags(&d, "f")[0] & libc::O_DIRECT, 0);
 
+    // O_NOATIME: dropped by default (virtiofsd's clean-noatime), kept with
+    // --preserve-noatime.
+    let n = Harness::new();
+    let ino = n.make_file(ROOT, "f", b"x");
+    let _o = n.open(ino, libc::O_RDONLY | libc::O_NOATIME).unwrap();
+    assert_eq!(io_fd_flags(&n, "f")[0] & libc::O_NOATIME, 0, "O_NOATIME dropped");
+    let p = Harness::with(|c| c.preserve_noatime = true);
+    let ino = p.make_file(ROOT, "f", b"x");
+    let _o = p.open(ino, libc::O_RDONLY | libc::O_NOATIME).unwrap();
+    assert_ne!(
+        io_fd_flags(&p, "f")[0] & libc::O_NOATIME,
+        0,
+        "O_NOATIME kept with preserve_noatime"
+    );
+
     // Writeback: write-only becomes read-write, O_APPEND goes.
     let w = Harness::with(|c| c.writeback = true);
     let ino = w.make_file(ROOT, "f", b"abc");
