@@ -238,7 +238,9 @@ pub struct Cli {
     #[arg(long)]
     pub flock: bool,
 
-    /// Map extended attribute names (not supported yet).
+    /// Translate extended attribute names between guest and host, in virtiofsd's rule
+    /// language (e.g. `:map::user.virtiofs.:`; implies --xattr). A malformed or
+    /// unterminated map is refused at start, quoting the rule.
     #[arg(long, value_name = "MAP")]
     pub xattrmap: Option<String>,
 
@@ -377,7 +379,6 @@ impl Cli {
                 self.inode_file_handles == InodeFileHandles::Mandatory,
                 "--inode-file-handles=mandatory",
             ),
-            (self.xattrmap.is_some(), "--xattrmap"),
             (
                 self.security_label != Negotiation::Never,
                 "--security-label",
@@ -393,6 +394,9 @@ impl Cli {
         ];
         if let Some((_, name)) = unsupported.iter().find(|(on, _)| *on) {
             return Err(CliError::NotSupported((*name).to_string()));
+        }
+        if let Some(spec) = &self.xattrmap {
+            crate::passthrough::xattrmap::XattrMap::parse(spec).map_err(CliError::Invalid)?;
         }
         if let Some(spec) = &self.modcaps {
             crate::caps::CapSet::daemon_default()
@@ -703,7 +707,6 @@ mod tests {
         for opt in [
             "--posix-acl",
             "--inode-file-handles=mandatory",
-            "--xattrmap=:map::",
             "--security-label",
             "--uid-map=:0:0:1:",
             "--migration-mode=find-paths",
@@ -711,7 +714,19 @@ mod tests {
             let e = parse(&["--shared-dir=/tmp", "--socket-path=/tmp/s", opt]).unwrap_err();
             assert!(e.starts_with("not supported yet: "), "{opt}: {e}");
         }
-        for ok in ["--syslog", "--thread-pool-size=4", "--preserve-noatime"] {
+        let e = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/tmp/s",
+            "--xattrmap=:ok:all::: :prefix:client:hi",
+        ])
+        .unwrap_err();
+        assert!(e.contains("rule 2 \":prefix:client:hi\""), "{e}");
+        for ok in [
+            "--syslog",
+            "--thread-pool-size=4",
+            "--preserve-noatime",
+            "--xattrmap=:map::user.virtiofs.:",
+        ] {
             parse(&["--shared-dir=/tmp", "--socket-path=/tmp/s", ok]).unwrap();
         }
     }

@@ -80,6 +80,13 @@ fn passthrough_config(cli: &Cli) -> io::Result<passthrough::Config> {
         posix_lock: cli.posix_lock,
         flock: cli.flock,
         preserve_noatime: cli.preserve_noatime,
+        xattrmap: match &cli.xattrmap {
+            Some(spec) => Some(
+                passthrough::xattrmap::XattrMap::parse(spec)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+            ),
+            None => None,
+        },
     })
 }
 

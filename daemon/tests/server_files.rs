@@ -219,7 +219,11 @@ fn open_flags_reach_the_host_as_virtiofsd_maps_them() {
     let n = Harness::new();
     let ino = n.make_file(ROOT, "f", b"x");
     let _o = n.open(ino, libc::O_RDONLY | libc::O_NOATIME).unwrap();
-    assert_eq!(io_fd_flags(&n, "f")[0] & libc::O_NOATIME, 0, "O_NOATIME dropped");
+    assert_eq!(
+        io_fd_flags(&n, "f")[0] & libc::O_NOATIME,
+        0,
+        "O_NOATIME dropped"
+    );
     let p = Harness::with(|c| c.preserve_noatime = true);
     let ino = p.make_file(ROOT, "f", b"x");
     let _o = p.open(ino, libc::O_RDONLY | libc::O_NOATIME).unwrap();

@@ -35,6 +35,7 @@ mod fs_impl;
 mod handle;
 mod inode;
 mod xattr_ops;
+pub mod xattrmap;
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -113,6 +114,8 @@ pub struct Config {
     pub flock: bool,
     /// Pass the guest's `O_NOATIME` on (virtiofsd's `--preserve-noatime`); else dropped.
     pub preserve_noatime: bool,
+    /// Translate extended attribute names (virtiofsd's `--xattrmap`).
+    pub xattrmap: Option<xattrmap::XattrMap>,
 }
 
 impl Default for Config {
@@ -131,6 +134,7 @@ impl Default for Config {
             posix_lock: false,
             flock: false,
             preserve_noatime: false,
+            xattrmap: None,
         }
     }
 }
