@@ -253,9 +253,11 @@ fn enter_namespace(shared_dir: &Path) -> io::Result<Entered> {
 }
 
 /// As pid 1 of its namespace the child ignores every signal it has no handler for, even
-/// from the supervisor: these handlers make SIGTERM and friends end it as they would end an
-/// ordinary process, and let SIGUSR1 reach the DAX statistics reporter (which blocks it and
-/// takes it with sigwait).
+/// from the supervisor. SIGTERM, SIGINT and SIGHUP stay blocked and are taken by the
+/// daemon's stop thread (`daemon::run`: clean exit, status 0); these handlers are the
+/// fallback for a thread that does not block them, and make SIGQUIT end the child as it
+/// would end an ordinary process; SIGUSR1 reaches the DAX statistics reporter (which blocks
+/// it and takes it with sigwait).
 fn install_child_signal_handlers() -> io::Result<()> {
     extern "C" fn on_exit_signal(sig: libc::c_int) {
         // SAFETY: _exit is async-signal-safe.
