@@ -275,11 +275,13 @@ pub struct Cli {
     #[arg(long, value_name = "MAP")]
     pub gid_map: Vec<String>,
 
-    /// UID translation (not supported yet).
+    /// Translate uids between guest and host inside the daemon, as virtiofsd:
+    /// `TYPE:A:B:COUNT` with TYPE guest, host, squash-guest, squash-host, map, or
+    /// `forbid-guest:ID:COUNT` (repeatable; cannot be combined with --posix-acl).
     #[arg(long, value_name = "MAP")]
     pub translate_uid: Vec<String>,
 
-    /// GID translation (not supported yet).
+    /// Same as --translate-uid, for gids.
     #[arg(long, value_name = "MAP")]
     pub translate_gid: Vec<String>,
 
@@ -385,8 +387,6 @@ impl Cli {
             ),
             (!self.uid_map.is_empty(), "--uid-map"),
             (!self.gid_map.is_empty(), "--gid-map"),
-            (!self.translate_uid.is_empty(), "--translate-uid"),
-            (!self.translate_gid.is_empty(), "--translate-gid"),
             (self.migration_mode.is_some(), "--migration-mode"),
             (self.migration_on_error.is_some(), "--migration-on-error"),
             (self.migration_verify_handles, "--migration-verify-handles"),
@@ -395,6 +395,10 @@ impl Cli {
         if let Some((_, name)) = unsupported.iter().find(|(on, _)| *on) {
             return Err(CliError::NotSupported((*name).to_string()));
         }
+        crate::passthrough::idmap::IdMap::parse("--translate-uid", &self.translate_uid)
+            .map_err(CliError::Invalid)?;
+        crate::passthrough::idmap::IdMap::parse("--translate-gid", &self.translate_gid)
+            .map_err(CliError::Invalid)?;
         if let Some(spec) = &self.xattrmap {
             crate::passthrough::xattrmap::XattrMap::parse(spec).map_err(CliError::Invalid)?;
         }
@@ -726,6 +730,8 @@ mod tests {
             "--thread-pool-size=4",
             "--preserve-noatime",
             "--xattrmap=:map::user.virtiofs.:",
+            "--translate-uid=map:1000:2000:10",
+            "--translate-gid=squash-guest:0:100:1",
         ] {
             parse(&["--shared-dir=/tmp", "--socket-path=/tmp/s", ok]).unwrap();
         }

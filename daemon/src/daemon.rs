@@ -87,6 +87,10 @@ fn passthrough_config(cli: &Cli) -> io::Result<passthrough::Config> {
             ),
             None => None,
         },
+        uid_map: passthrough::idmap::IdMap::parse("--translate-uid", &cli.translate_uid)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+        gid_map: passthrough::idmap::IdMap::parse("--translate-gid", &cli.translate_gid)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
     })
 }
 

@@ -181,7 +181,7 @@ impl PassthroughFs {
         // Always exclusive and never through a symlink: an existing name is opened only
         // below, after checking that it is a regular file (never a device or fifo).
         let created = {
-            let _creds = self.creds.switch_to(ctx)?;
+            let _creds = self.creds.switch_to(&self.host_ctx(ctx)?)?;
             sys::openat(
                 p.fd(),
                 name,
@@ -231,7 +231,7 @@ impl PassthroughFs {
         let hflags = self.host_flags(flags)?;
         let mode = mode & 0o7777 & !umask;
         let fd = {
-            let _creds = self.creds.switch_to(ctx)?;
+            let _creds = self.creds.switch_to(&self.host_ctx(ctx)?)?;
             sys::openat(p.fd(), c".", hflags | libc::O_TMPFILE, mode)?
         };
         self.finish_create(fd, hflags, p.key.mnt)
