@@ -251,8 +251,14 @@ fn signal_name(sig: libc::c_int) -> &'static str {
 impl Stopper {
     fn install() -> io::Result<Self> {
         let set = sandbox::sigset(&STOP_SIGNALS);
-        // SAFETY: `set` is a valid signal set; this changes only this thread's mask.
-        unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+        // SIGUSR1 too: it belongs to the DAX statistics reporter (which takes it with sigwait
+        // and is spawned later); no thread may receive it with its default action.
+        let mut block = STOP_SIGNALS.to_vec();
+        block.push(libc::SIGUSR1);
+        let blocked = sandbox::sigset(&block);
+        // SAFETY: `blocked` is a valid signal set; this changes only this thread's mask
+        // (inherited by every thread spawned from here on).
+        unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &blocked, std::ptr::null_mut()) };
         let wake = Arc::new(vmm_sys_util::eventfd::EventFd::new(libc::EFD_CLOEXEC)?);
         let state = Arc::new(std::sync::Mutex::new(StopState::default()));
         let (st, wk) = (state.clone(), wake.clone());
