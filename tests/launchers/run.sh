@@ -6,11 +6,12 @@
 #   vng      virtme-ng 1.42 from PyPI (`vng --run`), installed with pip by vng.sh
 #   probe    what launchers probe: --version, --help (virtme-ng greps --readonly),
 #            --print-capabilities (libvirt)
+#   options  guest checks of --xattrmap and --translate-uid/--translate-gid (QEMU guest)
 #   install  (daxfsd only) `make install DESTDIR=...`: the vhost-user descriptor that
 #            libvirt and lima read, the binary it names, the man page
 # Each guest mounts the share, reads a file the host wrote and writes one the host checks.
 #
-#   tests/launchers/run.sh [--only probe,cmdline,libvirt,vng,install] [--daemons "daxfsd virtiofsd"]
+#   tests/launchers/run.sh [--only probe,cmdline,libvirt,vng,options,install] [--daemons "daxfsd virtiofsd"]
 #
 # Ends with "launchers: N passed, M failed" and exits non-zero on any failure.
 set -euo pipefail
@@ -19,7 +20,7 @@ RIG_TAG=launchers
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 here=$RIG_ROOT/tests/launchers
 
-only="probe cmdline libvirt vng install" daemons="daxfsd virtiofsd"
+only="probe cmdline libvirt vng options install" daemons="daxfsd virtiofsd"
 while (($#)); do
     case $1 in
         --only) only=${2//,/ }; shift 2 ;;
@@ -93,6 +94,43 @@ for part in $only; do
                 "$b" --print-capabilities | python3 -c 'import json,sys; c=json.load(sys.stdin); assert c["type"] == "fs" and isinstance(c["features"], list), c' 2>"$run_dir/caps"
                 check "probe/$d: --print-capabilities is vhost-user JSON of type fs" $? "$(tail -n1 "$run_dir/caps")"
             done ;;
+        options)
+            for d in $daemons; do
+                b=$(daemon_bin "$d")
+                # --xattrmap: every guest name lives under user.virtiofs. on the host.
+                share=$run_dir/xattrmap-$d
+                mkdir -p "$share"
+                rc=0
+                TMPDIR=$run_dir "$RIG_ROOT/scripts/vm.sh" -p pci -d "$b" -s "$share" -T 300 \
+                    -a "--xattrmap=:map::user.virtiofs.:" \
+                    -c '/e2e/vfstest xattr /mnt/x on && echo XATTR-CHECKS-OK' \
+                    >"$run_dir/xm-$d.out" 2>"$run_dir/xm-$d.log" || rc=$?
+                grep -q XATTR-CHECKS-OK "$run_dir/xm-$d.out"
+                check "options/$d: guest xattr checks pass through --xattrmap" $? "vm.sh rc=$rc $(tail -n 3 "$run_dir/xm-$d.out" | tr '\n' ' ')"
+                python3 - "$share/x" <<'PY'
+import os, sys
+p = sys.argv[1]
+names = os.listxattr(p)
+assert os.getxattr(p, "user.virtiofs.user.daxfsd") == b"value", names
+assert "user.daxfsd" not in names, names
+PY
+                check "options/$d: the host has the guest's user.daxfsd as user.virtiofs.user.daxfsd" $?
+                # --translate-uid/gid: guest root is host 4242:4343.
+                share=$run_dir/translate-$d
+                mkdir -p "$share"
+                chmod 0777 "$share"
+                echo host >"$share/hostowned"
+                chown 4242:4343 "$share/hostowned"
+                rc=0
+                TMPDIR=$run_dir "$RIG_ROOT/scripts/vm.sh" -p pci -d "$b" -s "$share" -T 300 \
+                    -a --translate-uid=map:0:4242:1 -a --translate-gid=map:0:4343:1 \
+                    -c 'echo guest > made && stat -c "OWNER %n %u:%g" made hostowned' \
+                    >"$run_dir/tr-$d.out" 2>"$run_dir/tr-$d.log" || rc=$?
+                grep -q 'OWNER made 0:0' "$run_dir/tr-$d.out" && grep -q 'OWNER hostowned 0:0' "$run_dir/tr-$d.out"
+                check "options/$d: the guest sees host 4242:4343 as 0:0" $? "vm.sh rc=$rc $(grep OWNER "$run_dir/tr-$d.out" | tr '\n' ' ')"
+                [[ $(stat -c %u:%g "$share/made" 2>/dev/null) == 4242:4343 ]]
+                check "options/$d: a file the guest's root creates is 4242:4343 on the host" $? "$(stat -c %u:%g "$share/made" 2>&1)"
+            done ;;
         install)
             dest=$run_dir/destdir
             make -s -C "$RIG_ROOT" install DESTDIR="$dest" PREFIX=/usr >"$run_dir/install.log" 2>&1
@@ -120,7 +158,7 @@ for part in $only; do
                     fail=$((fail + 1)) failed+=("$part/$d")
                 fi
             done ;;
-        *) die "unknown part '$part' (probe, cmdline, libvirt, vng, install)" ;;
+        *) die "unknown part '$part' (probe, cmdline, libvirt, vng, options, install)" ;;
     esac
 done
 log "done in $((SECONDS - t0))s"
