@@ -424,6 +424,7 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     let cfg = FsBackendConfig {
         tag: cli.tag.clone(),
         request_queues: cli.queues,
+        thread_pool_size: cli.thread_pool_size,
     };
     let backend = Arc::new(FsBackend::new(server, &cfg, channel)?);
 

@@ -254,6 +254,17 @@ impl<F: FileSystem> Server<F> {
                 );
                 einval()
             })?;
+        let max = self.max_payload(hdr.opcode);
+        if payload > max {
+            // Checked before anything is read: descriptors may alias the same guest pages,
+            // so a request can claim gigabytes without the guest having them.
+            log::warn!(
+                "{} unique={}: {payload}-byte payload exceeds the opcode's limit {max}",
+                op::name(hdr.opcode),
+                hdr.unique
+            );
+            return Err(einval());
+        }
         r.truncate(payload);
         if hdr.opcode != op::INIT && !self.session.initialized.load(Ordering::Acquire) {
             log::warn!("{} before INIT", op::name(hdr.opcode));
@@ -558,6 +569,26 @@ impl<F: FileSystem> Server<F> {
                 log::debug!("unsupported opcode {opcode} ({})", op::name(opcode));
                 Err(err(libc::ENOSYS))
             }
+        }
+    }
+
+    /// The largest payload (after the header, before extensions) a request with `opcode` may
+    /// carry: bounds what the server ever reads into memory for one request.
+    fn max_payload(&self, opcode: u32) -> usize {
+        /// Two names, a path and a fixed argument struct, with room to spare.
+        const SMALL: usize = 4 * PAGE_SIZE as usize;
+        match opcode {
+            op::WRITE => {
+                let max_io = match self.session.max_io.load(Ordering::Relaxed) {
+                    0 => u32::from(self.max_pages) * PAGE_SIZE,
+                    n => n,
+                };
+                std::mem::size_of::<WriteIn>() + max_io as usize
+            }
+            op::SETXATTR => std::mem::size_of::<SetxattrIn>() + XATTR_NAME_MAX + 1 + XATTR_SIZE_MAX,
+            // Linux sends at most a page of entries; allow a generous multiple.
+            op::BATCH_FORGET | op::REMOVEMAPPING => 64 * PAGE_SIZE as usize,
+            _ => SMALL,
         }
     }
 

@@ -164,6 +164,8 @@ pub struct PassthroughFs {
     creds: Creds,
     negotiated: Negotiated,
     timeout: Duration,
+    /// Bumped by `interrupt_waits`: a waiting SETLKW that sees it change gives up (EINTR).
+    wait_generation: std::sync::atomic::AtomicU64,
 }
 
 pub(crate) fn err(errno: i32) -> io::Error {
@@ -279,6 +281,7 @@ impl PassthroughFs {
             creds: Creds::detect(),
             negotiated: Negotiated::default(),
             timeout,
+            wait_generation: Default::default(),
             cfg,
         })
     }
