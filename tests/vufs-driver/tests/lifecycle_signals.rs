@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use daxfsd::abi;
+use daxfsd::abi::{self, SETUPMAPPING_FLAG_READ as READ, SETUPMAPPING_FLAG_WRITE as WRITE};
 use vufs_driver::{DaemonKind, Session};
 
 fn kind() -> DaemonKind {
@@ -61,6 +61,10 @@ impl Drop for Proc {
 
 /// Starts the daemon on `socket` sharing `share`, waiting until the socket exists.
 fn spawn(socket: &Path, share: &Path, sandbox: &str, log: &str) -> Proc {
+    spawn_with(socket, share, sandbox, log, &[])
+}
+
+fn spawn_with(socket: &Path, share: &Path, sandbox: &str, log: &str, args: &[&str]) -> Proc {
     let bin = kind().binary().unwrap_or_else(|e| panic!("{e}"));
     let log = socket.with_file_name(log);
     let f = std::fs::File::create(&log).unwrap();
@@ -68,6 +72,7 @@ fn spawn(socket: &Path, share: &Path, sandbox: &str, log: &str) -> Proc {
         .arg(format!("--socket-path={}", socket.display()))
         .arg(format!("--shared-dir={}", share.display()))
         .arg(format!("--sandbox={sandbox}"))
+        .args(args)
         .stdin(Stdio::null())
         .stdout(f.try_clone().unwrap())
         .stderr(f)
@@ -228,4 +233,64 @@ fn a_second_daemon_on_the_same_socket_is_refused_and_a_dead_ones_files_are_taken
     std::thread::sleep(Duration::from_millis(100));
     let s = Session::connect(&socket).unwrap();
     s.init().unwrap();
+}
+
+#[test]
+fn sigterm_writes_back_dirty_dax_tails_in_every_sandbox() {
+    if kind() != DaemonKind::Daxfsd {
+        eprintln!(
+            "{} has no DAX window: this test is daxfsd's (its shadow tails)",
+            kind().name()
+        );
+        return;
+    }
+    const MIB2: u64 = 2 << 20;
+    for sandbox in ["none", "chroot", "namespace"] {
+        let dir = tempfile::tempdir().unwrap();
+        let share = dir.path().join("share");
+        std::fs::create_dir(&share).unwrap();
+        // One whole page and 100 bytes: the mapping's last partial page is a shadow tail.
+        let data: Vec<u8> = (0..4196).map(|i| (i % 251) as u8).collect();
+        std::fs::write(share.join("tail.bin"), &data).unwrap();
+        let socket = dir.path().join("fs.sock");
+        let mut d = spawn_with(
+            &socket,
+            &share,
+            sandbox,
+            "daemon.log",
+            &["--dax-window=64M"],
+        );
+        let s = Session::connect(&socket).unwrap();
+        s.init().unwrap();
+        let w = s
+            .dax()
+            .cloned()
+            .expect("daxfsd --dax-window=64M offers a window");
+        let e = s.lookup(abi::ROOT_ID, "tail.bin").unwrap();
+        let o = s.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+        s.setupmapping(e.nodeid, o.fh, 0, MIB2, READ | WRITE, 0)
+            .unwrap();
+        // Written through the window into the tail, then nothing: no REMOVEMAPPING, no
+        // FSYNC, no RELEASE. Only the clean exit writes it back.
+        w.write(4096 + 10, b"dirty tail bytes").unwrap();
+        d.signal(libc::SIGTERM);
+        let st = d.wait(Duration::from_secs(20));
+        assert_eq!(
+            st.code(),
+            Some(0),
+            "--sandbox={sandbox}: {st}; log:\n{}",
+            d.log()
+        );
+        let host = std::fs::read(share.join("tail.bin")).unwrap();
+        assert_eq!(host.len(), data.len(), "--sandbox={sandbox}: size changed");
+        assert_eq!(
+            &host[4106..4122],
+            b"dirty tail bytes",
+            "--sandbox={sandbox}: the tail was not written back; log:\n{}",
+            d.log()
+        );
+        assert_eq!(host[..4106], data[..4106], "--sandbox={sandbox}");
+        assert_eq!(host[4122..], data[4122..], "--sandbox={sandbox}");
+        drop(s);
+    }
 }
