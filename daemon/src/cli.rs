@@ -375,6 +375,15 @@ impl Cli {
                 "--translate-uid/--translate-gid cannot be combined with --posix-acl (translating ids would break ACLs); drop one".into(),
             ));
         }
+        if (!self.uid_map.is_empty() || !self.gid_map.is_empty())
+            && (crate::sys::geteuid() == 0 || self.sandbox != Sandbox::Namespace)
+        {
+            // virtiofsd 1.14 refuses these the same way: they set up the user namespace of
+            // an unprivileged daemon's namespace sandbox (through newuidmap/newgidmap).
+            return Err(CliError::Invalid(
+                "--uid-map/--gid-map are for a non-root daemon with --sandbox namespace; drop them (a root daemon maps nothing)".into(),
+            ));
+        }
         let unsupported = [
             (self.posix_acl != Negotiation::Never, "--posix-acl"),
             (
@@ -712,12 +721,23 @@ mod tests {
             "--posix-acl",
             "--inode-file-handles=mandatory",
             "--security-label",
-            "--uid-map=:0:0:1:",
             "--migration-mode=find-paths",
         ] {
             let e = parse(&["--shared-dir=/tmp", "--socket-path=/tmp/s", opt]).unwrap_err();
             assert!(e.starts_with("not supported yet: "), "{opt}: {e}");
         }
+        // As virtiofsd: uid/gid maps only for a non-root daemon's namespace sandbox.
+        let e = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/tmp/s",
+            "--sandbox=none",
+            "--uid-map=:0:100000:65536:",
+        ])
+        .unwrap_err();
+        assert!(
+            e.contains("non-root daemon with --sandbox namespace"),
+            "{e}"
+        );
         let e = parse(&[
             "--shared-dir=/tmp",
             "--socket-path=/tmp/s",
