@@ -17,7 +17,10 @@
 //!
 //! Whatever must survive is opened first: the caller creates the vhost-user listening socket
 //! before [`enter`], and [`Inside::proc_self_fd`] is opened before procfs goes out of sight.
-//! Nothing else from the host stays open in the sandbox.
+//! Nothing else from the host stays open in the sandbox, except the `--syslog` socket
+//! (connected to `/dev/log` before the sandbox, as virtiofsd does) and, with `chroot`, an
+//! `O_PATH` descriptor of the socket's directory and the locked pid file (see `runfiles`),
+//! which let the daemon remove its socket and pid file at exit.
 
 use std::ffi::CString;
 use std::io;
