@@ -127,8 +127,8 @@ XML
         echo "CHECK FAIL libvirt/$name/$vname: the guest did not finish within 300 s"
         continue
     fi
-    grep -aq "host file for libvirt $vname" "$console" 2>/dev/null
-    st=$?; ((st == 0)) && echo "CHECK PASS libvirt/$name/$vname: guest reads the host's file" ||
+    grep -aq "host file for libvirt $vname" "$console" 2>/dev/null && st=0 || st=$?
+    ((st == 0)) && echo "CHECK PASS libvirt/$name/$vname: guest reads the host's file" ||
         echo "CHECK FAIL libvirt/$name/$vname: guest reads the host's file: $(grep -a 'CHECK FAIL\|RESULT' "$console" 2>/dev/null | tr '\n' ' ')"
     if [[ $(cat "$share/from-guest.txt" 2>/dev/null) == "written by the guest" ]]; then
         echo "CHECK PASS libvirt/$name/$vname: host sees the guest's file"

@@ -65,12 +65,12 @@ cmdline_case() { # cmdline_case CASE DAEMON
     LAUNCHER_CASE=$c LAUNCHER_BIN=$(daemon_bin "$d") LAUNCHER_ERR=$err TMPDIR=$run_dir \
         "$RIG_ROOT/scripts/vm.sh" -p pci -d "$here/cmdline.sh" -s "$share" -T 300 \
         -c "$GUEST_CMD" >"$out" 2>"$out.log" || rc=$?
-    grep -q "host file for $c/$d" "$out"; check "$c/$d: guest reads the host's file" $? "vm.sh rc=$rc; $(tail -n 5 "$out.log" | tr '\n' ' ')"
-    [[ $(cat "$share/from-guest.txt" 2>/dev/null) == "written by the guest" ]]
-    check "$c/$d: host sees the guest's file" $?
+    grep -q "host file for $c/$d" "$out" && s=0 || s=$?; check "$c/$d: guest reads the host's file" "$s" "vm.sh rc=$rc; $(tail -n 5 "$out.log" | tr '\n' ' ')"
+    [[ $(cat "$share/from-guest.txt" 2>/dev/null) == "written by the guest" ]] && s=0 || s=$?
+    check "$c/$d: host sees the guest's file" "$s"
     if [[ $c == kata-rs ]]; then
-        grep -q '^Waiting for vhost-user socket connection\.\.\.$\|Waiting for vhost-user socket connection\.\.\.' "$err"
-        check "$c/$d: 'Waiting for vhost-user socket connection...' on stderr" $?
+        grep -q 'Waiting for vhost-user socket connection\.\.\.' "$err" && s=0 || s=$?
+        check "$c/$d: 'Waiting for vhost-user socket connection...' on stderr" "$s"
     fi
 }
 
@@ -89,10 +89,10 @@ for part in $only; do
         probe)
             for d in $daemons; do
                 b=$(daemon_bin "$d")
-                "$b" --version >"$run_dir/v" 2>&1; check "probe/$d: --version ($(head -n1 "$run_dir/v"))" $?
-                "$b" --help 2>&1 | grep -q -- '--readonly'; check "probe/$d: --help lists --readonly" $?
-                "$b" --print-capabilities | python3 -c 'import json,sys; c=json.load(sys.stdin); assert c["type"] == "fs" and isinstance(c["features"], list), c' 2>"$run_dir/caps"
-                check "probe/$d: --print-capabilities is vhost-user JSON of type fs" $? "$(tail -n1 "$run_dir/caps")"
+                "$b" --version >"$run_dir/v" 2>&1 && s=0 || s=$?; check "probe/$d: --version ($(head -n1 "$run_dir/v"))" "$s"
+                "$b" --help 2>&1 | grep -q -- '--readonly' && s=0 || s=$?; check "probe/$d: --help lists --readonly" "$s"
+                "$b" --print-capabilities | python3 -c 'import json,sys; c=json.load(sys.stdin); assert c["type"] == "fs" and isinstance(c["features"], list), c' 2>"$run_dir/caps" && s=0 || s=$?
+                check "probe/$d: --print-capabilities is vhost-user JSON of type fs" "$s" "$(tail -n1 "$run_dir/caps")"
             done ;;
         options)
             for d in $daemons; do
@@ -105,16 +105,16 @@ for part in $only; do
                     -a "--xattrmap=:map::user.virtiofs.:" \
                     -c '/e2e/vfstest xattr /mnt/x on && echo XATTR-CHECKS-OK' \
                     >"$run_dir/xm-$d.out" 2>"$run_dir/xm-$d.log" || rc=$?
-                grep -q XATTR-CHECKS-OK "$run_dir/xm-$d.out"
-                check "options/$d: guest xattr checks pass through --xattrmap" $? "vm.sh rc=$rc $(tail -n 3 "$run_dir/xm-$d.out" | tr '\n' ' ')"
-                python3 - "$share/x" <<'PY'
+                grep -q XATTR-CHECKS-OK "$run_dir/xm-$d.out" && s=0 || s=$?
+                check "options/$d: guest xattr checks pass through --xattrmap" "$s" "vm.sh rc=$rc $(tail -n 3 "$run_dir/xm-$d.out" | tr '\n' ' ')"
+                python3 - "$share/x" <<'PY' && s=0 || s=$?
 import os, sys
 p = sys.argv[1]
 names = os.listxattr(p)
 assert os.getxattr(p, "user.virtiofs.user.daxfsd") == b"value", names
 assert "user.daxfsd" not in names, names
 PY
-                check "options/$d: the host has the guest's user.daxfsd as user.virtiofs.user.daxfsd" $?
+                check "options/$d: the host has the guest's user.daxfsd as user.virtiofs.user.daxfsd" "$s"
                 # --translate-uid/gid: guest root is host 4242:4343.
                 share=$run_dir/translate-$d
                 mkdir -p "$share"
@@ -126,22 +126,22 @@ PY
                     -a --translate-uid=map:0:4242:1 -a --translate-gid=map:0:4343:1 \
                     -c 'echo guest > made && stat -c "OWNER %n %u:%g" made hostowned' \
                     >"$run_dir/tr-$d.out" 2>"$run_dir/tr-$d.log" || rc=$?
-                grep -q 'OWNER made 0:0' "$run_dir/tr-$d.out" && grep -q 'OWNER hostowned 0:0' "$run_dir/tr-$d.out"
-                check "options/$d: the guest sees host 4242:4343 as 0:0" $? "vm.sh rc=$rc $(grep OWNER "$run_dir/tr-$d.out" | tr '\n' ' ')"
-                [[ $(stat -c %u:%g "$share/made" 2>/dev/null) == 4242:4343 ]]
-                check "options/$d: a file the guest's root creates is 4242:4343 on the host" $? "$(stat -c %u:%g "$share/made" 2>&1)"
+                grep -q 'OWNER made 0:0' "$run_dir/tr-$d.out" && grep -q 'OWNER hostowned 0:0' "$run_dir/tr-$d.out" && s=0 || s=$?
+                check "options/$d: the guest sees host 4242:4343 as 0:0" "$s" "vm.sh rc=$rc $(grep OWNER "$run_dir/tr-$d.out" | tr '\n' ' ')"
+                [[ $(stat -c %u:%g "$share/made" 2>/dev/null) == 4242:4343 ]] && s=0 || s=$?
+                check "options/$d: a file the guest's root creates is 4242:4343 on the host" "$s" "$(stat -c %u:%g "$share/made" 2>&1)"
             done ;;
         install)
             dest=$run_dir/destdir
-            make -s -C "$RIG_ROOT" install DESTDIR="$dest" PREFIX=/usr >"$run_dir/install.log" 2>&1
-            check "install: make install DESTDIR PREFIX=/usr" $? "$(tail -n 3 "$run_dir/install.log" | tr '\n' ' ')"
+            make -s -C "$RIG_ROOT" install DESTDIR="$dest" PREFIX=/usr >"$run_dir/install.log" 2>&1 && s=0 || s=$?
+            check "install: make install DESTDIR PREFIX=/usr" "$s" "$(tail -n 3 "$run_dir/install.log" | tr '\n' ' ')"
             json=$dest/usr/share/qemu/vhost-user/50-daxfsd.json
-            python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["type"] == "fs" and d["binary"] == "/usr/bin/daxfsd", d' "$json" 2>"$run_dir/json"
-            check "install: share/qemu/vhost-user/50-daxfsd.json names /usr/bin/daxfsd, type fs" $? "$(tail -n1 "$run_dir/json")"
-            "$dest/usr/bin/daxfsd" --version | grep -q '^daxfsd '; check "install: the installed binary runs" $?
+            python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["type"] == "fs" and d["binary"] == "/usr/bin/daxfsd", d' "$json" 2>"$run_dir/json" && s=0 || s=$?
+            check "install: share/qemu/vhost-user/50-daxfsd.json names /usr/bin/daxfsd, type fs" "$s" "$(tail -n1 "$run_dir/json")"
+            "$dest/usr/bin/daxfsd" --version | grep -q '^daxfsd ' && s=0 || s=$?; check "install: the installed binary runs" "$s"
             man -l "$dest/usr/share/man/man1/daxfsd.1" 2>/dev/null | grep -q -- '--shared-dir' ||
-                grep -q 'shared\\-dir' "$dest/usr/share/man/man1/daxfsd.1"
-            check "install: man page daxfsd.1 (from the clap definitions)" $? ;;
+                grep -q 'shared\\-dir' "$dest/usr/share/man/man1/daxfsd.1" && s=0 || s=$?
+            check "install: man page daxfsd.1 (from the clap definitions)" "$s" ;;
         libvirt|vng)
             for d in $daemons; do
                 log "$part with $d"
