@@ -330,10 +330,8 @@ fn sigterm_under_load_exits_cleanly() {
         l_pid: 0,
     };
     // SAFETY: `fl` is a valid flock for an open descriptor.
-    assert_eq!(
-        unsafe { libc::fcntl(host.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) },
-        0
-    );
+    let r = unsafe { libc::fcntl(host.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) };
+    assert_eq!(r, 0);
     let socket = dir.path().join("fs.sock");
     let mut d = spawn_with(
         &socket,
