@@ -267,11 +267,13 @@ pub struct Cli {
     #[arg(long)]
     pub preserve_noatime: bool,
 
-    /// UID map for the namespace sandbox (not supported yet).
+    /// UID map `:inside:outside:count:` for the user namespace of a non-root daemon's
+    /// namespace sandbox (virtiofsd sets it with newuidmap; not supported yet; refused for
+    /// a root daemon, as virtiofsd refuses it).
     #[arg(long, value_name = "MAP")]
     pub uid_map: Vec<String>,
 
-    /// GID map for the namespace sandbox (not supported yet).
+    /// GID map, as --uid-map (not supported yet).
     #[arg(long, value_name = "MAP")]
     pub gid_map: Vec<String>,
 
