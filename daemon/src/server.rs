@@ -141,6 +141,40 @@ impl<F: FileSystem> Server<F> {
         self.fs.destroy();
     }
 
+    /// The negotiated FUSE session, for the migration state.
+    pub fn export_session(&self) -> crate::migration::SessionState {
+        let s = &self.session;
+        crate::migration::SessionState {
+            initialized: s.initialized.load(Ordering::Acquire),
+            minor: s.minor.load(Ordering::Relaxed),
+            max_io: s.max_io.load(Ordering::Relaxed),
+            flags: s.flags.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Takes over a migrated session: the guest goes on without a new INIT. `max_io` must be
+    /// one this server could have negotiated.
+    pub fn import_session(&self, st: &crate::migration::SessionState) -> io::Result<()> {
+        let most = u32::from(self.max_pages) * PAGE_SIZE;
+        if st.initialized
+            && (st.max_io < PAGE_SIZE || st.max_io > most || st.minor < MIN_KERNEL_MINOR_VERSION)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "migrated session: max_io {} (this server: {PAGE_SIZE}..={most}), FUSE minor {}",
+                    st.max_io, st.minor
+                ),
+            ));
+        }
+        let s = &self.session;
+        s.minor.store(st.minor, Ordering::Relaxed);
+        s.max_io.store(st.max_io, Ordering::Relaxed);
+        s.flags.store(st.flags, Ordering::Relaxed);
+        s.initialized.store(st.initialized, Ordering::Release);
+        Ok(())
+    }
+
     /// Negotiated INIT flags (0 before INIT).
     pub fn negotiated_flags(&self) -> u64 {
         self.session.flags.load(Ordering::Relaxed)

@@ -13,9 +13,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use vhost::vhost_user::message::{
-    VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserVirtioFeatures,
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
+    VhostUserShMemConfig, VhostUserVirtioFeatures,
 };
 use vhost::vhost_user::Backend;
+use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::bindings::virtio_ring::{
@@ -36,9 +38,12 @@ use crate::filesystem::FileSystem;
 use crate::iobuf::{Reader, Writer};
 use crate::server::Server;
 
-/// Guest memory as the backend sees it.
-pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
-type Chain = DescriptorChain<GuestMemoryLoadGuard<GuestMemoryMmap>>;
+/// Guest memory as the backend sees it: with a dirty-page bitmap that the frontend's log
+/// (SET_LOG_BASE, during a live migration) replaces.
+pub type GuestMemoryLogged = GuestMemoryMmap<BitmapMmapRegion>;
+pub type GuestMem = GuestMemoryAtomic<GuestMemoryLogged>;
+type Chain = DescriptorChain<GuestMemoryLoadGuard<GuestMemoryLogged>>;
+type FsVring = VringRwLock<GuestMem>;
 
 /// Largest queue the frontend may set up.
 pub const MAX_QUEUE_SIZE: usize = 1024;
@@ -111,7 +116,7 @@ impl QueueShared {
     /// Puts a served request into the used ring, unless the device was reset since it was
     /// popped, and notifies the guest when due. `in_batch`: the caller notifies at the end
     /// of its batch, so only a long batch needs a notification now.
-    fn complete(&self, vring: &VringRwLock, done: Done, in_batch: bool) {
+    fn complete(&self, vring: &FsVring, done: Done, in_batch: bool) {
         let mut s = self.lock();
         s.inflight = s.inflight.saturating_sub(1);
         if done.blocking {
@@ -140,7 +145,7 @@ impl QueueShared {
     }
 
     /// Notifies the guest of completions held back by a batch.
-    fn flush(&self, vring: &VringRwLock) {
+    fn flush(&self, vring: &FsVring) {
         let mut s = self.lock();
         if s.unsignalled > 0 {
             s.unsignalled = 0;
@@ -161,7 +166,7 @@ struct Done {
 }
 
 /// Signals the guest if it asked to be (EVENT_IDX) or always without EVENT_IDX.
-fn notify(vring: &VringRwLock) {
+fn notify(vring: &FsVring) {
     let res = vring
         .needs_notification()
         .map_err(io::Error::other)
@@ -277,6 +282,8 @@ pub struct FsBackend<F: FileSystem> {
     /// Threads for requests that may block indefinitely.
     blocking: Arc<Pool>,
     channel: Option<Arc<dyn BackendChannel>>,
+    /// Live migration (DEVICE_STATE), when the filesystem supports it.
+    device_state: Option<Arc<dyn crate::migration::DeviceStateTransfer>>,
 }
 
 /// Opcodes that may wait indefinitely (a lock held by someone else) or for long (a flush
@@ -332,7 +339,14 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             pool,
             blocking: Pool::new("fs-blocking", MAX_BLOCKING_THREADS, 0),
             channel,
+            device_state: None,
         })
+    }
+
+    /// Offers live migration (protocol feature DEVICE_STATE) through `t`.
+    pub fn with_device_state(mut self, t: Arc<dyn crate::migration::DeviceStateTransfer>) -> Self {
+        self.device_state = Some(t);
+        self
     }
 
     pub fn server(&self) -> &Arc<Server<F>> {
@@ -379,7 +393,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         }
     }
 
-    fn process_queue(&self, queue: usize, vring: &VringRwLock) -> io::Result<()> {
+    fn process_queue(&self, queue: usize, vring: &FsVring) -> io::Result<()> {
         let Some(atomic) = self
             .mem
             .read()
@@ -460,7 +474,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         Ok(())
     }
 
-    fn pop(vring: &VringRwLock, mem: &GuestMem) -> Option<Chain> {
+    fn pop(vring: &FsVring, mem: &GuestMem) -> Option<Chain> {
         vring
             .get_mut()
             .get_queue_mut()
@@ -469,7 +483,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
 }
 
 /// The FUSE opcode of the request in `chain`, if its header is readable.
-fn request_opcode(mem: &GuestMemoryMmap, chain: &Chain) -> Option<u32> {
+fn request_opcode(mem: &GuestMemoryLogged, chain: &Chain) -> Option<u32> {
     let first = chain.clone().next()?;
     if !first.is_write_only() && first.len() >= 8 {
         // The common case: the header starts in the first descriptor.
@@ -482,7 +496,7 @@ fn request_opcode(mem: &GuestMemoryMmap, chain: &Chain) -> Option<u32> {
 }
 
 /// Serves one request; returns the bytes written for the used ring.
-fn serve<F: FileSystem>(server: &Server<F>, mem: &GuestMemoryMmap, chain: Chain) -> u32 {
+fn serve<F: FileSystem>(server: &Server<F>, mem: &GuestMemoryLogged, chain: Chain) -> u32 {
     let (readable, writable) = match split_chain(mem, chain) {
         Ok(v) => v,
         Err(e) => {
@@ -490,20 +504,61 @@ fn serve<F: FileSystem>(server: &Server<F>, mem: &GuestMemoryMmap, chain: Chain)
             return 0;
         }
     };
+    let spans: Vec<(usize, usize)> = writable
+        .iter()
+        .map(|s| (s.ptr_guard().as_ptr() as usize, s.len()))
+        .collect();
     let w = (!writable.is_empty()).then(|| Writer::new(writable));
-    match server.handle(Reader::new(readable), w) {
+    let used = match server.handle(Reader::new(readable), w) {
         Ok(h) => u32::try_from(h.written).unwrap_or(0),
         Err(e) => {
             log::warn!("request dropped: {e}");
             0
         }
+    };
+    // A migration's log must see the reply once it is written (never before).
+    mark_written(mem, &spans, used as usize);
+    used
+}
+
+/// Marks the first `written` bytes of a reply dirty in the frontend's migration log (a no-op
+/// until SET_LOG_BASE). `spans` are the host (address, length) pieces of the writable part,
+/// in order; each is found in the region whose host mapping holds it (addresses only, no
+/// memory is touched).
+fn mark_written(mem: &GuestMemoryLogged, spans: &[(usize, usize)], written: usize) {
+    use vm_memory::bitmap::Bitmap;
+    use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+    let mut left = written;
+    for &(host, len) in spans {
+        if left == 0 {
+            break;
+        }
+        let n = len.min(left);
+        left -= n;
+        for region in mem.iter() {
+            let Ok(base) = region.get_host_address(vm_memory::MemoryRegionAddress(0)) else {
+                continue;
+            };
+            let base = base as usize;
+            let size = region.len() as usize;
+            if host >= base && host - base < size {
+                region
+                    .bitmap()
+                    .mark_dirty(host - base, n.min(size - (host - base)));
+                break;
+            }
+        }
     }
 }
 
 /// Splits a chain into its device-readable and device-writable parts, resolved to host
-/// memory. Readable descriptors must all come before writable ones.
-pub fn split_chain<M: std::ops::Deref<Target = GuestMemoryMmap>>(
-    mem: &GuestMemoryMmap,
+/// memory. Readable descriptors must all come before writable ones. Works on guest memory
+/// with any dirty bitmap; the slices it returns carry none (the caller marks what it wrote).
+pub fn split_chain<
+    B: vm_memory::bitmap::Bitmap,
+    M: std::ops::Deref<Target = GuestMemoryMmap<B>>,
+>(
+    mem: &GuestMemoryMmap<B>,
     chain: DescriptorChain<M>,
 ) -> Result<(Vec<VolatileSlice<'_>>, Vec<VolatileSlice<'_>>), String> {
     let mut readable = Vec::new();
@@ -525,7 +580,11 @@ pub fn split_chain<M: std::ops::Deref<Target = GuestMemoryMmap>>(
             )
         };
         for s in mem.get_slices(desc.addr(), len, access).map_err(bad)? {
-            out.push(s.map_err(bad)?);
+            let s = s.map_err(bad)?;
+            // SAFETY: `s` lies inside a region of `mem`, which is mapped (mmap-backed memory:
+            // the pointer stays valid without a guard) for as long as `mem` is borrowed, the
+            // lifetime of the returned slice; only the bitmap is dropped.
+            out.push(unsafe { VolatileSlice::new(s.ptr_guard_mut().as_ptr(), s.len()) });
         }
     }
     if readable.is_empty() {
@@ -535,8 +594,8 @@ pub fn split_chain<M: std::ops::Deref<Target = GuestMemoryMmap>>(
 }
 
 impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
-    type Bitmap = ();
-    type Vring = VringRwLock;
+    type Bitmap = BitmapMmapRegion;
+    type Vring = FsVring;
 
     fn num_queues(&self) -> usize {
         self.request_queues + 1
@@ -551,6 +610,8 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             | (1 << VIRTIO_RING_F_INDIRECT_DESC)
             | (1 << VIRTIO_RING_F_EVENT_IDX)
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            // Dirty-page logging (QEMU refuses to migrate without it).
+            | VhostUserVirtioFeatures::LOG_ALL.bits()
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
@@ -563,7 +624,14 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             f |= VhostUserProtocolFeatures::CONFIG;
         }
         if self.channel.as_ref().is_some_and(|c| c.window_size() > 0) {
-            f |= VhostUserProtocolFeatures::SHMEM;
+            // Every SHMEM mapping becomes a RAM region of the guest's address space that QEMU
+            // also puts into our memory table. Without CONFIGURE_MEM_SLOTS that table holds at
+            // most 8 regions: past a few live mappings SET_MEM_TABLE fails, and with it the
+            // restart of the vrings after `stop`/`cont` (the guest hangs).
+            f |= VhostUserProtocolFeatures::SHMEM | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+        }
+        if self.device_state.is_some() {
+            f |= VhostUserProtocolFeatures::DEVICE_STATE | VhostUserProtocolFeatures::LOG_SHMFD;
         }
         f
     }
@@ -657,7 +725,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         &self,
         device_event: u16,
         evset: EventSet,
-        vrings: &[VringRwLock],
+        vrings: &[FsVring],
         thread_id: usize,
     ) -> io::Result<()> {
         if evset != EventSet::IN {
@@ -681,6 +749,46 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             log::error!("queue {thread_id}: {e}");
         }
         Ok(())
+    }
+
+    fn set_device_state_fd(
+        &self,
+        direction: VhostTransferStateDirection,
+        phase: VhostTransferStatePhase,
+        file: std::fs::File,
+    ) -> io::Result<Option<std::fs::File>> {
+        let Some(t) = &self.device_state else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no device-state transfer",
+            ));
+        };
+        if phase != VhostTransferStatePhase::STOPPED {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("device-state transfer in phase {phase:?}"),
+            ));
+        }
+        if self.running.load(Ordering::SeqCst) != 0 {
+            // The tables must not change under the transfer.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "device-state transfer while vrings run (stop them first)",
+            ));
+        }
+        // The transfer runs on its own thread; CHECK_DEVICE_STATE reports how it went.
+        t.set_fd(direction == VhostTransferStateDirection::LOAD, file)?;
+        Ok(None)
+    }
+
+    fn check_device_state(&self) -> io::Result<()> {
+        match &self.device_state {
+            Some(t) => t.check(),
+            None => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no device-state transfer",
+            )),
+        }
     }
 }
 

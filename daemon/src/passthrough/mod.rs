@@ -35,6 +35,7 @@ mod fs_impl;
 mod handle;
 pub mod idmap;
 mod inode;
+mod migration;
 mod xattr_ops;
 pub mod xattrmap;
 
