@@ -15,7 +15,7 @@ CARGO ?= cargo
 FUZZ_SECONDS ?= 60
 DAXFSD_BIN := target/debug/daxfsd
 
-.PHONY: all build release lint fmt test test-unit test-fuzz test-dax test-escape test-lifecycle fuzz demo bench clean
+.PHONY: all build release lint fmt test test-unit test-fuzz test-dax test-escape test-lifecycle fuzz demo bench clean install uninstall test-launchers
 all: build
 
 build:
@@ -73,6 +73,28 @@ demo: kernel initramfs qemu release
 
 bench: kernel initramfs qemu virtiofsd release
 	scripts/bench.sh $(if $(QUICK),--quick)
+
+# make install [PREFIX=/usr/local] [DESTDIR=]: the binary, the vhost-user backend
+# descriptor (libvirt and lima find daxfsd through it; libvirt reads
+# /usr/share/qemu/vhost-user and /etc/qemu/vhost-user, so use PREFIX=/usr or copy it to
+# /etc/qemu/vhost-user) and the man page, generated from the clap definitions of --help.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+DATADIR ?= $(PREFIX)/share
+MANDIR ?= $(DATADIR)/man
+install: release
+	install -D -m 0755 target/release/daxfsd $(DESTDIR)$(BINDIR)/daxfsd
+	install -d $(DESTDIR)$(DATADIR)/qemu/vhost-user $(DESTDIR)$(MANDIR)/man1
+	sed 's|@BINDIR@|$(BINDIR)|' packaging/50-daxfsd.json.in > $(DESTDIR)$(DATADIR)/qemu/vhost-user/50-daxfsd.json
+	$(CARGO) run -q --release -p daxfsd --example mangen > $(DESTDIR)$(MANDIR)/man1/daxfsd.1
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/daxfsd $(DESTDIR)$(DATADIR)/qemu/vhost-user/50-daxfsd.json $(DESTDIR)$(MANDIR)/man1/daxfsd.1
+
+# The launchers that start virtiofsd (libvirt, virtme-ng, Kata's and podman's command
+# lines), installed by the test itself, each also run against upstream virtiofsd 1.14.
+test-launchers: kernel initramfs virtiofsd build
+	tests/launchers/run.sh
 
 clean:
 	$(CARGO) clean

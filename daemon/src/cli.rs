@@ -1,8 +1,10 @@
 //! Command line: virtiofsd 1.14's options with the same meaning, plus daxfsd's own.
 //!
-//! Options virtiofsd has that daxfsd does not implement yet are still parsed, so that a
-//! script passing them gets a clear "not supported yet: OPTION" error instead of a silent
-//! difference in behaviour.
+//! `-o` takes exactly the keys virtiofsd 1.14 takes (and rejects what it rejects), plus
+//! `flock` and `posix_lock`, which the C virtiofsd accepted and daxfsd gives the same
+//! meaning (remote locks, off by default). The few virtiofsd options whose feature daxfsd
+//! does not implement yet are still parsed, so that a script passing them gets a clear
+//! "not supported yet: OPTION" error instead of a silent difference in behaviour.
 
 use std::path::PathBuf;
 
@@ -45,6 +47,7 @@ pub enum Seccomp {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "lower")]
 pub enum LogLevel {
     Error,
     Warn,
@@ -80,6 +83,8 @@ pub enum MigrationOnErrorArg {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum InodeFileHandles {
     Never,
+    /// `fallback` is virtiofsd's deprecated alias.
+    #[value(alias = "fallback")]
     Prefer,
     Mandatory,
 }
@@ -88,10 +93,20 @@ pub enum InodeFileHandles {
 ///
 /// Serves --shared-dir to one virtio-fs device over the vhost-user socket --socket-path
 /// (or an inherited listening socket --fd), for QEMU's `-device vhost-user-fs-pci` or, with
-/// --dax-window, the device with a DAX cache window. Exits when the frontend disconnects.
-/// Accepts virtiofsd's options with the same meaning.
+/// --dax-window, the device with a DAX cache window. Exits when the frontend disconnects,
+/// or cleanly (exit status 0) on SIGTERM, SIGINT or SIGHUP. With --socket-path, the pid
+/// file `<socket-path>.pid` is created and locked before the socket listens (a second
+/// daemon on the same path fails) and removed at exit. Accepts virtiofsd's options with the
+/// same meaning.
 #[derive(Debug, Parser)]
-#[command(name = "daxfsd", version, about, long_about = None, max_term_width = 100)]
+#[command(
+    name = "daxfsd",
+    version,
+    about,
+    long_about = None,
+    max_term_width = 100,
+    args_override_self = true
+)]
 pub struct Cli {
     /// Directory to share with the guest.
     #[arg(long, value_name = "DIR")]
@@ -104,7 +119,8 @@ pub struct Cli {
     #[arg(long, value_name = "TAG")]
     pub tag: Option<String>,
 
-    /// vhost-user socket to listen on (created; a stale socket file is replaced).
+    /// vhost-user socket to listen on (created; the socket file of a daemon that is gone is
+    /// replaced, a live daemon's is not). `--socket` is virtiofsd's deprecated spelling.
     #[arg(long, alias = "socket", value_name = "PATH")]
     pub socket_path: Option<PathBuf>,
 
@@ -116,7 +132,8 @@ pub struct Cli {
     #[arg(long, value_name = "FD", conflicts_with = "socket_path")]
     pub fd: Option<i32>,
 
-    /// Worker threads per request queue; 0 serves each queue on its own thread.
+    /// Maximum thread pool size. A value of "0" disables the pool (each request queue is
+    /// served on its own thread).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub thread_pool_size: usize,
 
@@ -162,7 +179,7 @@ pub struct Cli {
     pub announce_submounts: bool,
 
     /// Do not tell the guest which directories are mount points.
-    #[arg(long)]
+    #[arg(long, overrides_with = "announce_submounts")]
     pub no_announce_submounts: bool,
 
     /// When to reference inodes by file handles instead of O_PATH fds: never, prefer (try
@@ -186,10 +203,11 @@ pub struct Cli {
     pub rlimit_nofile: Option<u64>,
 
     /// Log level.
-    #[arg(long, value_enum, default_value = "info")]
+    #[arg(long, value_enum, ignore_case = true, default_value = "info")]
     pub log_level: LogLevel,
 
-    /// Log to syslog instead of stderr.
+    /// Log to the system log (/dev/log) instead of stderr. Without a system log the daemon
+    /// says so once and logs to stderr.
     #[arg(long)]
     pub syslog: bool,
 
@@ -217,13 +235,29 @@ pub struct Cli {
     #[arg(short = 'f')]
     pub foreground: bool,
 
-    /// Options in the style of the C virtiofsd, comma separated (source=DIR, cache=MODE,
-    /// xattr, no_xattr, writeback, no_writeback, readdirplus, no_readdirplus,
-    /// announce_submounts, allow_direct_io, no_allow_direct_io, flock, posix_lock, ...).
+    /// Options in the legacy format, comma separated, as virtiofsd 1.14 takes them:
+    /// source=DIR, cache=auto|always|none|metadata, sandbox=namespace|chroot,
+    /// loglevel=debug|info|warn|err, modcaps=CAPS, xattrmap=MAP, xattr, no_xattr,
+    /// readdirplus, no_readdirplus, writeback, no_writeback, allow_direct_io,
+    /// no_allow_direct_io, announce_submounts, killpriv_v2, no_killpriv_v2, posix_acl,
+    /// no_posix_acl, security_label, no_security_label, no_posix_lock, no_flock; and
+    /// posix_lock, flock (remote locks, as in the C virtiofsd).
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub compat_options: Vec<String>,
 
-    /// Map extended attribute names (not supported yet).
+    /// Serve POSIX (fcntl) locks on the host, per guest lock owner. Off by default, as in
+    /// virtiofsd: the guest kernel then keeps the locks itself (they are not seen by other
+    /// guests or host processes).
+    #[arg(long)]
+    pub posix_lock: bool,
+
+    /// Serve BSD flock() locks on the host. Off by default, as in virtiofsd.
+    #[arg(long)]
+    pub flock: bool,
+
+    /// Translate extended attribute names between guest and host, in virtiofsd's rule
+    /// language (e.g. `:map::user.virtiofs.:`; implies --xattr). A malformed or
+    /// unterminated map is refused at start, quoting the rule.
     #[arg(long, value_name = "MAP")]
     pub xattrmap: Option<String>,
 
@@ -238,30 +272,35 @@ pub struct Cli {
     pub security_label: Negotiation,
 
     /// Enable FUSE_HANDLE_KILLPRIV_V2 (the daemon clears suid/sgid on write and truncate).
-    #[arg(long)]
+    #[arg(long, overrides_with = "no_killpriv_v2")]
     pub killpriv_v2: bool,
 
     /// Disable FUSE_HANDLE_KILLPRIV_V2 (the default).
     #[arg(long)]
     pub no_killpriv_v2: bool,
 
-    /// Preserve O_NOATIME (not supported yet).
+    /// Pass the guest's O_NOATIME on to the host. By default, as in virtiofsd, it is dropped
+    /// (it fails with EPERM on files the daemon does not own without CAP_FOWNER).
     #[arg(long)]
     pub preserve_noatime: bool,
 
-    /// UID map for the namespace sandbox (not supported yet).
+    /// UID map `:inside:outside:count:` for the user namespace of a non-root daemon's
+    /// namespace sandbox (virtiofsd sets it with newuidmap; not supported yet; refused for
+    /// a root daemon, as virtiofsd refuses it).
     #[arg(long, value_name = "MAP")]
     pub uid_map: Vec<String>,
 
-    /// GID map for the namespace sandbox (not supported yet).
+    /// GID map, as --uid-map (not supported yet).
     #[arg(long, value_name = "MAP")]
     pub gid_map: Vec<String>,
 
-    /// UID translation (not supported yet).
+    /// Translate uids between guest and host inside the daemon, as virtiofsd:
+    /// `TYPE:A:B:COUNT` with TYPE guest, host, squash-guest, squash-host, map, or
+    /// `forbid-guest:ID:COUNT` (repeatable; cannot be combined with --posix-acl).
     #[arg(long, value_name = "MAP")]
     pub translate_uid: Vec<String>,
 
-    /// GID translation (not supported yet).
+    /// Same as --translate-uid, for gids.
     #[arg(long, value_name = "MAP")]
     pub translate_gid: Vec<String>,
 
@@ -372,35 +411,61 @@ impl Cli {
     /// Folds `-o` and `-d` into the long options and rejects what is not implemented.
     pub fn normalize(&mut self) -> Result<(), CliError> {
         for opts in std::mem::take(&mut self.compat_options) {
-            for o in opts.split(',').filter(|o| !o.is_empty()) {
+            for o in opts.split(',') {
                 self.apply_compat(o)?;
             }
         }
         if self.debug {
             self.log_level = LogLevel::Debug;
         }
+
         // Announcing submounts is virtiofsd's default; --announce-submounts only restates it.
         self.announce_submounts = !self.no_announce_submounts;
+        // As in virtiofsd: these imply --xattr.
+        if self.xattrmap.is_some()
+            || self.posix_acl != Negotiation::Never
+            || self.security_label != Negotiation::Never
+        {
+            self.xattr = true;
+        }
+        if self.posix_acl != Negotiation::Never
+            && (!self.translate_uid.is_empty() || !self.translate_gid.is_empty())
+        {
+            return Err(CliError::Invalid(
+                "--translate-uid/--translate-gid cannot be combined with --posix-acl (translating ids would break ACLs); drop one".into(),
+            ));
+        }
+        if (!self.uid_map.is_empty() || !self.gid_map.is_empty())
+            && (crate::sys::geteuid() == 0 || self.sandbox != Sandbox::Namespace)
+        {
+            // virtiofsd 1.14 refuses these the same way: they set up the user namespace of
+            // an unprivileged daemon's namespace sandbox (through newuidmap/newgidmap).
+            return Err(CliError::Invalid(
+                "--uid-map/--gid-map are for a non-root daemon with --sandbox namespace; drop them (a root daemon maps nothing)".into(),
+            ));
+        }
         let unsupported = [
             (self.posix_acl != Negotiation::Never, "--posix-acl"),
-            (self.syslog, "--syslog"),
             (
                 self.inode_file_handles == InodeFileHandles::Mandatory,
                 "--inode-file-handles=mandatory",
             ),
-            (self.xattrmap.is_some(), "--xattrmap"),
             (
                 self.security_label != Negotiation::Never,
                 "--security-label",
             ),
-            (self.preserve_noatime, "--preserve-noatime"),
             (!self.uid_map.is_empty(), "--uid-map"),
             (!self.gid_map.is_empty(), "--gid-map"),
-            (!self.translate_uid.is_empty(), "--translate-uid"),
-            (!self.translate_gid.is_empty(), "--translate-gid"),
         ];
         if let Some((_, name)) = unsupported.iter().find(|(on, _)| *on) {
             return Err(CliError::NotSupported((*name).to_string()));
+        }
+        crate::passthrough::idmap::IdMap::parse("--translate-uid", &self.translate_uid)
+            .map_err(CliError::Invalid)?;
+        crate::passthrough::idmap::IdMap::parse("--translate-gid", &self.translate_gid)
+            .map_err(CliError::Invalid)?;
+        if let Some(spec) = &self.xattrmap {
+            crate::passthrough::xattrmap::XattrMap::parse(spec).map_err(CliError::Invalid)?;
         }
         if self.migration_mode == MigrationModeArg::FileHandles {
             for (on, name) in [
@@ -464,55 +529,72 @@ impl Cli {
         Ok(())
     }
 
+    /// One `-o` item, parsed as virtiofsd 1.14 parses it: `key=value` items split on every
+    /// `=` (so a value may not contain one), the value sets fixed, anything else rejected.
     fn apply_compat(&mut self, o: &str) -> Result<(), CliError> {
-        let (key, val) = match o.split_once('=') {
-            Some((k, v)) => (k, Some(v)),
-            None => (o, None),
+        let bad_value = |k: &str, v: &str, allowed: &str| {
+            CliError::Invalid(format!("invalid value '{v}' for '-o {k}' (use {allowed})"))
         };
-        let need = |v: Option<&str>| {
-            v.map(str::to_string)
-                .ok_or_else(|| CliError::Invalid(format!("-o {key} needs a value")))
-        };
-        match key {
-            "source" => self.shared_dir = Some(PathBuf::from(need(val)?)),
-            "cache" => {
-                let v = need(val)?;
-                let v = if v == "none" { "never".to_string() } else { v };
-                self.cache = CachePolicy::from_str(&v, true).map_err(|_| {
-                    CliError::Invalid(format!("-o cache={v}: use auto, always, never or metadata"))
-                })?;
+        let unknown = || CliError::Invalid(format!("unknown option '-o {o}'"));
+        if o.contains('=') {
+            let parts: Vec<&str> = o.split('=').collect();
+            let [key, v] = parts[..] else {
+                return Err(unknown());
+            };
+            match key {
+                "source" => self.shared_dir = Some(PathBuf::from(v)),
+                "cache" => {
+                    self.cache = match v {
+                        "auto" => CachePolicy::Auto,
+                        "always" => CachePolicy::Always,
+                        "none" => CachePolicy::Never,
+                        "metadata" => CachePolicy::Metadata,
+                        _ => return Err(bad_value(key, v, "auto, always, none or metadata")),
+                    }
+                }
+                "loglevel" => {
+                    self.log_level = match v {
+                        "debug" => LogLevel::Debug,
+                        "info" => LogLevel::Info,
+                        "warn" => LogLevel::Warn,
+                        "err" => LogLevel::Error,
+                        _ => return Err(bad_value(key, v, "debug, info, warn or err")),
+                    }
+                }
+                "sandbox" => {
+                    self.sandbox = match v {
+                        "namespace" => Sandbox::Namespace,
+                        "chroot" => Sandbox::Chroot,
+                        _ => return Err(bad_value(key, v, "namespace or chroot")),
+                    }
+                }
+                "modcaps" => self.modcaps = Some(v.to_string()),
+                "xattrmap" => self.xattrmap = Some(v.to_string()),
+                _ => return Err(unknown()),
             }
+            return Ok(());
+        }
+        match o {
             "xattr" => self.xattr = true,
             "no_xattr" => self.xattr = false,
-            "posix_acl" => self.posix_acl = Negotiation::Always,
-            "no_posix_acl" => self.posix_acl = Negotiation::Never,
-            "writeback" => self.writeback = true,
-            "no_writeback" => self.writeback = false,
             "readdirplus" => self.no_readdirplus = false,
             "no_readdirplus" => self.no_readdirplus = true,
-            "announce_submounts" => self.announce_submounts = true,
+            "writeback" => self.writeback = true,
+            "no_writeback" => self.writeback = false,
             "allow_direct_io" => self.allow_direct_io = true,
             "no_allow_direct_io" => self.allow_direct_io = false,
-            "readonly" => self.readonly = true,
-            // POSIX and BSD locks are always served.
-            "flock" | "posix_lock" => {}
-            "no_flock" | "no_posix_lock" => {
-                return Err(CliError::NotSupported(format!("-o {key}")));
-            }
-            "xattrmap" => self.xattrmap = Some(need(val)?),
-            "modcaps" => self.modcaps = Some(need(val)?),
-            "log_level" => {
-                let v = need(val)?;
-                self.log_level = LogLevel::from_str(&v, true)
-                    .map_err(|_| CliError::Invalid(format!("-o log_level={v}: unknown level")))?;
-            }
-            "sandbox" => {
-                let v = need(val)?;
-                self.sandbox = Sandbox::from_str(&v, true).map_err(|_| {
-                    CliError::Invalid(format!("-o sandbox={v}: use namespace, chroot or none"))
-                })?;
-            }
-            _ => return Err(CliError::Invalid(format!("unknown -o option {o:?}"))),
+            "announce_submounts" => self.no_announce_submounts = false,
+            "killpriv_v2" => self.killpriv_v2 = true,
+            "no_killpriv_v2" => self.killpriv_v2 = false,
+            "posix_acl" => self.posix_acl = Negotiation::Always,
+            "no_posix_acl" => self.posix_acl = Negotiation::Never,
+            "security_label" => self.security_label = Negotiation::Always,
+            "no_security_label" => self.security_label = Negotiation::Never,
+            "posix_lock" => self.posix_lock = true,
+            "no_posix_lock" => self.posix_lock = false,
+            "flock" => self.flock = true,
+            "no_flock" => self.flock = false,
+            _ => return Err(unknown()),
         }
         Ok(())
     }
@@ -621,22 +703,141 @@ mod tests {
         assert_eq!(c.cache, CachePolicy::Never);
         assert!(c.xattr && c.no_readdirplus);
         assert_eq!(c.log_level, LogLevel::Debug);
-        assert!(parse(&["--socket-path=/tmp/s", "-o", "source=/tmp,bogus"]).is_err());
+        // What libvirt 9.0 passes.
+        let c = parse(&[
+            "--fd=3",
+            "-o",
+            "source=/tmp,cache=always,sandbox=chroot,no_xattr,no_flock,no_posix_lock",
+            "--thread-pool-size=16",
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.cache, c.sandbox, c.xattr, c.posix_lock, c.flock),
+            (CachePolicy::Always, Sandbox::Chroot, false, false, false)
+        );
+        assert_eq!(c.thread_pool_size, 16);
+        // Every key virtiofsd 1.14 takes, and their values.
+        let c = parse(&[
+            "--socket-path=/tmp/s",
+            "-o",
+            "source=/tmp,writeback,allow_direct_io,killpriv_v2,readdirplus,loglevel=warn",
+            "-o",
+            "modcaps=+sys_admin,announce_submounts,no_writeback,no_allow_direct_io",
+            "-o",
+            "no_killpriv_v2,cache=metadata,sandbox=namespace,posix_lock,flock,xattr",
+        ])
+        .unwrap();
+        assert!(!c.writeback && !c.allow_direct_io && !c.killpriv_v2 && !c.no_readdirplus);
+        assert!(c.posix_lock && c.flock && c.xattr && c.announce_submounts);
+        assert_eq!(c.log_level, LogLevel::Warn);
+        assert_eq!(c.cache, CachePolicy::Metadata);
+        assert_eq!(c.modcaps.as_deref(), Some("+sys_admin"));
+        for (o, want) in [
+            ("loglevel=err", LogLevel::Error),
+            ("loglevel=info", LogLevel::Info),
+            ("loglevel=debug", LogLevel::Debug),
+        ] {
+            let c = parse(&["--socket-path=/s", "-o", &format!("source=/tmp,{o}")]).unwrap();
+            assert_eq!(c.log_level, want, "{o}");
+        }
+        // And what virtiofsd 1.14 rejects.
+        for bad in [
+            "bogus",
+            "",
+            "readonly",
+            "timeout=1",
+            "sandbox=none",
+            "cache=never",
+            "loglevel=error",
+            "log_level=debug",
+            "source=/a=b",
+            "xattr=1",
+            "debug",
+        ] {
+            let e =
+                parse(&["--socket-path=/tmp/s", "-o", &format!("source=/tmp,{bad}")]).unwrap_err();
+            assert!(e.contains("-o"), "{bad}: {e}");
+        }
+        let e = parse(&["--socket-path=/tmp/s", "-o", "source=/tmp,"]).unwrap_err();
+        assert!(e.contains("-o"), "a trailing comma: {e}");
+    }
+
+    #[test]
+    fn virtiofsd_spellings_and_overrides() {
+        let c = parse(&[
+            "--shared-dir=/tmp",
+            "--socket=/tmp/s",
+            "--log-level=DEBUG",
+            "--inode-file-handles=fallback",
+            "--killpriv-v2",
+            "--no-killpriv-v2",
+            "--no-announce-submounts",
+            "--announce-submounts",
+            "--syslog",
+            "--preserve-noatime",
+        ])
+        .unwrap();
+        assert_eq!(c.socket_path, Some(PathBuf::from("/tmp/s")));
+        assert_eq!(c.log_level, LogLevel::Debug);
+        assert_eq!(c.inode_file_handles, InodeFileHandles::Prefer);
+        assert!(!c.killpriv_v2, "the later --no-killpriv-v2 wins");
+        assert!(c.announce_submounts, "the later --announce-submounts wins");
+        assert!(c.syslog && c.preserve_noatime);
+        let c = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/tmp/s",
+            "--no-killpriv-v2",
+            "--killpriv-v2",
+            "--cache=auto",
+            "--cache=never",
+        ])
+        .unwrap();
+        assert!(c.killpriv_v2);
+        assert_eq!(
+            c.cache,
+            CachePolicy::Never,
+            "repeated options: the last wins"
+        );
     }
 
     #[test]
     fn unimplemented_options_fail_loudly() {
         for opt in [
             "--posix-acl",
-            "--syslog",
             "--inode-file-handles=mandatory",
-            "--xattrmap=:map::",
             "--security-label",
-            "--preserve-noatime",
-            "--uid-map=:0:0:1:",
         ] {
             let e = parse(&["--shared-dir=/tmp", "--socket-path=/tmp/s", opt]).unwrap_err();
             assert!(e.starts_with("not supported yet: "), "{opt}: {e}");
+        }
+        // As virtiofsd: uid/gid maps only for a non-root daemon's namespace sandbox.
+        let e = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/tmp/s",
+            "--sandbox=none",
+            "--uid-map=:0:100000:65536:",
+        ])
+        .unwrap_err();
+        assert!(
+            e.contains("non-root daemon with --sandbox namespace"),
+            "{e}"
+        );
+        let e = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/tmp/s",
+            "--xattrmap=:ok:all::: :prefix:client:hi",
+        ])
+        .unwrap_err();
+        assert!(e.contains("rule 2 \":prefix:client:hi\""), "{e}");
+        for ok in [
+            "--syslog",
+            "--thread-pool-size=4",
+            "--preserve-noatime",
+            "--xattrmap=:map::user.virtiofs.:",
+            "--translate-uid=map:1000:2000:10",
+            "--translate-gid=squash-guest:0:100:1",
+        ] {
+            parse(&["--shared-dir=/tmp", "--socket-path=/tmp/s", ok]).unwrap();
         }
     }
 

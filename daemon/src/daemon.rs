@@ -2,7 +2,6 @@
 
 use std::io;
 use std::os::fd::FromRawFd;
-use std::os::unix::ffi::OsStringExt;
 use std::sync::Arc;
 
 use vhost::vhost_user::{Backend, Listener};
@@ -14,13 +13,16 @@ use crate::cli::{CachePolicy, Cli, LogLevel, Seccomp};
 use crate::dax::DaxWindow;
 use crate::mapper::{Mapper, NoMapper};
 use crate::passthrough::{self, PassthroughFs};
+use crate::runfiles::RunFiles;
 use crate::sandbox::{self, Entered};
 use crate::seccomp;
 use crate::server::{Server, ServerOptions};
 use crate::vhost_user::{BackendChannel, FsBackend, FsBackendConfig};
 
-/// Sets up logging to stderr at the chosen level.
-pub fn init_logging(level: LogLevel) {
+/// Sets up logging at the chosen level: to the system log with `syslog` (where there is
+/// one; else one warning line and stderr), or to stderr. As in virtiofsd, `RUST_LOG`, when
+/// set, overrides the level of the stderr log.
+pub fn init_logging(level: LogLevel, syslog: bool) {
     let filter = match level {
         LogLevel::Error => log::LevelFilter::Error,
         LogLevel::Warn => log::LevelFilter::Warn,
@@ -29,11 +31,29 @@ pub fn init_logging(level: LogLevel) {
         LogLevel::Trace => log::LevelFilter::Trace,
         LogLevel::Off => log::LevelFilter::Off,
     };
-    env_logger::Builder::new()
-        .filter_level(filter)
+    let mut syslog_error = None;
+    if syslog {
+        match crate::syslog::SyslogLogger::connect(std::path::Path::new("/dev/log")) {
+            Ok(l) => {
+                if log::set_boxed_logger(Box::new(l)).is_ok() {
+                    log::set_max_level(filter);
+                    return;
+                }
+            }
+            Err(e) => syslog_error = Some(e),
+        }
+    }
+    let mut b = env_logger::Builder::new();
+    b.filter_level(filter)
         .format_timestamp_millis()
-        .target(env_logger::Target::Stderr)
-        .init();
+        .target(env_logger::Target::Stderr);
+    if let Ok(spec) = std::env::var("RUST_LOG") {
+        b.parse_filters(&spec);
+    }
+    b.init();
+    if let Some(e) = syslog_error {
+        log::warn!("--syslog: no system log at /dev/log ({e}); logging to stderr");
+    }
 }
 
 fn passthrough_config(cli: &Cli) -> io::Result<passthrough::Config> {
@@ -57,6 +77,20 @@ fn passthrough_config(cli: &Cli) -> io::Result<passthrough::Config> {
         readdirplus: !cli.no_readdirplus,
         announce_submounts: cli.announce_submounts,
         killpriv_v2: cli.killpriv_v2,
+        posix_lock: cli.posix_lock,
+        flock: cli.flock,
+        preserve_noatime: cli.preserve_noatime,
+        xattrmap: match &cli.xattrmap {
+            Some(spec) => Some(
+                passthrough::xattrmap::XattrMap::parse(spec)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+            ),
+            None => None,
+        },
+        uid_map: passthrough::idmap::IdMap::parse("--translate-uid", &cli.translate_uid)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+        gid_map: passthrough::idmap::IdMap::parse("--translate-gid", &cli.translate_gid)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
     })
 }
 
@@ -159,59 +193,149 @@ fn spawn_sigusr1_reporter(report: impl Fn() + Send + 'static) {
     }
 }
 
-/// The socket file `--socket-path` created, removed on drop by a process that still sees it.
-struct SocketFile(Option<std::path::PathBuf>);
-
-impl SocketFile {
-    /// This process no longer sees the host's file system: the path would name something
-    /// else (possibly a guest file inside the share), so never touch it.
-    fn forget(&mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for SocketFile {
-    fn drop(&mut self) {
-        let Some(p) = self.0.take() else { return };
-        let Ok(c) = std::ffi::CString::new(p.into_os_string().into_vec()) else {
-            return;
-        };
-        // unlinkat rather than unlink (std::fs::remove_file): the seccomp allow-list has
-        // only the former.
-        // SAFETY: `c` is NUL-terminated; AT_FDCWD resolves it like unlink would.
-        unsafe { libc::unlinkat(libc::AT_FDCWD, c.as_ptr(), 0) };
-    }
-}
-
-/// The listening vhost-user socket: `--fd`, or a fresh socket on `--socket-path` (a stale
-/// file there is replaced).
-fn listen(cli: &Cli) -> io::Result<(Listener, SocketFile)> {
+/// The listening vhost-user socket: `--fd`, or a fresh socket on `--socket-path` behind its
+/// locked pid file (see [`RunFiles`]).
+fn listen(cli: &Cli) -> io::Result<(Listener, Option<RunFiles>)> {
     match (&cli.socket_path, cli.fd) {
         (_, Some(fd)) => {
             // SAFETY: the user passed this descriptor to us as a listening socket we now own
             // (virtiofsd's --fd contract); nothing else in this process uses it.
-            Ok((unsafe { Listener::from_raw_fd(fd) }, SocketFile(None)))
+            Ok((unsafe { Listener::from_raw_fd(fd) }, None))
         }
         (Some(path), None) => {
-            let _ = std::fs::remove_file(path);
-            let l = std::os::unix::net::UnixListener::bind(path).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("cannot listen on {}: {e}", path.display()),
-                )
+            let mut files = RunFiles::lock(path)?;
+            let l = files.listen(|p| match &cli.socket_group {
+                Some(g) => chown_socket_group(p, g),
+                None => Ok(()),
             })?;
-            let file = SocketFile(Some(path.clone()));
-            if let Some(g) = &cli.socket_group {
-                chown_socket_group(path, g)?;
-            }
-            // A Listener made from a UnixListener does not remove the path when dropped:
-            // SocketFile does, only where the path still means the host's file.
-            Ok((Listener::from(l), file))
+            Ok((Listener::from(l), Some(files)))
         }
         (None, None) => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "missing --socket-path",
         )),
+    }
+}
+
+/// The signals that stop the daemon cleanly.
+const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+
+#[derive(Default)]
+struct StopState {
+    /// The signal that asked us to stop.
+    signal: Option<libc::c_int>,
+    /// The frontend connection, once there is one.
+    conn: Option<vhost_user_backend::ShutdownHandle>,
+}
+
+/// SIGTERM, SIGINT and SIGHUP: stop serving and take the clean-exit path.
+///
+/// The signals are blocked in every thread (this runs before any thread is spawned, and
+/// threads inherit the mask) and taken by one thread with `sigwait`. Before a frontend
+/// connects, the signal wakes the main thread's wait for a connection; afterwards it shuts
+/// the connection down, so the session ends as on a disconnect.
+struct Stopper {
+    state: Arc<std::sync::Mutex<StopState>>,
+    wake: Arc<vmm_sys_util::eventfd::EventFd>,
+}
+
+fn signal_name(sig: libc::c_int) -> &'static str {
+    match sig {
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGINT => "SIGINT",
+        libc::SIGHUP => "SIGHUP",
+        _ => "signal",
+    }
+}
+
+impl Stopper {
+    fn install() -> io::Result<Self> {
+        let set = sandbox::sigset(&STOP_SIGNALS);
+        // SIGUSR1 too: it belongs to the DAX statistics reporter (which takes it with sigwait
+        // and is spawned later); no thread may receive it with its default action.
+        let mut block = STOP_SIGNALS.to_vec();
+        block.push(libc::SIGUSR1);
+        let blocked = sandbox::sigset(&block);
+        // SAFETY: `blocked` is a valid signal set; this changes only this thread's mask
+        // (inherited by every thread spawned from here on).
+        unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &blocked, std::ptr::null_mut()) };
+        let wake = Arc::new(vmm_sys_util::eventfd::EventFd::new(libc::EFD_CLOEXEC)?);
+        let state = Arc::new(std::sync::Mutex::new(StopState::default()));
+        let (st, wk) = (state.clone(), wake.clone());
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || loop {
+                let mut sig = 0;
+                // SAFETY: `set` is a valid signal set and `sig` a valid output location.
+                if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+                    continue;
+                }
+                let mut g = st.lock().unwrap_or_else(|p| p.into_inner());
+                if g.signal.is_some() {
+                    log::info!("{}: already stopping", signal_name(sig));
+                    continue;
+                }
+                log::info!("{}: stopping", signal_name(sig));
+                g.signal = Some(sig);
+                if let Some(c) = &g.conn {
+                    c.shutdown();
+                }
+                let _ = wk.write(1);
+            })?;
+        Ok(Stopper { state, wake })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, StopState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until a frontend connects to `listener` (true) or a stop signal came (false).
+    fn wait_for_frontend(&self, listener: &Listener) -> io::Result<bool> {
+        use std::os::fd::AsRawFd;
+        loop {
+            let mut fds = [
+                libc::pollfd {
+                    fd: listener.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.wake.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: `fds` is an array of two valid pollfds.
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if self.lock().signal.is_some() {
+                return Ok(false);
+            }
+            if fds[0].revents != 0 {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Hands over the live connection; shuts it down at once if a signal came meanwhile.
+    fn connected(&self, conn: Option<vhost_user_backend::ShutdownHandle>) {
+        let mut g = self.lock();
+        if g.signal.is_some() {
+            if let Some(c) = &conn {
+                c.shutdown();
+            }
+        }
+        g.conn = conn;
+    }
+
+    fn signal(&self) -> Option<libc::c_int> {
+        self.lock().signal
     }
 }
 
@@ -244,21 +368,26 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     let (_, caps_before, _) = caps::current()?;
     let keep = capabilities_to_keep(cli, caps_before)?;
 
-    let (mut listener, mut socket_file) = listen(cli)?;
+    let (mut listener, mut run_files) = listen(cli)?;
 
     let inside = match sandbox::enter(cli.sandbox, &shared_dir)? {
         Entered::Supervisor(mut sup) => {
             log::debug!("sandbox: serving process {} started", sup.child());
             let exit = sup.wait()?;
             drop(listener);
-            drop(socket_file);
+            drop(run_files);
             exit.exit_process()
         }
         Entered::Serving(inside) => inside,
     };
-    if !inside.sees_host {
-        socket_file.forget();
+    if cli.sandbox == crate::cli::Sandbox::Namespace {
+        // The supervisor owns the pid file and removes both files; no host descriptor
+        // stays open in the sandbox.
+        if let Some(f) = run_files.take() {
+            f.close_without_removing();
+        }
     }
+    let stopper = Stopper::install()?;
     caps::drop_to(keep)?;
     let kept = keep.names();
     log::debug!(
@@ -335,11 +464,20 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         cli.sandbox,
         cli.seccomp,
     );
+    // Kata's runtime-rs waits for this exact line on stderr.
+    eprintln!("Waiting for vhost-user socket connection...");
+    if !stopper.wait_for_frontend(&listener)? {
+        log::info!("stopped before a frontend connected");
+        drop(run_files);
+        return Ok(());
+    }
     daemon
         .start(&mut listener)
         .map_err(|e| io::Error::other(format!("vhost-user connection failed: {e}")))?;
+    stopper.connected(daemon.shutdown_handle());
     log::info!("frontend connected");
     let result = match daemon.wait() {
+        _ if stopper.signal().is_some() => Ok(()),
         Ok(())
         | Err(vhost_user_backend::Error::HandleRequest(
             vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
@@ -362,6 +500,9 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     if let Some(w) = &window {
         log::info!("{}", w.stats());
     }
-    drop(socket_file);
+    if let Some(sig) = stopper.signal() {
+        log::info!("{}: session ended cleanly, exiting", signal_name(sig));
+    }
+    drop(run_files);
     result
 }

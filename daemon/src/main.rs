@@ -14,9 +14,11 @@ fn main() {
         println!("{}", Cli::capabilities_json());
         return;
     }
-    daxfsd::daemon::init_logging(cli.log_level);
+    daxfsd::daemon::init_logging(cli.log_level, cli.syslog);
     if let Err(e) = daxfsd::daemon::run(&cli) {
-        log::error!("{e}");
+        if cli.syslog {
+            log::error!("{e}");
+        }
         eprintln!("daxfsd: {e}");
         std::process::exit(1);
     }

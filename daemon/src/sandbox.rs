@@ -8,14 +8,19 @@
 //!   detached: the daemon sees the share and nothing else. A non-root daemon first enters a
 //!   new user namespace mapping only its own uid and gid. The parent stays outside: it
 //!   forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT and SIGUSR1 to the child, waits for it,
-//!   removes the socket file and exits with the child's status (or dies of the same signal).
+//!   removes the socket and pid files and exits with the child's status (or dies of the
+//!   same signal). The child ends cleanly on SIGTERM, SIGINT and SIGHUP (exit status 0;
+//!   see `daemon::run`), so the parent then exits 0 too.
 //! - `chroot`: `/proc/self/fd` is opened, then the process `chroot`s into the shared
 //!   directory (root only). No fork and no namespaces.
 //! - `none`: nothing changes.
 //!
 //! Whatever must survive is opened first: the caller creates the vhost-user listening socket
 //! before [`enter`], and [`Inside::proc_self_fd`] is opened before procfs goes out of sight.
-//! Nothing else from the host stays open in the sandbox.
+//! Nothing else from the host stays open in the sandbox, except the `--syslog` socket
+//! (connected to `/dev/log` before the sandbox, as virtiofsd does) and, with `chroot`, an
+//! `O_PATH` descriptor of the socket's directory and the locked pid file (see `runfiles`),
+//! which let the daemon remove its socket and pid file at exit.
 
 use std::ffi::CString;
 use std::io;
@@ -122,7 +127,8 @@ fn enter_chroot(shared_dir: &Path) -> io::Result<Inside> {
 /// Signals the supervisor forwards to the sandboxed child, which exits on them.
 const FORWARDED: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
 
-fn sigset(sigs: &[libc::c_int]) -> libc::sigset_t {
+/// A signal set holding `sigs`.
+pub fn sigset(sigs: &[libc::c_int]) -> libc::sigset_t {
     // SAFETY: sigemptyset initialises the zeroed set; sigaddset takes valid signal numbers.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -230,8 +236,16 @@ fn enter_namespace(shared_dir: &Path) -> io::Result<Entered> {
     }
     drop(alive_r);
     install_child_signal_handlers()?;
-    // SAFETY: `old_mask` is the mask saved before the fork.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old_mask, std::ptr::null_mut()) };
+    // Back to the mask saved before the fork, except that SIGTERM, SIGINT and SIGHUP stay
+    // blocked: the daemon takes them with sigwait and exits cleanly (a forwarded SIGTERM
+    // arriving before that stays pending instead of ending the child at once).
+    let mut mask = old_mask;
+    for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        // SAFETY: `mask` is an initialised signal set and `s` a valid signal.
+        unsafe { libc::sigaddset(&mut mask, s) };
+    }
+    // SAFETY: `mask` is a valid signal set.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut()) };
 
     let proc_self_fd = setup_child_mounts(&shared)?;
     Ok(Entered::Serving(Inside {
@@ -242,9 +256,11 @@ fn enter_namespace(shared_dir: &Path) -> io::Result<Entered> {
 }
 
 /// As pid 1 of its namespace the child ignores every signal it has no handler for, even
-/// from the supervisor: these handlers make SIGTERM and friends end it as they would end an
-/// ordinary process, and let SIGUSR1 reach the DAX statistics reporter (which blocks it and
-/// takes it with sigwait).
+/// from the supervisor. SIGTERM, SIGINT and SIGHUP stay blocked and are taken by the
+/// daemon's stop thread (`daemon::run`: clean exit, status 0); these handlers are the
+/// fallback for a thread that does not block them, and make SIGQUIT end the child as it
+/// would end an ordinary process; SIGUSR1 reaches the DAX statistics reporter (which blocks
+/// it and takes it with sigwait).
 fn install_child_signal_handlers() -> io::Result<()> {
     extern "C" fn on_exit_signal(sig: libc::c_int) {
         // SAFETY: _exit is async-signal-safe.

@@ -62,6 +62,8 @@ pub const ALLOWED: &[(&str, libc::c_long)] = &[
     ("sendmsg", libc::SYS_sendmsg),
     ("shutdown", libc::SYS_shutdown),
     ("getsockopt", libc::SYS_getsockopt),
+    // --syslog records on the socket connected at start-up.
+    ("sendto", libc::SYS_sendto),
     // Event loops and notifications.
     ("epoll_create1", libc::SYS_epoll_create1),
     ("epoll_ctl", libc::SYS_epoll_ctl),
@@ -71,6 +73,10 @@ pub const ALLOWED: &[(&str, libc::c_long)] = &[
     #[cfg(not(target_arch = "x86_64"))]
     ("epoll_pwait", libc::SYS_epoll_pwait),
     ("eventfd2", libc::SYS_eventfd2),
+    // Waiting for the frontend or a stop signal, whichever comes first.
+    ("ppoll", libc::SYS_ppoll),
+    #[cfg(target_arch = "x86_64")]
+    ("poll", libc::SYS_poll),
     // Memory: the allocator, guest memory tables, DAX mappings, thread stacks.
     ("brk", libc::SYS_brk),
     ("mmap", libc::SYS_mmap),

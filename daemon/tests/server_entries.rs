@@ -590,3 +590,55 @@ fn readonly_refuses_every_modification() {
     names.sort();
     assert_eq!(names, ["d", "f"]);
 }
+
+#[test]
+fn translated_ids_as_virtiofsd_translate_uid_and_gid() {
+    use daxfsd::passthrough::idmap::IdMap;
+    let h = Harness::with(|c| {
+        c.uid_map = IdMap::parse(
+            "--translate-uid",
+            &[
+                "map:1000:2000:10",
+                "forbid-guest:666:1",
+                "squash-host:3000:65534:100",
+            ],
+        )
+        .unwrap();
+        c.gid_map = IdMap::parse("--translate-gid", &["guest:1000:5000:10"]).unwrap();
+    });
+    std::fs::set_permissions(&h.share, std::fs::Permissions::from_mode(0o777)).unwrap();
+    // Guest 1003:1004 creates: the host file belongs to 2003:5004; the guest sees 1003 for
+    // the uid (both directions) and the host gid 5004 (guest-to-host only).
+    let (f, o) = h
+        .create_as(1003, 1004, ROOT, "f", 0o644, libc::O_RDWR)
+        .unwrap();
+    h.release(f.nodeid, o.fh).unwrap();
+    assert_eq!(host_owner(&h.host("f")), (2003, 5004));
+    assert_eq!((f.attr.uid, f.attr.gid), (1003, 5004));
+    let d = h.mkdir_as(1001, 1001, ROOT, "d", 0o755, 0).unwrap();
+    assert_eq!(host_owner(&h.host("d")), (2001, 5001));
+    // Host owners seen by the guest.
+    std::fs::write(h.host("h"), b"x").unwrap();
+    std::os::unix::fs::chown(h.host("h"), Some(3050), Some(7)).unwrap();
+    let e = h.lookup(ROOT, "h").unwrap();
+    assert_eq!((e.attr.uid, e.attr.gid), (65534, 7), "squash-host");
+    // SETATTR's new owner is a guest id.
+    let mut a = setattr_in(fattr::UID | fattr::GID);
+    (a.uid, a.gid) = (1009, 1002);
+    let attr = h.setattr(e.nodeid, &a).unwrap();
+    assert_eq!(host_owner(&h.host("h")), (2009, 5002));
+    assert_eq!((attr.uid, attr.gid), (1009, 5002));
+    // A forbidden guest id can neither create nor own files.
+    assert_eq!(
+        h.mkdir_as(666, 0, ROOT, "no", 0o755, 0).unwrap_err(),
+        libc::EPERM
+    );
+    a.uid = 666;
+    assert_eq!(h.setattr(e.nodeid, &a).unwrap_err(), libc::EPERM);
+    // Access checks use the translated ids: guest 1001 owns d on the host (as 2001).
+    assert_eq!(access(&h, 1001, 1001, d.nodeid, libc::W_OK), Ok(()));
+    assert_eq!(
+        access(&h, 1002, 1002, d.nodeid, libc::W_OK),
+        Err(libc::EACCES)
+    );
+}

@@ -214,6 +214,25 @@ fn open_flags_reach_the_host_as_virtiofsd_maps_them() {
     let _o = d.open(ino, libc::O_RDONLY | libc::O_DIRECT).unwrap();
     assert_ne!(io_fd_flags(&d, "f")[0] & libc::O_DIRECT, 0);
 
+    // O_NOATIME: dropped by default (virtiofsd's clean-noatime), kept with
+    // --preserve-noatime.
+    let n = Harness::new();
+    let ino = n.make_file(ROOT, "f", b"x");
+    let _o = n.open(ino, libc::O_RDONLY | libc::O_NOATIME).unwrap();
+    assert_eq!(
+        io_fd_flags(&n, "f")[0] & libc::O_NOATIME,
+        0,
+        "O_NOATIME dropped"
+    );
+    let p = Harness::with(|c| c.preserve_noatime = true);
+    let ino = p.make_file(ROOT, "f", b"x");
+    let _o = p.open(ino, libc::O_RDONLY | libc::O_NOATIME).unwrap();
+    assert_ne!(
+        io_fd_flags(&p, "f")[0] & libc::O_NOATIME,
+        0,
+        "O_NOATIME kept with preserve_noatime"
+    );
+
     // Writeback: write-only becomes read-write, O_APPEND goes.
     let w = Harness::with(|c| c.writeback = true);
     let ino = w.make_file(ROOT, "f", b"abc");
@@ -412,9 +431,14 @@ fn syncfs_works_on_known_inodes() {
 }
 
 fn lk(fh: u64, typ: i32, start: u64, end: u64, flags: u32) -> LkIn {
+    lk_as(1, fh, typ, start, end, flags)
+}
+
+/// A lock request from guest lock owner `owner` (one per guest process sharing the file).
+fn lk_as(owner: u64, fh: u64, typ: i32, start: u64, end: u64, flags: u32) -> LkIn {
     LkIn {
         fh,
-        owner: 1,
+        owner,
         lk: FileLock {
             start,
             end,
@@ -446,9 +470,109 @@ fn host_sees_lock(path: &std::path::Path, start: i64, len: i64) -> i32 {
     i32::from(fl.l_type)
 }
 
+/// A share with remote POSIX and flock locks (`--posix-lock --flock`).
+fn locking() -> Harness {
+    Harness::with(|c| {
+        c.posix_lock = true;
+        c.flock = true;
+    })
+}
+
+#[test]
+fn locks_stay_in_the_guest_by_default() {
+    // As virtiofsd: no FUSE_POSIX_LOCKS / FUSE_FLOCK_LOCKS, and a lock request anyway
+    // gets ENOSYS (the guest kernel then keeps its locks itself).
+    let h = Harness::new();
+    let ino = h.make_file(ROOT, "f", b"");
+    let a = h.open(ino, libc::O_RDWR).unwrap();
+    for (flags, what) in [(0, "POSIX"), (LK_FLOCK, "flock")] {
+        let r = h.send(
+            op::SETLK,
+            ino,
+            &[&raw(&lk(a.fh, libc::F_WRLCK, 0, 9, flags))],
+        );
+        assert_eq!(r.errno(), libc::ENOSYS, "{what}");
+    }
+    let r = h.send(op::GETLK, ino, &[&raw(&lk(a.fh, libc::F_WRLCK, 0, 9, 0))]);
+    assert_eq!(r.errno(), libc::ENOSYS);
+    assert_eq!(host_sees_lock(&h.host("f"), 0, 10), libc::F_UNLCK);
+}
+
+#[test]
+fn posix_locks_belong_to_the_lock_owner_not_the_handle() {
+    let h = locking();
+    let ino = h.make_file(ROOT, "f", b"");
+    // One guest open file shared by a parent (owner 1) and its forked child (owner 2).
+    let a = h.open(ino, libc::O_RDWR).unwrap();
+    let set = |owner, typ, start, end| {
+        h.send(
+            op::SETLK,
+            ino,
+            &[&raw(&lk_as(owner, a.fh, typ, start, end, 0))],
+        )
+    };
+    set(1, libc::F_WRLCK, 0, 9).result().unwrap();
+    assert_eq!(
+        set(2, libc::F_WRLCK, 5, 5).errno(),
+        libc::EAGAIN,
+        "the child conflicts with its parent's lock on the same handle"
+    );
+    let out: LkOut = h
+        .send(
+            op::GETLK,
+            ino,
+            &[&raw(&lk_as(2, a.fh, libc::F_RDLCK, 0, 0, 0))],
+        )
+        .obj();
+    assert_eq!(
+        (out.lk.typ, out.lk.start, out.lk.end),
+        (libc::F_WRLCK as u32, 0, 9)
+    );
+    let out: LkOut = h
+        .send(
+            op::GETLK,
+            ino,
+            &[&raw(&lk_as(1, a.fh, libc::F_WRLCK, 0, 0, 0))],
+        )
+        .obj();
+    assert_eq!(
+        out.lk.typ,
+        libc::F_UNLCK as u32,
+        "its own lock never conflicts"
+    );
+    set(2, libc::F_WRLCK, 20, 29).result().unwrap();
+    // The child unlocking everything leaves the parent's lock alone.
+    set(2, libc::F_UNLCK, 0, u64::MAX).result().unwrap();
+    assert_eq!(host_sees_lock(&h.host("f"), 5, 1), libc::F_WRLCK);
+    assert_eq!(host_sees_lock(&h.host("f"), 25, 1), libc::F_UNLCK);
+    // An owner that never locked unlocks nothing (and succeeds).
+    set(3, libc::F_UNLCK, 0, u64::MAX).result().unwrap();
+    assert_eq!(host_sees_lock(&h.host("f"), 5, 1), libc::F_WRLCK);
+    // The child takes a lock again, then closes its descriptor: FLUSH with its owner
+    // releases its locks only.
+    set(2, libc::F_RDLCK, 40, 49).result().unwrap();
+    let flush = |owner| {
+        let f = FlushIn {
+            fh: a.fh,
+            lock_owner: owner,
+            ..Default::default()
+        };
+        h.send(op::FLUSH, ino, &[&raw(&f)]).result().map(drop)
+    };
+    flush(2).unwrap();
+    assert_eq!(host_sees_lock(&h.host("f"), 45, 1), libc::F_UNLCK);
+    assert_eq!(host_sees_lock(&h.host("f"), 5, 1), libc::F_WRLCK);
+    flush(1).unwrap();
+    assert_eq!(host_sees_lock(&h.host("f"), 5, 1), libc::F_UNLCK);
+    // RELEASE drops whatever is left.
+    set(1, libc::F_WRLCK, 0, 0).result().unwrap();
+    h.release_op(op::RELEASE, ino, a.fh, 0).unwrap();
+    assert_eq!(host_sees_lock(&h.host("f"), 0, 1), libc::F_UNLCK);
+}
+
 #[test]
 fn posix_locks_are_host_ofd_locks() {
-    let h = Harness::new();
+    let h = locking();
     let ino = h.make_file(ROOT, "f", b"");
     let a = h.open(ino, libc::O_RDWR).unwrap();
     let b = h.open(ino, libc::O_RDWR).unwrap();
@@ -496,7 +620,7 @@ fn posix_locks_are_host_ofd_locks() {
 
 #[test]
 fn setlkw_waits_for_the_holder() {
-    let h = Harness::new();
+    let h = locking();
     let ino = h.make_file(ROOT, "f", b"");
     let a = h.open(ino, libc::O_RDWR).unwrap();
     let b = h.open(ino, libc::O_RDWR).unwrap();
@@ -548,7 +672,7 @@ fn host_flock_free(path: &std::path::Path) -> bool {
 
 #[test]
 fn flock_locks_are_host_flock_locks() {
-    let h = Harness::new();
+    let h = locking();
     let ino = h.make_file(ROOT, "f", b"");
     let a = h.open(ino, libc::O_RDWR).unwrap();
     let b = h.open(ino, libc::O_RDWR).unwrap();

@@ -22,16 +22,14 @@ fn init_negotiates_what_the_fs_wants() {
     assert_eq!(out.max_write, MAX_IO);
     assert_eq!(out.map_alignment, 12, "a window exists");
     let agreed = u64::from(out.flags) | (u64::from(out.flags2) << 32);
-    for want in [
-        f::POSIX_LOCKS,
-        f::FLOCK_LOCKS,
-        f::DO_READDIRPLUS,
-        f::READDIRPLUS_AUTO,
-    ] {
+    for want in [f::DO_READDIRPLUS, f::READDIRPLUS_AUTO] {
         assert_ne!(agreed & want, 0, "flag {want:#x} negotiated");
     }
-    // The guest applies the umask; writeback, submounts and killpriv are opt-in.
+    // The guest applies the umask; writeback, submounts, killpriv and remote locks are
+    // opt-in (locks stay in the guest by default, as with virtiofsd).
     for not in [
+        f::POSIX_LOCKS,
+        f::FLOCK_LOCKS,
         f::DONT_MASK,
         f::WRITEBACK_CACHE,
         f::SUBMOUNTS,
@@ -60,11 +58,21 @@ fn init_follows_the_config() {
     assert_ne!(sub & f::SUBMOUNTS, 0);
     let kp = init_flags_for(|c| c.killpriv_v2 = true);
     assert_ne!(kp & f::HANDLE_KILLPRIV_V2, 0);
+    let pl = init_flags_for(|c| c.posix_lock = true);
+    assert_eq!(pl & (f::POSIX_LOCKS | f::FLOCK_LOCKS), f::POSIX_LOCKS);
+    let fl = init_flags_for(|c| c.flock = true);
+    assert_eq!(fl & (f::POSIX_LOCKS | f::FLOCK_LOCKS), f::FLOCK_LOCKS);
 }
 
 #[test]
 fn init_offers_only_what_the_client_offered() {
-    let h = Harness::uninit(|c| c.writeback = true, MapperKind::Recording);
+    let h = Harness::uninit(
+        |c| {
+            c.writeback = true;
+            c.posix_lock = true;
+        },
+        MapperKind::Recording,
+    );
     let init = InitIn {
         major: 7,
         minor: 31,

@@ -182,3 +182,44 @@ fn xattr_requests_are_validated() {
     );
     h.assert_alive();
 }
+
+#[test]
+fn xattrmap_translates_names_both_ways() {
+    // Guest names under "trusted." live on the host under "user.virtiofs.trusted.".
+    let map =
+        daxfsd::passthrough::xattrmap::XattrMap::parse(":map:trusted.:user.virtiofs.:").unwrap();
+    let h = Harness::with(|c| c.xattrmap = Some(map));
+    let f = h.make_file(ROOT, "f", b"");
+    setxattr(&h, f, "trusted.overlay", b"v1", 0).unwrap();
+    assert_eq!(
+        host_getxattr(&h.host("f"), "user.virtiofs.trusted.overlay").unwrap(),
+        b"v1"
+    );
+    assert_eq!(getxattr(&h, f, "trusted.overlay", 64).unwrap(), b"v1");
+    // The guest cannot reach the mapped names directly.
+    assert_eq!(
+        getxattr(&h, f, "user.virtiofs.trusted.overlay", 64).unwrap_err(),
+        libc::EPERM
+    );
+    assert_eq!(
+        setxattr(&h, f, "user.virtiofs.x", b"v", 0).unwrap_err(),
+        libc::EPERM
+    );
+    // Other names pass unchanged.
+    setxattr(&h, f, "user.plain", b"p", 0).unwrap();
+    assert_eq!(host_getxattr(&h.host("f"), "user.plain").unwrap(), b"p");
+    // The list: mapped names stripped, other names kept.
+    let want = b"trusted.overlay\0user.plain\0";
+    let size = size_of_reply(&listxattr(&h, f, 0).unwrap());
+    assert_eq!(size as usize, want.len());
+    let list = listxattr(&h, f, 4096).unwrap();
+    let mut names: Vec<_> = list.split(|&b| b == 0).filter(|s| !s.is_empty()).collect();
+    names.sort();
+    assert_eq!(names, [&b"trusted.overlay"[..], b"user.plain"]);
+    assert_eq!(listxattr(&h, f, 5).unwrap_err(), libc::ERANGE);
+    removexattr(&h, f, "trusted.overlay").unwrap();
+    assert_eq!(
+        host_getxattr(&h.host("f"), "user.virtiofs.trusted.overlay").unwrap_err(),
+        libc::ENODATA
+    );
+}

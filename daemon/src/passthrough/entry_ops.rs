@@ -5,7 +5,7 @@ use std::io;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use super::{attr_of, check_name, decode_dev, err, fd_name, stat_fd, PassthroughFs};
+use super::{check_name, decode_dev, err, fd_name, stat_fd, PassthroughFs};
 use crate::abi::{fattr, Attr, Kstatfs, SetattrIn};
 use crate::filesystem::{Context, Entry, Handle, Inode};
 use crate::sys;
@@ -33,7 +33,7 @@ impl PassthroughFs {
     pub(super) fn do_getattr(&self, inode: Inode) -> io::Result<(Attr, Duration)> {
         let data = self.inode(inode)?;
         let st = stat_fd(data.fd())?;
-        Ok((attr_of(&st), self.timeout))
+        Ok((self.guest_attr(&st), self.timeout))
     }
 
     pub(super) fn do_setattr(
@@ -63,13 +63,20 @@ impl PassthroughFs {
         }
 
         if valid & (fattr::UID | fattr::GID) != 0 {
+            // New owners are guest ids: translate them (a forbidden one is refused).
             let uid = if valid & fattr::UID != 0 {
-                a.uid
+                self.cfg
+                    .uid_map
+                    .to_host(a.uid)
+                    .ok_or_else(|| err(libc::EPERM))?
             } else {
                 u32::MAX
             };
             let gid = if valid & fattr::GID != 0 {
-                a.gid
+                self.cfg
+                    .gid_map
+                    .to_host(a.gid)
+                    .ok_or_else(|| err(libc::EPERM))?
             } else {
                 u32::MAX
             };
@@ -139,7 +146,7 @@ impl PassthroughFs {
         check_name(name)?;
         let p = self.dir_inode(parent)?;
         {
-            let _creds = self.creds.switch_to(ctx)?;
+            let _creds = self.creds.switch_to(&self.host_ctx(ctx)?)?;
             sys::symlinkat(target, p.fd(), name)?;
         }
         self.do_lookup(&p, name)
@@ -159,7 +166,7 @@ impl PassthroughFs {
         let p = self.dir_inode(parent)?;
         let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !umask);
         {
-            let _creds = self.creds.switch_to(ctx)?;
+            let _creds = self.creds.switch_to(&self.host_ctx(ctx)?)?;
             sys::mknodat(p.fd(), name, mode, decode_dev(rdev))?;
         }
         self.do_lookup(&p, name)
@@ -177,7 +184,7 @@ impl PassthroughFs {
         check_name(name)?;
         let p = self.dir_inode(parent)?;
         {
-            let _creds = self.creds.switch_to(ctx)?;
+            let _creds = self.creds.switch_to(&self.host_ctx(ctx)?)?;
             sys::mkdirat(p.fd(), name, mode & 0o7777 & !umask)?;
         }
         self.do_lookup(&p, name)
@@ -261,6 +268,7 @@ impl PassthroughFs {
     /// `access(2)` expects; the daemon's own root powers do not count). Root passes
     /// everything but `X_OK` on a file without any execute bit.
     pub(super) fn do_access(&self, ctx: &Context, inode: Inode, mask: u32) -> io::Result<()> {
+        let ctx = &self.host_ctx(ctx)?;
         let data = self.inode(inode)?;
         let st = stat_fd(data.fd())?;
         let mode = u32::from(st.stx_mode);

@@ -27,6 +27,21 @@ const PASSED_FLAGS: libc::c_int = libc::O_ACCMODE
     | libc::O_NOATIME
     | libc::O_LARGEFILE;
 
+/// Drops every POSIX lock held on `fd` (an owner's descriptor that is going away; an
+/// in-flight request may still hold a reference, so closing alone might not).
+fn unlock_all(fd: &OwnedFd) {
+    let mut fl = libc::flock64 {
+        l_type: libc::F_UNLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    if let Err(e) = sys::fcntl_lock(fd.as_fd(), libc::F_OFD_SETLK, &mut fl) {
+        log::debug!("unlocking a lock owner: {e}");
+    }
+}
+
 /// Waits `d` with a timed futex wait: `nanosleep` is not in the seccomp allow-list.
 fn nap(d: Duration) {
     static NAP: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
@@ -89,6 +104,9 @@ impl PassthroughFs {
         }
         if !self.cfg.allow_direct_io {
             f &= !libc::O_DIRECT;
+        }
+        if !self.cfg.preserve_noatime {
+            f &= !libc::O_NOATIME;
         }
         if self.negotiated.writeback.load(Ordering::Relaxed) {
             // The guest page cache may need to read back what it writes, and it computes
@@ -163,7 +181,7 @@ impl PassthroughFs {
         // Always exclusive and never through a symlink: an existing name is opened only
         // below, after checking that it is a regular file (never a device or fifo).
         let created = {
-            let _creds = self.creds.switch_to(ctx)?;
+            let _creds = self.creds.switch_to(&self.host_ctx(ctx)?)?;
             sys::openat(
                 p.fd(),
                 name,
@@ -213,7 +231,7 @@ impl PassthroughFs {
         let hflags = self.host_flags(flags)?;
         let mode = mode & 0o7777 & !umask;
         let fd = {
-            let _creds = self.creds.switch_to(ctx)?;
+            let _creds = self.creds.switch_to(&self.host_ctx(ctx)?)?;
             sys::openat(p.fd(), c".", hflags | libc::O_TMPFILE, mode)?
         };
         self.finish_create(fd, hflags, p.key.mnt)
@@ -266,14 +284,20 @@ impl PassthroughFs {
                 log::debug!("RELEASE flock unlock: {e}");
             }
         }
+        for fd in h.take_all_owners() {
+            unlock_all(&fd);
+        }
         Ok(())
     }
 
-    /// Like `close(2)` on a duplicate: flushes what the host file system flushes on close
-    /// and drops the POSIX locks of this process on the file (not our OFD locks).
-    pub(super) fn do_flush(&self, inode: Inode, handle: Handle) -> io::Result<()> {
+    /// Like `close(2)` on a duplicate: flushes what the host file system flushes on close,
+    /// and drops the POSIX locks of the closing lock owner (only that owner's).
+    pub(super) fn do_flush(&self, inode: Inode, handle: Handle, owner: u64) -> io::Result<()> {
         let h = self.handles.get_file(inode, handle)?;
         drop(sys::dup(h.fd())?);
+        if let Some(fd) = h.take_owner(owner) {
+            unlock_all(&fd);
+        }
         Ok(())
     }
 
@@ -292,31 +316,63 @@ impl PassthroughFs {
         sys::fsync(h.fd(), datasync)
     }
 
+    /// The host descriptor POSIX locks of `owner` on handle `h` live on: its own open file
+    /// description, reopened with the handle's access mode.
+    fn owner_fd(&self, h: &HandleData, owner: u64) -> io::Result<Arc<OwnedFd>> {
+        h.owner_fd(owner, || {
+            let acc = match h.access() {
+                Some((true, true)) => libc::O_RDWR,
+                Some((false, true)) => libc::O_WRONLY,
+                _ => libc::O_RDONLY,
+            };
+            sys::openat(
+                self.proc_self_fd.as_fd(),
+                &super::fd_name(h.fd()),
+                acc | libc::O_CLOEXEC,
+                0,
+            )
+        })
+    }
+
     pub(super) fn do_getlk(
         &self,
         inode: Inode,
         handle: Handle,
+        owner: u64,
         lock: FileLock,
     ) -> io::Result<FileLock> {
+        if !self.cfg.posix_lock {
+            return Err(err(libc::ENOSYS));
+        }
         let h = self.handles.get_file(inode, handle)?;
         let mut fl = to_flock(&lock)?;
-        sys::fcntl_lock(h.fd(), libc::F_OFD_GETLK, &mut fl)?;
+        // The owner's own locks never conflict with it; an owner without a descriptor
+        // holds nothing, and the handle's descriptor carries no POSIX lock.
+        match h.existing_owner_fd(owner) {
+            Some(fd) => sys::fcntl_lock(fd.as_fd(), libc::F_OFD_GETLK, &mut fl)?,
+            None => sys::fcntl_lock(h.fd(), libc::F_OFD_GETLK, &mut fl)?,
+        }
         let mut out = from_flock(&fl);
         if fl.l_type != libc::F_UNLCK as libc::c_short && fl.l_pid <= 0 {
             // An OFD lock has no pid: report the guest process that took it.
-            out.pid = self.handles.lock_holder(inode, handle).unwrap_or(0);
+            out.pid = self.handles.lock_holder(inode, owner).unwrap_or(0);
         }
         Ok(out)
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn do_setlk(
         &self,
         inode: Inode,
         handle: Handle,
+        owner: u64,
         lock: FileLock,
         flock: bool,
         sleep: bool,
     ) -> io::Result<()> {
+        if (flock && !self.cfg.flock) || (!flock && !self.cfg.posix_lock) {
+            return Err(err(libc::ENOSYS));
+        }
         let h = self.handles.get_file(inode, handle)?;
         // A blocking lock is taken by polling, never by a blocking call: a worker stuck in
         // F_OFD_SETLKW would hold its queue across a device reset (the rebooted guest's
@@ -333,10 +389,24 @@ impl PassthroughFs {
             None
         };
         let posix = if flock { None } else { Some(to_flock(&lock)?) };
-        let try_once = || match (flock_op, posix) {
-            (Some(op), _) => sys::flock(h.fd(), op | libc::LOCK_NB),
-            (None, Some(mut fl)) => sys::fcntl_lock(h.fd(), libc::F_OFD_SETLK, &mut fl),
-            (None, None) => Err(err(libc::EINVAL)),
+        let owner_fd = match posix {
+            // Unlocking as an owner that never locked: nothing to do.
+            Some(fl) if fl.l_type == libc::F_UNLCK as libc::c_short => {
+                match h.existing_owner_fd(owner) {
+                    Some(fd) => Some(fd),
+                    None => return Ok(()),
+                }
+            }
+            Some(_) => Some(self.owner_fd(&h, owner)?),
+            None => None,
+        };
+        let try_once = || match (flock_op, posix, &owner_fd) {
+            // flock locks belong to the open file (the handle), as on a host.
+            (Some(op), _, _) => sys::flock(h.fd(), op | libc::LOCK_NB),
+            (None, Some(mut fl), Some(fd)) => {
+                sys::fcntl_lock(fd.as_fd(), libc::F_OFD_SETLK, &mut fl)
+            }
+            _ => Err(err(libc::EINVAL)),
         };
         let mut pause = Duration::from_millis(1);
         let generation = self.wait_generation.load(Ordering::SeqCst);
@@ -360,7 +430,7 @@ impl PassthroughFs {
             }
         }
         if !flock && lock.typ != libc::F_UNLCK as u32 {
-            h.note_lock(lock.pid);
+            h.note_lock(owner, lock.pid);
         }
         Ok(())
     }

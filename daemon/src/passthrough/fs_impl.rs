@@ -18,7 +18,14 @@ impl FileSystem for PassthroughFs {
     fn init(&self, caps: InitCaps) -> io::Result<u64> {
         let offered = caps.flags;
         let cfg = &self.cfg;
-        let mut want = f::POSIX_LOCKS | f::FLOCK_LOCKS;
+        // Locks are served only when asked for (virtiofsd's default: the guest keeps them).
+        let mut want = 0;
+        if cfg.posix_lock {
+            want |= f::POSIX_LOCKS;
+        }
+        if cfg.flock {
+            want |= f::FLOCK_LOCKS;
+        }
         if cfg.readdirplus && cfg.cache != CachePolicy::Never {
             want |= f::DO_READDIRPLUS | f::READDIRPLUS_AUTO;
         }
@@ -251,8 +258,8 @@ impl FileSystem for PassthroughFs {
         self.do_removexattr(inode, name)
     }
 
-    fn flush(&self, _: &Context, inode: Inode, handle: Handle, _lock_owner: u64) -> io::Result<()> {
-        self.do_flush(inode, handle)
+    fn flush(&self, _: &Context, inode: Inode, handle: Handle, lock_owner: u64) -> io::Result<()> {
+        self.do_flush(inode, handle, lock_owner)
     }
 
     fn opendir(&self, _: &Context, inode: Inode, _flags: u32) -> io::Result<(Handle, OpenFlags)> {
@@ -290,10 +297,10 @@ impl FileSystem for PassthroughFs {
         _: &Context,
         inode: Inode,
         handle: Handle,
-        _owner: u64,
+        owner: u64,
         lock: FileLock,
     ) -> io::Result<FileLock> {
-        self.do_getlk(inode, handle, lock)
+        self.do_getlk(inode, handle, owner, lock)
     }
 
     fn setlk(
@@ -301,12 +308,12 @@ impl FileSystem for PassthroughFs {
         _: &Context,
         inode: Inode,
         handle: Handle,
-        _owner: u64,
+        owner: u64,
         lock: FileLock,
         flock: bool,
         sleep: bool,
     ) -> io::Result<()> {
-        self.do_setlk(inode, handle, lock, flock, sleep)
+        self.do_setlk(inode, handle, owner, lock, flock, sleep)
     }
 
     fn access(&self, ctx: &Context, inode: Inode, mask: u32) -> io::Result<()> {

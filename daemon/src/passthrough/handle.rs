@@ -26,9 +26,20 @@ pub(super) struct HandleData {
     pub inode: Inode,
     pub fd: OwnedFd,
     pub kind: HandleKind,
-    /// Guest pid of the last POSIX lock taken through this handle, and when (a sequence
-    /// number): host OFD locks carry no pid, GETLK reports this one.
-    lock_owner: Mutex<(u32, u64)>,
+    /// POSIX lock owners of this handle (the guest's `lock_owner`, one per process sharing
+    /// the open file): each gets its own host open file description, on which its locks are
+    /// host OFD locks, so owners conflict with each other exactly as processes do, and one
+    /// owner's unlock or FLUSH never touches another's locks.
+    owners: Mutex<HashMap<u64, LockOwner>>,
+}
+
+/// One POSIX lock owner's host descriptor, and the guest pid and sequence number of its
+/// last lock (host OFD locks carry no pid: GETLK reports this one).
+#[derive(Debug, Clone)]
+pub(super) struct LockOwner {
+    pub fd: Arc<OwnedFd>,
+    pid: u32,
+    seq: u64,
 }
 
 /// Orders POSIX lock acquisitions across handles.
@@ -48,15 +59,58 @@ impl HandleData {
                 readable: acc == libc::O_RDONLY || acc == libc::O_RDWR,
                 writable: acc == libc::O_WRONLY || acc == libc::O_RDWR,
             },
-            lock_owner: Mutex::new((0, 0)),
+            owners: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Records that guest process `pid` took a POSIX lock through this handle.
-    pub fn note_lock(&self, pid: u32) {
-        if let Ok(mut o) = self.lock_owner.lock() {
-            *o = (pid, LOCK_SEQ.fetch_add(1, Ordering::Relaxed));
+    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<u64, LockOwner>> {
+        self.owners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lock owner `owner`'s descriptor, made with `open` on first use.
+    pub fn owner_fd(
+        &self,
+        owner: u64,
+        open: impl FnOnce() -> io::Result<OwnedFd>,
+    ) -> io::Result<Arc<OwnedFd>> {
+        let mut m = self.owners();
+        if let Some(o) = m.get(&owner) {
+            return Ok(o.fd.clone());
         }
+        let fd = Arc::new(open()?);
+        m.insert(
+            owner,
+            LockOwner {
+                fd: fd.clone(),
+                pid: 0,
+                seq: 0,
+            },
+        );
+        Ok(fd)
+    }
+
+    /// Lock owner `owner`'s descriptor, if it has one.
+    pub fn existing_owner_fd(&self, owner: u64) -> Option<Arc<OwnedFd>> {
+        self.owners().get(&owner).map(|o| o.fd.clone())
+    }
+
+    /// Records that guest process `pid` took a POSIX lock as `owner`.
+    pub fn note_lock(&self, owner: u64, pid: u32) {
+        if let Some(o) = self.owners().get_mut(&owner) {
+            o.pid = pid;
+            o.seq = LOCK_SEQ.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Forgets `owner` (its FLUSH: the process closed its descriptor), returning its
+    /// descriptor so the caller can unlock it.
+    pub fn take_owner(&self, owner: u64) -> Option<Arc<OwnedFd>> {
+        self.owners().remove(&owner).map(|o| o.fd)
+    }
+
+    /// Every owner's descriptor (RELEASE).
+    pub fn take_all_owners(&self) -> Vec<Arc<OwnedFd>> {
+        self.owners().drain().map(|(_, o)| o.fd).collect()
     }
 
     pub fn dir(inode: Inode, fd: OwnedFd) -> Self {
@@ -66,7 +120,7 @@ impl HandleData {
             kind: HandleKind::Dir {
                 lock: Mutex::new(()),
             },
-            lock_owner: Mutex::new((0, 0)),
+            owners: Mutex::new(HashMap::new()),
         }
     }
 
@@ -146,14 +200,18 @@ impl HandleStore {
         map.remove(&fh).ok_or_else(ebadf)
     }
 
-    /// Drops every handle.
-    /// The guest pid that most recently locked `inode` through a handle other than `except`.
-    pub fn lock_holder(&self, inode: Inode, except: Handle) -> Option<u32> {
+    /// The guest pid that most recently locked `inode` as an owner other than `except`.
+    pub fn lock_holder(&self, inode: Inode, except: u64) -> Option<u32> {
         let map = self.map.read().ok()?;
-        map.iter()
-            .filter(|(fh, h)| **fh != except && h.inode == inode)
-            .filter_map(|(_, h)| h.lock_owner.lock().ok().map(|o| *o))
-            .filter(|(pid, _)| *pid != 0)
+        map.values()
+            .filter(|h| h.inode == inode)
+            .flat_map(|h| {
+                h.owners()
+                    .iter()
+                    .filter(|(o, l)| **o != except && l.pid != 0)
+                    .map(|(_, l)| (l.pid, l.seq))
+                    .collect::<Vec<_>>()
+            })
             .max_by_key(|(_, seq)| *seq)
             .map(|(pid, _)| pid)
     }
@@ -173,6 +231,7 @@ impl HandleStore {
         self.next.store(next, Ordering::Relaxed);
     }
 
+    /// Drops every handle.
     pub fn clear(&self) {
         self.map.write().unwrap_or_else(|p| p.into_inner()).clear();
     }

@@ -33,9 +33,11 @@ mod entry_ops;
 mod file_ops;
 mod fs_impl;
 mod handle;
+pub mod idmap;
 mod inode;
 mod migration;
 mod xattr_ops;
+pub mod xattrmap;
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -48,7 +50,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::abi::{attr_flags, fopen, Attr};
-use crate::filesystem::{Entry, Inode};
+use crate::filesystem::{Context, Entry, Inode};
 use crate::sys;
 
 use creds::Creds;
@@ -107,6 +109,19 @@ pub struct Config {
     /// Negotiate `FUSE_HANDLE_KILLPRIV_V2` (we clear suid/sgid on write, truncate and
     /// `O_TRUNC`). Off by default, as in virtiofsd.
     pub killpriv_v2: bool,
+    /// Serve POSIX locks on the host (`FUSE_POSIX_LOCKS`), per guest lock owner. Off by
+    /// default, as in virtiofsd: the guest kernel then keeps its locks itself.
+    pub posix_lock: bool,
+    /// Serve BSD flock() locks on the host (`FUSE_FLOCK_LOCKS`). Off by default.
+    pub flock: bool,
+    /// Pass the guest's `O_NOATIME` on (virtiofsd's `--preserve-noatime`); else dropped.
+    pub preserve_noatime: bool,
+    /// Translate extended attribute names (virtiofsd's `--xattrmap`).
+    pub xattrmap: Option<xattrmap::XattrMap>,
+    /// Translate uids and gids between guest and host (virtiofsd's `--translate-uid` /
+    /// `--translate-gid`); identity by default.
+    pub uid_map: idmap::IdMap,
+    pub gid_map: idmap::IdMap,
 }
 
 impl Default for Config {
@@ -122,6 +137,12 @@ impl Default for Config {
             readdirplus: true,
             announce_submounts: false,
             killpriv_v2: false,
+            posix_lock: false,
+            flock: false,
+            preserve_noatime: false,
+            xattrmap: None,
+            uid_map: idmap::IdMap::default(),
+            gid_map: idmap::IdMap::default(),
         }
     }
 }
@@ -353,8 +374,31 @@ impl PassthroughFs {
         Ok(self.entry_of(&data, &st, parent_mnt))
     }
 
+    /// Attributes as the guest sees them (`--translate-uid/gid`: host ids to guest ids).
+    fn guest_attr(&self, st: &libc::statx) -> Attr {
+        let mut a = attr_of(st);
+        a.uid = self.cfg.uid_map.to_guest(a.uid);
+        a.gid = self.cfg.gid_map.to_guest(a.gid);
+        a
+    }
+
+    /// The caller's ids on the host (`--translate-uid/gid`); EPERM for a forbidden id.
+    fn host_ctx(&self, ctx: &Context) -> io::Result<Context> {
+        match (
+            self.cfg.uid_map.to_host(ctx.uid),
+            self.cfg.gid_map.to_host(ctx.gid),
+        ) {
+            (Some(uid), Some(gid)) => Ok(Context {
+                uid,
+                gid,
+                pid: ctx.pid,
+            }),
+            _ => Err(err(libc::EPERM)),
+        }
+    }
+
     fn entry_of(&self, data: &InodeData, st: &libc::statx, parent_mnt: u64) -> Entry {
-        let mut attr = attr_of(st);
+        let mut attr = self.guest_attr(st);
         if self.negotiated.submounts.load(Ordering::Relaxed)
             && data.is_dir()
             && data.key.mnt != parent_mnt

@@ -1,4 +1,5 @@
-//! Extended attributes (only with `Config::xattr`; otherwise `ENOSYS`, like virtiofsd).
+//! Extended attributes (only with `Config::xattr`; otherwise `ENOSYS`, like virtiofsd),
+//! with names translated by `Config::xattrmap` when set (see [`super::xattrmap`]).
 //!
 //! The path-based calls go through the magic link `N` of the inode's `O_PATH` descriptor in
 //! `/proc/self/fd`: it lands on the inode itself, so this works for every file type without
@@ -11,11 +12,13 @@
 //! descriptor opened before the sandbox, and passes the relative name `N`. Other threads
 //! never see that working directory, and nothing in the daemon resolves relative paths.
 
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 
+use super::xattrmap::ClientName;
 use super::{err, fd_name, PassthroughFs};
 use crate::abi::XATTR_SIZE_MAX;
 use crate::filesystem::{Inode, XattrReply};
@@ -54,6 +57,17 @@ impl PassthroughFs {
         f(&fd_name(fd))
     }
 
+    /// The host name for a guest attribute name (`--xattrmap`).
+    fn host_xattr_name<'a>(&self, name: &'a CStr) -> io::Result<Cow<'a, CStr>> {
+        match &self.cfg.xattrmap {
+            None => Ok(Cow::Borrowed(name)),
+            Some(m) => match m.client(name) {
+                ClientName::Host(h) => Ok(Cow::Owned(h)),
+                ClientName::Refuse(e) => Err(err(e)),
+            },
+        }
+    }
+
     fn check_xattr(&self) -> io::Result<()> {
         if self.cfg.xattr {
             Ok(())
@@ -71,9 +85,10 @@ impl PassthroughFs {
     ) -> io::Result<()> {
         self.check_xattr()?;
         self.check_writable()?;
+        let name = self.host_xattr_name(name)?;
         let data = self.inode(inode)?;
         self.at_proc_fd(data.fd(), |p| {
-            sys::setxattr(p, name, value, flags as libc::c_int)
+            sys::setxattr(p, &name, value, flags as libc::c_int)
         })
     }
 
@@ -84,25 +99,38 @@ impl PassthroughFs {
         size: u32,
     ) -> io::Result<XattrReply> {
         self.check_xattr()?;
+        let name = self.host_xattr_name(name)?;
         let data = self.inode(inode)?;
         // The guest picks `size`: never allocate more than an attribute can hold.
         let buf = (size as usize).min(XATTR_SIZE_MAX);
-        let got = self.at_proc_fd(data.fd(), |p| sys::getxattr(p, name, buf))?;
+        let got = self.at_proc_fd(data.fd(), |p| sys::getxattr(p, &name, buf))?;
         reply(got, size)
     }
 
     pub(super) fn do_listxattr(&self, inode: Inode, size: u32) -> io::Result<XattrReply> {
         self.check_xattr()?;
         let data = self.inode(inode)?;
-        let buf = (size as usize).min(XATTR_LIST_MAX);
-        let got = self.at_proc_fd(data.fd(), |p| sys::listxattr(p, buf))?;
-        reply(got, size)
+        let Some(map) = &self.cfg.xattrmap else {
+            let buf = (size as usize).min(XATTR_LIST_MAX);
+            let got = self.at_proc_fd(data.fd(), |p| sys::listxattr(p, buf))?;
+            return reply(got, size);
+        };
+        // The guest's list differs from the host's: fetch the whole host list (bounded by
+        // XATTR_LIST_MAX), translate it, then answer the size or the list.
+        let (host, _) = self.at_proc_fd(data.fd(), |p| sys::listxattr(p, XATTR_LIST_MAX))?;
+        let list = map.server_list(&host);
+        if size != 0 && list.len() > size as usize {
+            return Err(err(libc::ERANGE));
+        }
+        let len = list.len();
+        reply((list, len), size)
     }
 
     pub(super) fn do_removexattr(&self, inode: Inode, name: &CStr) -> io::Result<()> {
         self.check_xattr()?;
         self.check_writable()?;
+        let name = self.host_xattr_name(name)?;
         let data = self.inode(inode)?;
-        self.at_proc_fd(data.fd(), |p| sys::removexattr(p, name))
+        self.at_proc_fd(data.fd(), |p| sys::removexattr(p, &name))
     }
 }

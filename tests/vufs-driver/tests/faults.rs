@@ -57,7 +57,8 @@ fn frontend_killed_mid_io_exits_cleanly() {
     let mut d = host::spawn(
         &host::daxfsd(),
         dir.path(),
-        &["--queues=4", "--dax-window=64M"],
+        // Remote POSIX locks (off by default, as in virtiofsd) for the blocked SETLKW.
+        &["--queues=4", "--dax-window=64M", "--posix-lock"],
     );
     let cfg = DriverConfig {
         mem_size: 256 << 20,
@@ -632,7 +633,7 @@ fn reboot_with_a_request_stuck_in_the_daemon() {
     let mut cases = Cases::new("faults", "reboot_with_a_request_stuck_in_the_daemon");
     let dir = tempfile::tempdir().unwrap();
     fs::write(dir.path().join("locked"), b"locked file").unwrap();
-    let mut d = host::spawn(&host::daxfsd(), dir.path(), &["--queues=2"]);
+    let mut d = host::spawn(&host::daxfsd(), dir.path(), &["--queues=2", "--posix-lock"]);
     let mut cfg = DriverConfig::default();
     cfg.protocol_features |= VhostUserProtocolFeatures::RESET_DEVICE;
     let s = host::connect(&d, &cfg);

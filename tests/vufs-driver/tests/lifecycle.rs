@@ -147,7 +147,8 @@ fn pause_completes_requests_in_flight() {
     let mut cases = Cases::new("lifecycle", "pause_completes_requests_in_flight");
     let dir = tempfile::tempdir().unwrap();
     fs::write(dir.path().join("locked"), b"data").unwrap();
-    let d = host::spawn(&host::daxfsd(), dir.path(), &[]);
+    // Remote POSIX locks are opt-in (as in virtiofsd).
+    let d = host::spawn(&host::daxfsd(), dir.path(), &["--posix-lock"]);
     let s = host::connect(&d, &DriverConfig::default());
     let dev = s.device().clone();
     let held = host_lock(&dir.path().join("locked"));
@@ -190,7 +191,7 @@ fn waiting_lock_does_not_stall_its_queue() {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join("locked"), b"data").unwrap();
         fs::write(dir.path().join("other"), vec![7u8; 65536]).unwrap();
-        let d = host::spawn(&host::daxfsd(), dir.path(), &[pool]);
+        let d = host::spawn(&host::daxfsd(), dir.path(), &[pool, "--posix-lock"]);
         let s = host::connect(&d, &DriverConfig::default());
         let dev = s.device().clone();
         let held = host_lock(&dir.path().join("locked"));
