@@ -15,7 +15,7 @@ CARGO ?= cargo
 FUZZ_SECONDS ?= 60
 DAXFSD_BIN := target/debug/daxfsd
 
-.PHONY: all build release lint fmt test test-unit test-fuzz test-dax test-escape fuzz demo bench clean
+.PHONY: all build release lint fmt test test-unit test-fuzz test-dax test-escape test-lifecycle fuzz demo bench clean
 all: build
 
 build:
@@ -48,11 +48,24 @@ test-dax: kernel initramfs qemu build
 	tests/e2e/dax.sh
 	tests/e2e/run.sh -p dax -o dax=always -a --dax-window=256M
 
+# The VM lifecycle: stop/cont through QEMU's monitor (pci: daxfsd and upstream virtiofsd; dax:
+# DAX window), SIGTERM with dirty DAX shadow tails.
+test-lifecycle: kernel initramfs qemu virtiofsd build
+	tests/e2e/lifecycle.sh
+
 # Escape attempts from a guest against the default sandbox; the host checks nothing changed.
 test-escape: kernel initramfs qemu build
 	tests/e2e/escape.sh
 
-test: lint test-unit test-fuzz test-e2e test-e2e-virtiofsd test-dax test-escape
+# Live migration end to end: two QEMU 11.1 guests with vhost-user-fs-pci, two daemons; both
+# migration modes and a refused (corrupted) state with daxfsd, then the same migrations with
+# upstream virtiofsd.
+.PHONY: test-migrate
+test-migrate: kernel initramfs qemu virtiofsd build
+	tests/e2e/migrate.sh
+	tests/e2e/migrate.sh -d virtiofsd
+
+test: lint test-unit test-fuzz test-e2e test-e2e-virtiofsd test-dax test-escape test-lifecycle test-migrate
 	@echo "make test: all suites passed"
 
 demo: kernel initramfs qemu release

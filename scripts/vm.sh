@@ -24,6 +24,8 @@
 #       --queues N         request queues (default: 1); --queue-size N (default: 1024)
 #   -T, --timeout SEC      kill the VM after SEC seconds (default: 600; 0 = none)
 #   -l, --log FILE         serial console log (default: $DAXFSD_CACHE/logs/...)
+#       --monitor PATH     QEMU's human monitor on the UNIX socket PATH (stop, cont,
+#                          migrate, ...); the daemon's pid is written to PATH.daemon-pid
 #   -v, --verbose          also stream the console to stderr as it happens
 #   The guest program's output is printed on stdout when the VM has exited.
 #       --kernel FILE      guest bzImage (default: guest-kernel/build.sh)
@@ -42,10 +44,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 profile=pci daemon=daxfsd cache=auto shared="" test="" cmd="" script="" mountopts=""
 extra_append="" tag=daxfsd mem=1G cpus=1 queues=1 queue_size=1024 timeout=600
-logfile="" verbose=0 kernel="" initramfs="" print_cmd=0
+logfile="" verbose=0 kernel="" initramfs="" print_cmd=0 monitor=""
 daemon_args=()
 
-usage() { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; }
 need_arg() { (($1 >= 2)) || die "option $2 needs a value (see --help)"; }
 while (($#)); do
     case $1 in
@@ -66,6 +68,7 @@ while (($#)); do
         --queue-size) need_arg $# "$1"; queue_size=$2; shift 2 ;;
         -T|--timeout) need_arg $# "$1"; timeout=$2; shift 2 ;;
         -l|--log) need_arg $# "$1"; logfile=$2; shift 2 ;;
+        --monitor) need_arg $# "$1"; monitor=$2; shift 2 ;;
         -v|--verbose) verbose=1; shift ;;
         --kernel) need_arg $# "$1"; kernel=$2; shift 2 ;;
         --initramfs) need_arg $# "$1"; initramfs=$2; shift 2 ;;
@@ -237,6 +240,8 @@ QEMU_ARGS=()
 profile_args
 if ((interactive)); then
     QEMU_ARGS+=(-chardev "stdio,id=con,mux=on,signal=off,logfile=$logfile" -serial chardev:con -mon chardev=con)
+elif [[ -n $monitor ]]; then
+    QEMU_ARGS+=(-serial stdio -monitor "unix:$monitor,server=on,wait=off")
 else
     QEMU_ARGS+=(-serial stdio -monitor none)
 fi
@@ -255,6 +260,7 @@ fi
 log "profile $profile ($accel), daemon ${daemon##*/}, share $shared, guest: $test${cmd:+ [$cmd]}${script:+ $script}"
 setsid "${daemon_cmd[@]}" </dev/null >"$daemon_log" 2>&1 &
 daemon_pid=$!
+[[ -z $monitor ]] || echo "$daemon_pid" >"$monitor.daemon-pid"
 for _ in $(seq 1 200); do
     [[ -S $sock ]] && break
     if ! kill -0 "$daemon_pid" 2>/dev/null; then

@@ -62,6 +62,22 @@ pub enum Negotiation {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MigrationModeArg {
+    /// Send each inode's path inside the shared directory.
+    FindPaths,
+    /// Send each inode's file handle.
+    FileHandles,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MigrationOnErrorArg {
+    /// Refuse the state: the migration fails, the source guest runs on.
+    Abort,
+    /// Accept the state; inodes that could not be restored return errors to the guest.
+    GuestError,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum InodeFileHandles {
     Never,
     Prefer,
@@ -249,19 +265,26 @@ pub struct Cli {
     #[arg(long, value_name = "MAP")]
     pub translate_gid: Vec<String>,
 
-    /// Migration mode (not supported yet).
-    #[arg(long, value_name = "MODE")]
-    pub migration_mode: Option<String>,
+    /// Live migration (source side): how inodes are named for the destination.
+    /// find-paths: their paths inside the shared directory (found through /proc/self/fd at
+    /// switch-over); file-handles: file handles (same file system on both sides, and
+    /// CAP_DAC_READ_SEARCH on the destination).
+    #[arg(long, value_enum, value_name = "MODE", default_value = "find-paths")]
+    pub migration_mode: MigrationModeArg,
 
-    /// Migration error policy (not supported yet).
-    #[arg(long, value_name = "POLICY")]
-    pub migration_on_error: Option<String>,
+    /// Live migration (destination side): an inode that cannot be restored either aborts
+    /// the migration (abort; the source guest runs on) or returns errors to the guest for
+    /// that inode only (guest-error).
+    #[arg(long, value_enum, value_name = "POLICY", default_value = "abort")]
+    pub migration_on_error: MigrationOnErrorArg,
 
-    /// Migration handle verification (not supported yet).
+    /// Live migration, find-paths only: the source sends each inode's file handle too and
+    /// the destination checks it opened the very same file (same file system on both sides).
     #[arg(long)]
     pub migration_verify_handles: bool,
 
-    /// Migration path confirmation (not supported yet).
+    /// Live migration, find-paths only: the source re-checks at switch-over that each path
+    /// still names its inode.
     #[arg(long)]
     pub migration_confirm_paths: bool,
 }
@@ -362,10 +385,6 @@ impl Cli {
             (self.posix_acl != Negotiation::Never, "--posix-acl"),
             (self.syslog, "--syslog"),
             (
-                self.thread_pool_size > 0,
-                "--thread-pool-size greater than 0",
-            ),
-            (
                 self.inode_file_handles == InodeFileHandles::Mandatory,
                 "--inode-file-handles=mandatory",
             ),
@@ -379,13 +398,21 @@ impl Cli {
             (!self.gid_map.is_empty(), "--gid-map"),
             (!self.translate_uid.is_empty(), "--translate-uid"),
             (!self.translate_gid.is_empty(), "--translate-gid"),
-            (self.migration_mode.is_some(), "--migration-mode"),
-            (self.migration_on_error.is_some(), "--migration-on-error"),
-            (self.migration_verify_handles, "--migration-verify-handles"),
-            (self.migration_confirm_paths, "--migration-confirm-paths"),
         ];
         if let Some((_, name)) = unsupported.iter().find(|(on, _)| *on) {
             return Err(CliError::NotSupported((*name).to_string()));
+        }
+        if self.migration_mode == MigrationModeArg::FileHandles {
+            for (on, name) in [
+                (self.migration_verify_handles, "--migration-verify-handles"),
+                (self.migration_confirm_paths, "--migration-confirm-paths"),
+            ] {
+                if on {
+                    return Err(CliError::Invalid(format!(
+                        "{name} only applies to --migration-mode=find-paths (file handles need no check); drop one"
+                    )));
+                }
+            }
         }
         if let Some(spec) = &self.modcaps {
             crate::caps::CapSet::daemon_default()
@@ -490,9 +517,29 @@ impl Cli {
         Ok(())
     }
 
+    /// The live-migration options.
+    pub fn migration_options(&self) -> crate::migration::MigrationOptions {
+        use crate::migration::{MigrationMode, MigrationOptions, OnError};
+        MigrationOptions {
+            mode: match self.migration_mode {
+                MigrationModeArg::FindPaths => MigrationMode::FindPaths,
+                MigrationModeArg::FileHandles => MigrationMode::FileHandles,
+            },
+            on_error: match self.migration_on_error {
+                MigrationOnErrorArg::Abort => OnError::Abort,
+                MigrationOnErrorArg::GuestError => OnError::GuestError,
+            },
+            verify_handles: self.migration_verify_handles,
+            confirm_paths: self.migration_confirm_paths,
+        }
+    }
+
     /// `--print-capabilities` output, in virtiofsd's format.
     pub fn capabilities_json() -> String {
-        let v = serde_json::json!({ "type": "fs", "features": ["separate-options"] });
+        let v = serde_json::json!({
+            "type": "fs",
+            "features": ["migrate-precopy", "separate-options"]
+        });
         serde_json::to_string_pretty(&v).unwrap_or_default()
     }
 }
@@ -587,8 +634,6 @@ mod tests {
             "--security-label",
             "--preserve-noatime",
             "--uid-map=:0:0:1:",
-            "--thread-pool-size=4",
-            "--migration-mode=find-paths",
         ] {
             let e = parse(&["--shared-dir=/tmp", "--socket-path=/tmp/s", opt]).unwrap_err();
             assert!(e.starts_with("not supported yet: "), "{opt}: {e}");
@@ -677,9 +722,61 @@ mod tests {
     }
 
     #[test]
+    fn migration_options() {
+        use crate::migration::{MigrationMode, OnError};
+        let c = parse(&["--shared-dir=/tmp", "--socket-path=/s"]).unwrap();
+        let o = c.migration_options();
+        assert_eq!(
+            (o.mode, o.on_error),
+            (MigrationMode::FindPaths, OnError::Abort)
+        );
+        assert!(!o.verify_handles && !o.confirm_paths);
+        let c = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "--migration-mode=find-paths",
+            "--migration-on-error=guest-error",
+            "--migration-verify-handles",
+            "--migration-confirm-paths",
+        ])
+        .unwrap();
+        let o = c.migration_options();
+        assert_eq!(o.on_error, OnError::GuestError);
+        assert!(o.verify_handles && o.confirm_paths);
+        let c = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "--migration-mode=file-handles",
+        ])
+        .unwrap();
+        assert_eq!(c.migration_options().mode, MigrationMode::FileHandles);
+        for opt in ["--migration-verify-handles", "--migration-confirm-paths"] {
+            let e = parse(&[
+                "--shared-dir=/tmp",
+                "--socket-path=/s",
+                "--migration-mode=file-handles",
+                opt,
+            ])
+            .unwrap_err();
+            assert!(e.contains(opt) && e.contains("find-paths"), "{e}");
+        }
+        assert!(parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/s",
+            "--migration-mode=x"
+        ])
+        .is_err());
+    }
+
+    #[test]
     fn capabilities_are_json() {
         let v: serde_json::Value = serde_json::from_str(&Cli::capabilities_json()).unwrap();
         assert_eq!(v["type"], "fs");
         assert!(v["features"].is_array());
+        assert!(v["features"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f == "migrate-precopy"));
     }
 }

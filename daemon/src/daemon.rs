@@ -302,8 +302,11 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     let cfg = FsBackendConfig {
         tag: cli.tag.clone(),
         request_queues: cli.queues,
+        thread_pool_size: cli.thread_pool_size,
     };
-    let backend = Arc::new(FsBackend::new(server, &cfg, channel)?);
+    let migration = crate::migration::Migration::new(server.clone(), cli.migration_options());
+    let backend =
+        Arc::new(FsBackend::new(server, &cfg, channel)?.with_device_state(Arc::new(migration)));
 
     if let Some(w) = window.clone() {
         spawn_sigusr1_reporter(move || log::info!("{}", w.stats()));

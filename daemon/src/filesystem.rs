@@ -83,6 +83,9 @@ pub trait FileSystem: Send + Sync {
     }
     /// Session end (DESTROY, device reset, disconnect): drop every inode and handle.
     fn destroy(&self) {}
+    /// Requests waiting indefinitely (SETLKW) give up now with EINTR: the transport must
+    /// complete them (a vring is stopping).
+    fn interrupt_waits(&self) {}
 
     fn lookup(&self, ctx: &Context, parent: Inode, name: &CStr) -> io::Result<Entry> {
         enosys()

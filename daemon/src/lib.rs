@@ -14,6 +14,7 @@ pub mod fuzzing;
 pub mod iobuf;
 pub mod mapper;
 pub mod memfs;
+pub mod migration;
 pub mod passthrough;
 pub mod sandbox;
 pub mod seccomp;

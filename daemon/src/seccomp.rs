@@ -130,6 +130,9 @@ pub const ALLOWED: &[(&str, libc::c_long)] = &[
     ("fstatfs", libc::SYS_fstatfs),
     ("getdents64", libc::SYS_getdents64),
     ("readlinkat", libc::SYS_readlinkat),
+    // Live migration (--migration-mode=file-handles, --migration-verify-handles).
+    ("name_to_handle_at", libc::SYS_name_to_handle_at),
+    ("open_by_handle_at", libc::SYS_open_by_handle_at),
     ("mkdirat", libc::SYS_mkdirat),
     ("mknodat", libc::SYS_mknodat),
     ("symlinkat", libc::SYS_symlinkat),

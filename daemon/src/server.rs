@@ -141,6 +141,40 @@ impl<F: FileSystem> Server<F> {
         self.fs.destroy();
     }
 
+    /// The negotiated FUSE session, for the migration state.
+    pub fn export_session(&self) -> crate::migration::SessionState {
+        let s = &self.session;
+        crate::migration::SessionState {
+            initialized: s.initialized.load(Ordering::Acquire),
+            minor: s.minor.load(Ordering::Relaxed),
+            max_io: s.max_io.load(Ordering::Relaxed),
+            flags: s.flags.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Takes over a migrated session: the guest goes on without a new INIT. `max_io` must be
+    /// one this server could have negotiated.
+    pub fn import_session(&self, st: &crate::migration::SessionState) -> io::Result<()> {
+        let most = u32::from(self.max_pages) * PAGE_SIZE;
+        if st.initialized
+            && (st.max_io < PAGE_SIZE || st.max_io > most || st.minor < MIN_KERNEL_MINOR_VERSION)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "migrated session: max_io {} (this server: {PAGE_SIZE}..={most}), FUSE minor {}",
+                    st.max_io, st.minor
+                ),
+            ));
+        }
+        let s = &self.session;
+        s.minor.store(st.minor, Ordering::Relaxed);
+        s.max_io.store(st.max_io, Ordering::Relaxed);
+        s.flags.store(st.flags, Ordering::Relaxed);
+        s.initialized.store(st.initialized, Ordering::Release);
+        Ok(())
+    }
+
     /// Negotiated INIT flags (0 before INIT).
     pub fn negotiated_flags(&self) -> u64 {
         self.session.flags.load(Ordering::Relaxed)
@@ -254,6 +288,17 @@ impl<F: FileSystem> Server<F> {
                 );
                 einval()
             })?;
+        let max = self.max_payload(hdr.opcode);
+        if payload > max {
+            // Checked before anything is read: descriptors may alias the same guest pages,
+            // so a request can claim gigabytes without the guest having them.
+            log::warn!(
+                "{} unique={}: {payload}-byte payload exceeds the opcode's limit {max}",
+                op::name(hdr.opcode),
+                hdr.unique
+            );
+            return Err(einval());
+        }
         r.truncate(payload);
         if hdr.opcode != op::INIT && !self.session.initialized.load(Ordering::Acquire) {
             log::warn!("{} before INIT", op::name(hdr.opcode));
@@ -527,6 +572,26 @@ impl<F: FileSystem> Server<F> {
                 log::debug!("unsupported opcode {opcode} ({})", op::name(opcode));
                 Err(err(libc::ENOSYS))
             }
+        }
+    }
+
+    /// The largest payload (after the header, before extensions) a request with `opcode` may
+    /// carry: bounds what the server ever reads into memory for one request.
+    fn max_payload(&self, opcode: u32) -> usize {
+        /// Two names, a path and a fixed argument struct, with room to spare.
+        const SMALL: usize = 4 * PAGE_SIZE as usize;
+        match opcode {
+            op::WRITE => {
+                let max_io = match self.session.max_io.load(Ordering::Relaxed) {
+                    0 => u32::from(self.max_pages) * PAGE_SIZE,
+                    n => n,
+                };
+                std::mem::size_of::<WriteIn>() + max_io as usize
+            }
+            op::SETXATTR => std::mem::size_of::<SetxattrIn>() + XATTR_NAME_MAX + 1 + XATTR_SIZE_MAX,
+            // Linux sends at most a page of entries; allow a generous multiple.
+            op::BATCH_FORGET | op::REMOVEMAPPING => 64 * PAGE_SIZE as usize,
+            _ => SMALL,
         }
     }
 

@@ -6,14 +6,18 @@
 //! several cores. Guest memory comes from the frontend's memory table; every descriptor is
 //! resolved to host memory through `vm-memory`, which bounds-checks it.
 
+use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
 
 use vhost::vhost_user::message::{
-    VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserVirtioFeatures,
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
+    VhostUserShMemConfig, VhostUserVirtioFeatures,
 };
 use vhost::vhost_user::Backend;
+use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::bindings::virtio_ring::{
@@ -21,8 +25,8 @@ use virtio_bindings::bindings::virtio_ring::{
 };
 use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::{
-    ByteValued, GuestAddressSpace, GuestMemory, GuestMemoryAtomic, GuestMemoryLoadGuard,
-    GuestMemoryMmap, Permissions, VolatileSlice,
+    Address, ByteValued, Bytes, GuestAddressSpace, GuestMemory, GuestMemoryAtomic,
+    GuestMemoryLoadGuard, GuestMemoryMmap, Permissions, VolatileSlice,
 };
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
@@ -34,9 +38,12 @@ use crate::filesystem::FileSystem;
 use crate::iobuf::{Reader, Writer};
 use crate::server::Server;
 
-/// Guest memory as the backend sees it.
-pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
-type Chain = DescriptorChain<GuestMemoryLoadGuard<GuestMemoryMmap>>;
+/// Guest memory as the backend sees it: with a dirty-page bitmap that the frontend's log
+/// (SET_LOG_BASE, during a live migration) replaces.
+pub type GuestMemoryLogged = GuestMemoryMmap<BitmapMmapRegion>;
+pub type GuestMem = GuestMemoryAtomic<GuestMemoryLogged>;
+type Chain = DescriptorChain<GuestMemoryLoadGuard<GuestMemoryLogged>>;
+type FsVring = VringRwLock<GuestMem>;
 
 /// Largest queue the frontend may set up.
 pub const MAX_QUEUE_SIZE: usize = 1024;
@@ -44,6 +51,11 @@ pub const MAX_QUEUE_SIZE: usize = 1024;
 const MAX_UNSIGNALLED: usize = 32;
 /// Most request queues we serve (one worker thread each; the vring mask is 64 bits).
 pub const MAX_REQUEST_QUEUES: usize = 63;
+/// Most threads serving requests that may block (SETLKW, FSYNC, ...), whatever the pool size.
+const MAX_BLOCKING_THREADS: usize = 64;
+/// How long GET_VRING_BASE waits for the vring's requests in flight before reporting the
+/// base anyway (a hung host file system must not hang the frontend for ever).
+const STOP_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Receives the backend-request channel once the frontend sets it up (the DAX window).
 pub trait BackendChannel: Send + Sync {
@@ -68,6 +80,191 @@ pub struct FsBackendConfig {
     /// feature, which QEMU 7.1 to 8.0 crash on) out.
     pub tag: Option<String>,
     pub request_queues: usize,
+    /// Worker threads shared by the request queues (virtiofsd's `--thread-pool-size`); 0
+    /// serves requests on their queue's thread. Requests that may block indefinitely always
+    /// run on threads of their own, whatever this is.
+    pub thread_pool_size: usize,
+}
+
+/// Requests of one vring between pop and completion.
+#[derive(Default)]
+struct QueueState {
+    /// Bumped when the device resets: a chain popped in one epoch is never completed in
+    /// another (a rebooted guest has new rings there).
+    epoch: u64,
+    /// Popped and not yet completed.
+    inflight: usize,
+    /// Of those, requests that may block indefinitely (they never hold back a notification).
+    blocking: usize,
+    /// Used entries added since the guest was last notified.
+    unsignalled: usize,
+}
+
+/// One vring's request bookkeeping, shared with the threads that serve its requests.
+#[derive(Default)]
+struct QueueShared {
+    state: Mutex<QueueState>,
+    /// Signalled when `inflight` drops to 0.
+    drained: Condvar,
+}
+
+impl QueueShared {
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Puts a served request into the used ring, unless the device was reset since it was
+    /// popped, and notifies the guest when due. `in_batch`: the caller notifies at the end
+    /// of its batch, so only a long batch needs a notification now.
+    fn complete(&self, vring: &FsVring, done: Done, in_batch: bool) {
+        let mut s = self.lock();
+        s.inflight = s.inflight.saturating_sub(1);
+        if done.blocking {
+            s.blocking = s.blocking.saturating_sub(1);
+        }
+        if s.epoch != done.epoch {
+            log::info!("request finished after a device reset; not completed");
+        } else if let Err(e) = vring.add_used(done.head, done.used) {
+            log::error!("cannot complete request {}: {e}", done.head);
+        } else {
+            s.unsignalled += 1;
+            let others_running = s.inflight - s.blocking > 0;
+            let due = if in_batch {
+                s.unsignalled >= MAX_UNSIGNALLED
+            } else {
+                done.blocking || !others_running || s.unsignalled >= MAX_UNSIGNALLED
+            };
+            if due {
+                s.unsignalled = 0;
+                notify(vring);
+            }
+        }
+        if s.inflight == 0 && s.unsignalled == 0 {
+            self.drained.notify_all();
+        }
+    }
+
+    /// Notifies the guest of completions held back by a batch.
+    fn flush(&self, vring: &FsVring) {
+        let mut s = self.lock();
+        if s.unsignalled > 0 {
+            s.unsignalled = 0;
+            notify(vring);
+        }
+        if s.inflight == 0 {
+            self.drained.notify_all();
+        }
+    }
+}
+
+/// A served request, ready for the used ring.
+struct Done {
+    head: u16,
+    used: u32,
+    epoch: u64,
+    blocking: bool,
+}
+
+/// Signals the guest if it asked to be (EVENT_IDX) or always without EVENT_IDX.
+fn notify(vring: &FsVring) {
+    let res = vring
+        .needs_notification()
+        .map_err(io::Error::other)
+        .and_then(|yes| {
+            if yes {
+                vring.signal_used_queue()
+            } else {
+                Ok(())
+            }
+        });
+    if let Err(e) = res {
+        log::warn!("cannot notify the guest: {e}");
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A pool of threads running jobs; threads are started on demand up to `max`, and those
+/// beyond `keep` leave after a while idle.
+struct Pool {
+    name: &'static str,
+    max: usize,
+    keep: usize,
+    inner: Mutex<PoolInner>,
+    work: Condvar,
+}
+
+#[derive(Default)]
+struct PoolInner {
+    jobs: VecDeque<Job>,
+    threads: usize,
+    idle: usize,
+}
+
+impl Pool {
+    fn new(name: &'static str, max: usize, keep: usize) -> Arc<Self> {
+        Arc::new(Pool {
+            name,
+            max,
+            keep,
+            inner: Mutex::new(PoolInner::default()),
+            work: Condvar::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PoolInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `job` on a pool thread (queued when all `max` threads are busy).
+    fn submit(self: &Arc<Self>, job: Job) {
+        let mut g = self.lock();
+        g.jobs.push_back(job);
+        if g.idle >= g.jobs.len() || g.threads >= self.max {
+            self.work.notify_one();
+            return;
+        }
+        g.threads += 1;
+        drop(g);
+        let pool = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name(self.name.into())
+            .spawn(move || pool.run());
+        if let Err(e) = spawned {
+            log::error!("cannot start a {} thread: {e}", self.name);
+            let mut g = self.lock();
+            g.threads -= 1;
+            if g.threads == 0 {
+                // Nobody would ever run the queued jobs: run them here.
+                let jobs: Vec<Job> = g.jobs.drain(..).collect();
+                drop(g);
+                jobs.into_iter().for_each(|j| j());
+            }
+        }
+    }
+
+    fn run(&self) {
+        let mut g = self.lock();
+        loop {
+            if let Some(job) = g.jobs.pop_front() {
+                drop(g);
+                job();
+                g = self.lock();
+                continue;
+            }
+            g.idle += 1;
+            let (ng, t) = self
+                .work
+                .wait_timeout(g, Duration::from_secs(30))
+                .unwrap_or_else(|p| p.into_inner());
+            g = ng;
+            g.idle -= 1;
+            if t.timed_out() && g.jobs.is_empty() && g.threads > self.keep {
+                g.threads -= 1;
+                return;
+            }
+        }
+    }
 }
 
 /// A virtio-fs device backend over a FUSE server.
@@ -79,13 +276,27 @@ pub struct FsBackend<F: FileSystem> {
     mem: RwLock<Option<GuestMem>>,
     /// Bit i set: vring i has been started and not stopped since.
     running: AtomicU64,
-    /// Per vring: bumped when it stops or the device resets. A chain popped in one epoch is
-    /// never completed in another: its ring is gone (a rebooted guest has new rings there).
-    epochs: Vec<Mutex<u64>>,
+    queues: Vec<Arc<QueueShared>>,
+    /// `--thread-pool-size` workers, when non-zero.
+    pool: Option<Arc<Pool>>,
+    /// Threads for requests that may block indefinitely.
+    blocking: Arc<Pool>,
     channel: Option<Arc<dyn BackendChannel>>,
+    /// Live migration (DEVICE_STATE), when the filesystem supports it.
+    device_state: Option<Arc<dyn crate::migration::DeviceStateTransfer>>,
 }
 
-impl<F: FileSystem> FsBackend<F> {
+/// Opcodes that may wait indefinitely (a lock held by someone else) or for long (a flush
+/// to slow storage): they never run on a queue's own thread or hold back its notifications.
+fn may_block(opcode: u32) -> bool {
+    use crate::abi::opcode as op;
+    matches!(
+        opcode,
+        op::SETLKW | op::FSYNC | op::FSYNCDIR | op::SYNCFS | op::FLUSH | op::FALLOCATE
+    )
+}
+
+impl<F: FileSystem + 'static> FsBackend<F> {
     pub fn new(
         server: Arc<Server<F>>,
         cfg: &FsBackendConfig,
@@ -113,6 +324,8 @@ impl<F: FileSystem> FsBackend<F> {
                 Some(config)
             }
         };
+        let pool = (cfg.thread_pool_size > 0)
+            .then(|| Pool::new("fs-worker", cfg.thread_pool_size, cfg.thread_pool_size));
         Ok(FsBackend {
             server,
             config,
@@ -120,9 +333,20 @@ impl<F: FileSystem> FsBackend<F> {
             event_idx: AtomicBool::new(false),
             mem: RwLock::new(None),
             running: AtomicU64::new(0),
-            epochs: (0..=cfg.request_queues).map(|_| Mutex::new(0)).collect(),
+            queues: (0..=cfg.request_queues)
+                .map(|_| Arc::new(QueueShared::default()))
+                .collect(),
+            pool,
+            blocking: Pool::new("fs-blocking", MAX_BLOCKING_THREADS, 0),
             channel,
+            device_state: None,
         })
+    }
+
+    /// Offers live migration (protocol feature DEVICE_STATE) through `t`.
+    pub fn with_device_state(mut self, t: Arc<dyn crate::migration::DeviceStateTransfer>) -> Self {
+        self.device_state = Some(t);
+        self
     }
 
     pub fn server(&self) -> &Arc<Server<F>> {
@@ -138,24 +362,38 @@ impl<F: FileSystem> FsBackend<F> {
         self.server.reset();
     }
 
-    fn epoch(&self, queue: usize) -> Option<MutexGuard<'_, u64>> {
-        self.epochs
-            .get(queue)
-            .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-
-    /// A new epoch for vring `queue` (every vring when `None`): chains popped before are
-    /// dropped when they finish.
-    fn bump_epoch(&self, queue: Option<usize>) {
-        for (i, m) in self.epochs.iter().enumerate() {
-            if queue.is_some() && queue != Some(i) {
-                continue;
+    /// Waits until vring `queue` has no request in flight (they complete into its used ring
+    /// and the guest is notified), at most [`STOP_DRAIN_TIMEOUT`]. Requests waiting for a
+    /// lock give up with EINTR.
+    fn drain(&self, queue: usize) {
+        let Some(q) = self.queues.get(queue) else {
+            return;
+        };
+        let mut s = q.lock();
+        if s.blocking > 0 {
+            self.server.fs().interrupt_waits();
+        }
+        let deadline = Instant::now() + STOP_DRAIN_TIMEOUT;
+        while s.inflight > 0 || s.unsignalled > 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                log::error!(
+                    "queue {queue}: {} request(s) still running {}s after the vring stopped; \
+                     reporting its base anyway (they complete when it restarts)",
+                    s.inflight,
+                    STOP_DRAIN_TIMEOUT.as_secs()
+                );
+                return;
             }
-            *m.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+            s = q
+                .drained
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 
-    fn process_queue(&self, queue: usize, vring: &VringRwLock) -> io::Result<()> {
+    fn process_queue(&self, queue: usize, vring: &FsVring) -> io::Result<()> {
         let Some(atomic) = self
             .mem
             .read()
@@ -165,47 +403,70 @@ impl<F: FileSystem> FsBackend<F> {
             log::warn!("queue kicked before the memory table was set");
             return Ok(());
         };
+        let Some(q) = self.queues.get(queue) else {
+            return Ok(());
+        };
         let event_idx = self.event_idx.load(Ordering::Relaxed);
-        // Used entries added since the guest was last notified.
-        let mut unsignalled = 0usize;
         loop {
             if event_idx {
                 vring.disable_notification().map_err(io::Error::other)?;
             }
             loop {
-                // The epoch and the pop under one lock: a stop cannot fall between them.
+                // The epoch and the pop under one lock: a reset cannot fall between them.
                 let (epoch, chain) = {
-                    let g = self.epoch(queue);
-                    (g.as_deref().copied(), self.pop(vring, &atomic))
+                    let mut s = q.lock();
+                    let chain = Self::pop(vring, &atomic);
+                    if chain.is_some() {
+                        s.inflight += 1;
+                    }
+                    (s.epoch, chain)
                 };
                 let Some(chain) = chain else { break };
                 let head = chain.head_index();
-                let mem = atomic.memory();
-                let mut flush = |blocking: bool| {
-                    // Completions wait for the end of the batch, unless this request may
-                    // block (then they must not wait behind it) or the batch is long.
-                    if unsignalled > 0 && (blocking || unsignalled >= MAX_UNSIGNALLED) {
-                        unsignalled = 0;
-                        return Self::notify(vring);
-                    }
-                    Ok(())
+                let blocking = {
+                    let mem = atomic.memory();
+                    request_opcode(&mem, &chain).is_some_and(may_block)
                 };
-                let used = self.handle_chain(&mem, chain, &mut flush)?;
-                let g = self.epoch(queue);
-                if g.as_deref().copied() != epoch {
-                    log::info!(
-                        "queue {queue}: request finished after the vring stopped; not completed"
-                    );
-                    continue;
+                if blocking {
+                    q.lock().blocking += 1;
                 }
-                vring.add_used(head, used).map_err(io::Error::other)?;
-                unsignalled += 1;
-                drop(g);
+                let pool = if blocking {
+                    Some(&self.blocking)
+                } else {
+                    self.pool.as_ref()
+                };
+                match pool {
+                    None => {
+                        let used = serve(&self.server, &atomic.memory(), chain);
+                        let done = Done {
+                            head,
+                            used,
+                            epoch,
+                            blocking,
+                        };
+                        q.complete(vring, done, true);
+                    }
+                    Some(pool) => {
+                        let (server, q, vring, atomic) = (
+                            self.server.clone(),
+                            q.clone(),
+                            vring.clone(),
+                            atomic.clone(),
+                        );
+                        pool.submit(Box::new(move || {
+                            let used = serve(&server, &atomic.memory(), chain);
+                            let done = Done {
+                                head,
+                                used,
+                                epoch,
+                                blocking,
+                            };
+                            q.complete(&vring, done, false);
+                        }));
+                    }
+                }
             }
-            if unsignalled > 0 {
-                unsignalled = 0;
-                Self::notify(vring)?;
-            }
+            q.flush(vring);
             if !event_idx || !vring.enable_notification().map_err(io::Error::other)? {
                 break;
             }
@@ -213,57 +474,91 @@ impl<F: FileSystem> FsBackend<F> {
         Ok(())
     }
 
-    fn pop(&self, vring: &VringRwLock, mem: &GuestMem) -> Option<Chain> {
+    fn pop(vring: &FsVring, mem: &GuestMem) -> Option<Chain> {
         vring
             .get_mut()
             .get_queue_mut()
             .pop_descriptor_chain(mem.memory())
     }
+}
 
-    /// Serves one request; returns the bytes written for the used ring.
-    /// Signals the guest if it asked to be (EVENT_IDX) or always without EVENT_IDX.
-    fn notify(vring: &VringRwLock) -> io::Result<()> {
-        if vring.needs_notification().map_err(io::Error::other)? {
-            vring.signal_used_queue()?;
-        }
-        Ok(())
+/// The FUSE opcode of the request in `chain`, if its header is readable.
+fn request_opcode(mem: &GuestMemoryLogged, chain: &Chain) -> Option<u32> {
+    let first = chain.clone().next()?;
+    if !first.is_write_only() && first.len() >= 8 {
+        // The common case: the header starts in the first descriptor.
+        return mem.read_obj::<u32>(first.addr().checked_add(4)?).ok();
     }
+    let (readable, _) = split_chain(mem, chain.clone()).ok()?;
+    let mut head = [0u8; 8];
+    Reader::new(readable).read_exact(&mut head).ok()?;
+    Some(u32::from_le_bytes([head[4], head[5], head[6], head[7]]))
+}
 
-    /// Serves one request; returns the bytes written for the used ring. `flush(blocking)` is
-    /// called first, with `blocking` set for a request that may wait indefinitely (SETLKW).
-    fn handle_chain(
-        &self,
-        mem: &GuestMemoryMmap,
-        chain: Chain,
-        flush: &mut dyn FnMut(bool) -> io::Result<()>,
-    ) -> io::Result<u32> {
-        let (readable, writable) = match split_chain(mem, chain) {
-            Ok(v) => v,
-            Err(e) => {
-                log::warn!("dropping malformed descriptor chain: {e}");
-                return Ok(0);
+/// Serves one request; returns the bytes written for the used ring.
+fn serve<F: FileSystem>(server: &Server<F>, mem: &GuestMemoryLogged, chain: Chain) -> u32 {
+    let (readable, writable) = match split_chain(mem, chain) {
+        Ok(v) => v,
+        Err(e) => {
+            log::warn!("dropping malformed descriptor chain: {e}");
+            return 0;
+        }
+    };
+    let spans: Vec<(usize, usize)> = writable
+        .iter()
+        .map(|s| (s.ptr_guard().as_ptr() as usize, s.len()))
+        .collect();
+    let w = (!writable.is_empty()).then(|| Writer::new(writable));
+    let used = match server.handle(Reader::new(readable), w) {
+        Ok(h) => u32::try_from(h.written).unwrap_or(0),
+        Err(e) => {
+            log::warn!("request dropped: {e}");
+            0
+        }
+    };
+    // A migration's log must see the reply once it is written (never before).
+    mark_written(mem, &spans, used as usize);
+    used
+}
+
+/// Marks the first `written` bytes of a reply dirty in the frontend's migration log (a no-op
+/// until SET_LOG_BASE). `spans` are the host (address, length) pieces of the writable part,
+/// in order; each is found in the region whose host mapping holds it (addresses only, no
+/// memory is touched).
+fn mark_written(mem: &GuestMemoryLogged, spans: &[(usize, usize)], written: usize) {
+    use vm_memory::bitmap::Bitmap;
+    use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+    let mut left = written;
+    for &(host, len) in spans {
+        if left == 0 {
+            break;
+        }
+        let n = len.min(left);
+        left -= n;
+        for region in mem.iter() {
+            let Ok(base) = region.get_host_address(vm_memory::MemoryRegionAddress(0)) else {
+                continue;
+            };
+            let base = base as usize;
+            let size = region.len() as usize;
+            if host >= base && host - base < size {
+                region
+                    .bitmap()
+                    .mark_dirty(host - base, n.min(size - (host - base)));
+                break;
             }
-        };
-        let mut head = [0u8; 8];
-        let blocking = Reader::new(readable.clone()).read_exact(&mut head).is_ok()
-            && u32::from_le_bytes([head[4], head[5], head[6], head[7]])
-                == crate::abi::opcode::SETLKW;
-        flush(blocking)?;
-        let w = (!writable.is_empty()).then(|| Writer::new(writable));
-        Ok(match self.server.handle(Reader::new(readable), w) {
-            Ok(h) => u32::try_from(h.written).unwrap_or(0),
-            Err(e) => {
-                log::warn!("request dropped: {e}");
-                0
-            }
-        })
+        }
     }
 }
 
 /// Splits a chain into its device-readable and device-writable parts, resolved to host
-/// memory. Readable descriptors must all come before writable ones.
-pub fn split_chain<M: std::ops::Deref<Target = GuestMemoryMmap>>(
-    mem: &GuestMemoryMmap,
+/// memory. Readable descriptors must all come before writable ones. Works on guest memory
+/// with any dirty bitmap; the slices it returns carry none (the caller marks what it wrote).
+pub fn split_chain<
+    B: vm_memory::bitmap::Bitmap,
+    M: std::ops::Deref<Target = GuestMemoryMmap<B>>,
+>(
+    mem: &GuestMemoryMmap<B>,
     chain: DescriptorChain<M>,
 ) -> Result<(Vec<VolatileSlice<'_>>, Vec<VolatileSlice<'_>>), String> {
     let mut readable = Vec::new();
@@ -285,7 +580,11 @@ pub fn split_chain<M: std::ops::Deref<Target = GuestMemoryMmap>>(
             )
         };
         for s in mem.get_slices(desc.addr(), len, access).map_err(bad)? {
-            out.push(s.map_err(bad)?);
+            let s = s.map_err(bad)?;
+            // SAFETY: `s` lies inside a region of `mem`, which is mapped (mmap-backed memory:
+            // the pointer stays valid without a guard) for as long as `mem` is borrowed, the
+            // lifetime of the returned slice; only the bitmap is dropped.
+            out.push(unsafe { VolatileSlice::new(s.ptr_guard_mut().as_ptr(), s.len()) });
         }
     }
     if readable.is_empty() {
@@ -295,8 +594,8 @@ pub fn split_chain<M: std::ops::Deref<Target = GuestMemoryMmap>>(
 }
 
 impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
-    type Bitmap = ();
-    type Vring = VringRwLock;
+    type Bitmap = BitmapMmapRegion;
+    type Vring = FsVring;
 
     fn num_queues(&self) -> usize {
         self.request_queues + 1
@@ -311,6 +610,8 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             | (1 << VIRTIO_RING_F_INDIRECT_DESC)
             | (1 << VIRTIO_RING_F_EVENT_IDX)
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            // Dirty-page logging (QEMU refuses to migrate without it).
+            | VhostUserVirtioFeatures::LOG_ALL.bits()
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
@@ -323,13 +624,24 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             f |= VhostUserProtocolFeatures::CONFIG;
         }
         if self.channel.as_ref().is_some_and(|c| c.window_size() > 0) {
-            f |= VhostUserProtocolFeatures::SHMEM;
+            // Every SHMEM mapping becomes a RAM region of the guest's address space that QEMU
+            // also puts into our memory table. Without CONFIGURE_MEM_SLOTS that table holds at
+            // most 8 regions: past a few live mappings SET_MEM_TABLE fails, and with it the
+            // restart of the vrings after `stop`/`cont` (the guest hangs).
+            f |= VhostUserProtocolFeatures::SHMEM | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+        }
+        if self.device_state.is_some() {
+            f |= VhostUserProtocolFeatures::DEVICE_STATE | VhostUserProtocolFeatures::LOG_SHMFD;
         }
         f
     }
 
     fn reset_device(&self) {
-        self.bump_epoch(None);
+        for q in &self.queues {
+            let mut s = q.lock();
+            s.epoch += 1;
+            s.unsignalled = 0;
+        }
         self.running.store(0, Ordering::SeqCst);
         self.end_session("reset");
     }
@@ -393,7 +705,9 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
-        self.bump_epoch(Some(queue_index as usize));
+        // Requests in flight complete before the base is reported: a guest cannot re-send a
+        // virtio-fs request, and the base tells the frontend they were consumed.
+        self.drain(queue_index as usize);
         let bit = 1u64.checked_shl(queue_index).unwrap_or(0);
         let before = self.running.fetch_and(!bit, Ordering::SeqCst);
         if before & bit != 0 && before & !bit == 0 {
@@ -411,7 +725,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         &self,
         device_event: u16,
         evset: EventSet,
-        vrings: &[VringRwLock],
+        vrings: &[FsVring],
         thread_id: usize,
     ) -> io::Result<()> {
         if evset != EventSet::IN {
@@ -435,6 +749,46 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             log::error!("queue {thread_id}: {e}");
         }
         Ok(())
+    }
+
+    fn set_device_state_fd(
+        &self,
+        direction: VhostTransferStateDirection,
+        phase: VhostTransferStatePhase,
+        file: std::fs::File,
+    ) -> io::Result<Option<std::fs::File>> {
+        let Some(t) = &self.device_state else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no device-state transfer",
+            ));
+        };
+        if phase != VhostTransferStatePhase::STOPPED {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("device-state transfer in phase {phase:?}"),
+            ));
+        }
+        if self.running.load(Ordering::SeqCst) != 0 {
+            // The tables must not change under the transfer.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "device-state transfer while vrings run (stop them first)",
+            ));
+        }
+        // The transfer runs on its own thread; CHECK_DEVICE_STATE reports how it went.
+        t.set_fd(direction == VhostTransferStateDirection::LOAD, file)?;
+        Ok(None)
+    }
+
+    fn check_device_state(&self) -> io::Result<()> {
+        match &self.device_state {
+            Some(t) => t.check(),
+            None => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no device-state transfer",
+            )),
+        }
     }
 }
 
@@ -470,6 +824,7 @@ mod tests {
         let cfg = FsBackendConfig {
             tag: Some("fs".into()),
             request_queues: 2,
+            thread_pool_size: 0,
         };
         FsBackend::new(server, &cfg, None).unwrap()
     }
@@ -614,6 +969,7 @@ mod tests {
         let cfg = FsBackendConfig {
             tag: None,
             request_queues: 1,
+            thread_pool_size: 0,
         };
         let b = FsBackend::new(server, &cfg, None).unwrap();
         assert!(

@@ -63,6 +63,9 @@ impl<F: FileSystem> FileSystem for Coherent<F> {
     fn destroy(&self) {
         self.inner.destroy()
     }
+    fn interrupt_waits(&self) {
+        self.inner.interrupt_waits()
+    }
     fn lookup(&self, ctx: &Context, parent: Inode, name: &CStr) -> io::Result<Entry> {
         self.inner.lookup(ctx, parent, name)
     }

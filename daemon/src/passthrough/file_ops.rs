@@ -339,6 +339,7 @@ impl PassthroughFs {
             (None, None) => Err(err(libc::EINVAL)),
         };
         let mut pause = Duration::from_millis(1);
+        let generation = self.wait_generation.load(Ordering::SeqCst);
         loop {
             match try_once() {
                 Ok(()) => break,
@@ -347,6 +348,9 @@ impl PassthroughFs {
                 {
                     nap(pause);
                     pause = (pause * 2).min(Duration::from_millis(50));
+                    if self.wait_generation.load(Ordering::SeqCst) != generation {
+                        return Err(err(libc::EINTR));
+                    }
                     match self.handles.get_file(inode, handle) {
                         Ok(now) if Arc::ptr_eq(&now, &h) => {}
                         _ => return Err(err(libc::EINTR)),

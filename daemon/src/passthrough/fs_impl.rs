@@ -57,6 +57,10 @@ impl FileSystem for PassthroughFs {
         n.killpriv_v2.store(false, Ordering::Relaxed);
     }
 
+    fn interrupt_waits(&self) {
+        self.wait_generation.fetch_add(1, Ordering::SeqCst);
+    }
+
     fn lookup(&self, _: &Context, parent: Inode, name: &CStr) -> io::Result<Entry> {
         self.do_lookup_op(parent, name)
     }

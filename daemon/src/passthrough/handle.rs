@@ -158,6 +158,21 @@ impl HandleStore {
             .map(|(pid, _)| pid)
     }
 
+    /// Every handle and the next free id (migration).
+    pub fn export(&self) -> (Vec<(Handle, Arc<HandleData>)>, Handle) {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        let v = map.iter().map(|(fh, h)| (*fh, h.clone())).collect();
+        (v, self.next.load(Ordering::Relaxed))
+    }
+
+    /// Replaces every handle (migration); ids come from the source.
+    pub fn replace(&self, entries: Vec<(Handle, HandleData)>, next: Handle) {
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        map.clear();
+        map.extend(entries.into_iter().map(|(fh, h)| (fh, Arc::new(h))));
+        self.next.store(next, Ordering::Relaxed);
+    }
+
     pub fn clear(&self) {
         self.map.write().unwrap_or_else(|p| p.into_inner()).clear();
     }

@@ -184,6 +184,26 @@ impl InodeStore {
         self.lock().by_id.len()
     }
 
+    /// Every inode with its lookup count, and the next free id (migration).
+    pub fn export(&self) -> (Vec<(Arc<InodeData>, u64)>, Inode) {
+        let t = self.lock();
+        let v = t.by_id.values().map(|s| (s.data.clone(), s.refs)).collect();
+        (v, t.next_id)
+    }
+
+    /// Replaces the whole table (migration): `entries` hold the root; ids come from the
+    /// source and stay what the guest knows.
+    pub fn replace(&self, entries: Vec<(Arc<InodeData>, u64)>, next_id: Inode) {
+        let mut t = self.lock();
+        t.by_id.clear();
+        t.by_key.clear();
+        for (data, refs) in entries {
+            t.by_key.insert(data.key, data.id);
+            t.by_id.insert(data.id, Slot { data, refs });
+        }
+        t.next_id = next_id;
+    }
+
     /// Current lookup count of `id` (0 when unknown).
     pub fn refs(&self, id: Inode) -> u64 {
         self.lock().by_id.get(&id).map_or(0, |s| s.refs)

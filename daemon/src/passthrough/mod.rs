@@ -34,6 +34,7 @@ mod file_ops;
 mod fs_impl;
 mod handle;
 mod inode;
+mod migration;
 mod xattr_ops;
 
 use std::ffi::{CStr, CString};
@@ -143,6 +144,8 @@ pub struct PassthroughFs {
     creds: Creds,
     negotiated: Negotiated,
     timeout: Duration,
+    /// Bumped by `interrupt_waits`: a waiting SETLKW that sees it change gives up (EINTR).
+    wait_generation: std::sync::atomic::AtomicU64,
 }
 
 pub(crate) fn err(errno: i32) -> io::Error {
@@ -258,6 +261,7 @@ impl PassthroughFs {
             creds: Creds::detect(),
             negotiated: Negotiated::default(),
             timeout,
+            wait_generation: Default::default(),
             cfg,
         })
     }

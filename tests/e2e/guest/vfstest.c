@@ -577,13 +577,35 @@ static int cmd_direct(const char *path)
     return 0;
 }
 
+/* Leaves bytes dirty in a shared mapping with no sync point after them: the descriptor is
+ * closed (its FLUSH goes out) before the store, and the process then waits, holding the
+ * mapping, until it is killed. Prints "dirty" once the store is done. */
+static int cmd_mmapdirty(const char *path, const char *off_s, const char *text)
+{
+    int fd = open(path, O_RDWR);
+    ASSERT(fd >= 0, "open");
+    struct stat st;
+    ASSERT(fstat(fd, &st) == 0, "fstat");
+    size_t off = strtoul(off_s, NULL, 0), len = strlen(text);
+    ASSERT(off + len <= (size_t)st.st_size, "store past the end of the file");
+    char *m = mmap(NULL, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ASSERT(m != MAP_FAILED, "mmap MAP_SHARED rw");
+    close(fd);
+    memcpy(m + off, text, len);
+    printf("dirty\n");
+    fflush(stdout);
+    for (;;)
+        pause();
+}
+
 static void usage(void)
 {
     fprintf(stderr,
             "usage: vfstest CHECK ARGS\n"
             "  locks FILE | mmap FILE | xattr FILE on|off | statfs DIR OUT\n"
             "  unlinkopen DIR | sparse FILE | seekdata FILE | utimes FILE\n"
-            "  rename2 DIR | readdir DIR COUNT | append FILE | special DIR | direct FILE\n");
+            "  rename2 DIR | readdir DIR COUNT | append FILE | special DIR | direct FILE\n"
+            "  mmapdirty FILE OFFSET TEXT\n");
     exit(2);
 }
 
@@ -606,5 +628,6 @@ int main(int argc, char **argv)
     if (!strcmp(c, "append")) return cmd_append(argv[2]);
     if (!strcmp(c, "special")) return cmd_special(argv[2]);
     if (!strcmp(c, "direct")) return cmd_direct(argv[2]);
+    if (!strcmp(c, "mmapdirty") && argc == 5) return cmd_mmapdirty(argv[2], argv[3], argv[4]);
     usage();
 }

@@ -3,10 +3,16 @@
 //!
 //! ```text
 //! cargo run --release -p vufs-driver --example protobench -- [options]
-//!   --daemon D        daxfsd | virtiofsd | PATH (repeatable; default: daxfsd and virtiofsd)
+//!   --daemon D[,ARG]  daxfsd | virtiofsd | PATH, with extra daemon arguments after commas
+//!                     (e.g. daxfsd,--thread-pool-size=4); repeatable; default: daxfsd and
+//!                     virtiofsd
 //!   --op OP           read (4 KiB READ) | getattr (repeatable; default: both)
 //!   --seconds S       measuring time per (daemon, op) for the rate (default 3)
-//!   --depth N         requests in flight on the queue (default 1: one at a time)
+//!   --depth N         requests in flight (default 1: one at a time)
+//!   --queues N        spread the requests over N request queues (default 1)
+//!   --blocked-lock    first put a SETLKW that waits (a lock this process holds) on queue 1,
+//!                     measure with it pending, then let it complete (daxfsd needs
+//!                     --posix-lock in its arguments for the lock to reach the host)
 //!   --callgrind N     instead of the rate: instructions per request under
 //!                     `valgrind --tool=callgrind`, from a run of N requests minus a
 //!                     baseline run of 0 requests (same set-up: INIT, LOOKUP, OPEN)
@@ -52,6 +58,8 @@ struct Opts {
     ops: Vec<Op>,
     seconds: f64,
     depth: usize,
+    queues: usize,
+    blocked_lock: bool,
     callgrind: Option<u64>,
     seccomp: Option<String>,
     json: Option<PathBuf>,
@@ -71,6 +79,8 @@ fn parse() -> Opts {
         ops: Vec::new(),
         seconds: 3.0,
         depth: 1,
+        queues: 1,
+        blocked_lock: false,
         callgrind: None,
         seccomp: None,
         json: None,
@@ -87,6 +97,8 @@ fn parse() -> Opts {
             }),
             "--seconds" => o.seconds = val().parse().unwrap_or_else(|_| usage()),
             "--depth" => o.depth = val().parse().unwrap_or_else(|_| usage()),
+            "--queues" => o.queues = val().parse().unwrap_or_else(|_| usage()),
+            "--blocked-lock" => o.blocked_lock = true,
             "--callgrind" => o.callgrind = Some(val().parse().unwrap_or_else(|_| usage())),
             "--seccomp" => o.seccomp = Some(val()),
             "--json" => o.json = Some(val().into()),
@@ -99,6 +111,10 @@ fn parse() -> Opts {
     }
     if o.ops.is_empty() {
         o.ops = vec![Op::Read, Op::Getattr];
+    }
+    if o.queues == 0 || o.queues > 16 {
+        eprintln!("protobench: --queues must be 1..=16");
+        std::process::exit(2);
     }
     if o.depth == 0 || o.depth > 64 {
         eprintln!("protobench: --depth must be 1..=64");
@@ -115,9 +131,20 @@ fn kind(name: &str) -> DaemonKind {
     }
 }
 
+/// `NAME[,ARG...]`: the daemon's binary and its extra arguments.
+fn daemon_spec(spec: &str) -> io::Result<(PathBuf, Vec<String>)> {
+    let mut parts = spec.split(',');
+    let name = parts.next().unwrap_or_default();
+    let bin = kind(name)
+        .binary()
+        .map_err(|e| io::Error::other(format!("{name}: {e}")))?;
+    Ok((bin, parts.map(String::from).collect()))
+}
+
 /// A share with one 64 MiB file of non-zero bytes.
 fn make_share() -> io::Result<tempfile::TempDir> {
     let dir = tempfile::Builder::new().prefix("protobench-").tempdir()?;
+    File::create(dir.path().join("locked"))?;
     let mut f = File::create(dir.path().join("data"))?;
     let chunk: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 7 + 13) as u8).collect();
     for _ in 0..FILE_SIZE >> 20 {
@@ -132,18 +159,33 @@ struct Target {
     s: Session,
     nodeid: u64,
     fh: u64,
+    queues: usize,
     daemon: Daemon,
 }
 
-fn start(binary: &Path, share: &Path, seccomp: &str, timeout: Duration) -> io::Result<Target> {
-    let daemon = Daemon::builder(&DaemonKind::Path(binary.into()))?
+fn start(
+    binary: &Path,
+    args: &[String],
+    share: &Path,
+    seccomp: &str,
+    queues: usize,
+    timeout: Duration,
+) -> io::Result<Target> {
+    let mut b = Daemon::builder(&DaemonKind::Path(binary.into()))?
         .shared_dir(share)
         .arg(format!("--seccomp={seccomp}"))
-        .start_timeout(timeout)
-        .spawn()?;
+        .start_timeout(timeout);
+    if queues > 1 {
+        b = b.arg(format!("--queues={queues}"));
+    }
+    for a in args {
+        b = b.arg(a);
+    }
+    let daemon = b.spawn()?;
     let cfg = DriverConfig {
         poison: false,
         timeout,
+        max_request_queues: Some(queues),
         ..DriverConfig::default()
     };
     let s = Session::connect_with(daemon.socket_path(), &cfg).map_err(|e| {
@@ -155,10 +197,16 @@ fn start(binary: &Path, share: &Path, seccomp: &str, timeout: Duration) -> io::R
     s.init()?;
     let e = s.lookup(1, "data")?;
     let o = s.open(e.nodeid, libc::O_RDONLY as u32)?;
+    if s.device().queue(queues).is_err() {
+        return Err(io::Error::other(format!(
+            "the daemon set up fewer than {queues} request queues"
+        )));
+    }
     Ok(Target {
         s,
         nodeid: e.nodeid,
         fh: o.fh,
+        queues,
         daemon,
     })
 }
@@ -225,7 +273,8 @@ fn run(t: &Target, op: Op, n: u64, deadline: Option<Instant>, depth: usize) -> i
         let stop = sent >= n || (sent % 64 == 0 && deadline.is_some_and(|d| Instant::now() >= d));
         if !stop && pending.len() < depth {
             let (chain, unique, want) = request(t, op, sent);
-            pending.push_back((dev.submit(1, &chain)?, unique, want));
+            let queue = 1 + (sent as usize % t.queues);
+            pending.push_back((dev.submit(queue, &chain)?, unique, want));
             sent += 1;
             continue;
         }
@@ -262,9 +311,75 @@ impl Out {
     }
 }
 
-fn rate(o: &Opts, name: &str, bin: &Path, share: &Path, op: Op, out: &mut Out) -> io::Result<()> {
+/// Holds an OFD write lock on `locked` in the share and puts a SETLKW for it on queue 1; the
+/// request waits until the returned file is dropped.
+fn blocked_lock(t: &Target, share: &Path) -> io::Result<(File, vufs_driver::queue::Pending)> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(share.join("locked"))?;
+    let mut fl = libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    // SAFETY: a valid descriptor and a valid flock struct.
+    if unsafe {
+        libc::fcntl(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            libc::F_OFD_SETLK,
+            &mut fl,
+        )
+    } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    let e = t.s.lookup(1, "locked")?;
+    let o = t.s.open(e.nodeid, libc::O_RDWR as u32)?;
+    let lk = abi::LkIn {
+        fh: o.fh,
+        owner: 1,
+        lk: abi::FileLock {
+            start: 0,
+            end: u64::MAX,
+            typ: libc::F_WRLCK as u32,
+            pid: 1,
+        },
+        ..Default::default()
+    };
+    let hdr =
+        t.s.header(op::SETLKW, e.nodeid, std::mem::size_of::<abi::LkIn>());
+    let chain = Chain {
+        segs: vec![
+            Seg::Readable(hdr.as_slice().to_vec()),
+            Seg::Readable(lk.as_slice().to_vec()),
+            Seg::Writable(16),
+        ],
+        indirect: t.s.device().info().indirect_desc,
+    };
+    let p = t.s.device().submit(1, &chain)?;
+    std::thread::sleep(Duration::from_millis(100));
+    Ok((f, p))
+}
+
+fn rate(o: &Opts, name: &str, share: &Path, op: Op, out: &mut Out) -> io::Result<()> {
     let seccomp = o.seccomp.as_deref().unwrap_or("kill");
-    let t = start(bin, share, seccomp, Duration::from_secs(10))?;
+    let (bin, args) = daemon_spec(name)?;
+    let t = start(
+        &bin,
+        &args,
+        share,
+        seccomp,
+        o.queues,
+        Duration::from_secs(10),
+    )?;
+    let lock = if o.blocked_lock {
+        Some(blocked_lock(&t, share)?)
+    } else {
+        None
+    };
     run(&t, op, 2000, None, o.depth)?; // warm-up: page cache, allocations, branch predictors
     let t0 = Instant::now();
     let n = run(
@@ -275,6 +390,10 @@ fn rate(o: &Opts, name: &str, bin: &Path, share: &Path, op: Op, out: &mut Out) -
         o.depth,
     )?;
     let secs = t0.elapsed().as_secs_f64();
+    if let Some((f, p)) = lock {
+        drop(f);
+        p.wait(Duration::from_secs(10))?;
+    }
     let v = t.s.device().violations();
     drop(t.s);
     let mut daemon = t.daemon;
@@ -284,17 +403,27 @@ fn rate(o: &Opts, name: &str, bin: &Path, share: &Path, op: Op, out: &mut Out) -
     }
     let rps = n as f64 / secs;
     out.emit(format!(
-        "{{\"kind\":\"rate\",\"daemon\":\"{name}\",\"op\":\"{}\",\"depth\":{},\"requests\":{n},\
-         \"seconds\":{secs:.3},\"req_per_s\":{rps:.0},\"usec_per_req\":{:.2},\"seccomp\":\"{seccomp}\"}}",
+        "{{\"kind\":\"rate\",\"daemon\":\"{name}\",\"op\":\"{}\",\"depth\":{},\"queues\":{},\
+         \"blocked_lock\":{},\"requests\":{n},\"seconds\":{secs:.3},\"req_per_s\":{rps:.0},\
+         \"usec_per_req\":{:.2},\"seccomp\":\"{seccomp}\"}}",
         op.name(),
         o.depth,
+        o.queues,
+        o.blocked_lock,
         1e6 / rps
     ))
 }
 
 /// Total instructions (Ir) the daemon executed in a run of `n` requests of `op` under
 /// callgrind (every thread; start-up and exit included).
-fn callgrind_run(bin: &Path, share: &Path, seccomp: &str, op: Op, n: u64) -> io::Result<u64> {
+fn callgrind_run(
+    bin: &Path,
+    args: &[String],
+    share: &Path,
+    seccomp: &str,
+    op: Op,
+    n: u64,
+) -> io::Result<u64> {
     let dir = tempfile::Builder::new()
         .prefix("protobench-cg-")
         .tempdir()?;
@@ -310,7 +439,7 @@ fn callgrind_run(bin: &Path, share: &Path, seccomp: &str, op: Op, n: u64) -> io:
         ),
     )?;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
-    let t = start(&wrapper, share, seccomp, Duration::from_secs(120))?;
+    let t = start(&wrapper, args, share, seccomp, 1, Duration::from_secs(120))?;
     if n > 0 {
         run(&t, op, n, None, 1)?;
     }
@@ -333,18 +462,12 @@ fn callgrind_run(bin: &Path, share: &Path, seccomp: &str, op: Op, n: u64) -> io:
         .ok_or_else(|| io::Error::other("callgrind output has no summary line"))
 }
 
-fn callgrind(
-    o: &Opts,
-    name: &str,
-    bin: &Path,
-    share: &Path,
-    n: u64,
-    out: &mut Out,
-) -> io::Result<()> {
+fn callgrind(o: &Opts, name: &str, share: &Path, n: u64, out: &mut Out) -> io::Result<()> {
     let seccomp = o.seccomp.as_deref().unwrap_or("none");
-    let base = callgrind_run(bin, share, seccomp, Op::Read, 0)?;
+    let (bin, args) = daemon_spec(name)?;
+    let base = callgrind_run(&bin, &args, share, seccomp, Op::Read, 0)?;
     for &op in &o.ops {
-        let total = callgrind_run(bin, share, seccomp, op, n)?;
+        let total = callgrind_run(&bin, &args, share, seccomp, op, n)?;
         let per = (total as f64 - base as f64) / n as f64;
         out.emit(format!(
             "{{\"kind\":\"callgrind\",\"daemon\":\"{name}\",\"op\":\"{}\",\"requests\":{n},\
@@ -369,20 +492,12 @@ fn main() {
     let share = make_share().expect("making the share");
     let mut failed = false;
     for name in &o.daemons {
-        let bin = match kind(name).binary() {
-            Ok(b) => b,
-            Err(e) => {
-                eprintln!("protobench: {name}: {e}");
-                failed = true;
-                continue;
-            }
-        };
         let res = match o.callgrind {
-            Some(n) => callgrind(&o, name, &bin, share.path(), n.max(1), &mut out),
+            Some(n) => callgrind(&o, name, share.path(), n.max(1), &mut out),
             None => o
                 .ops
                 .iter()
-                .try_for_each(|&op| rate(&o, name, &bin, share.path(), op, &mut out)),
+                .try_for_each(|&op| rate(&o, name, share.path(), op, &mut out)),
         };
         if let Err(e) = res {
             eprintln!("protobench: ERROR {name}: {e}");

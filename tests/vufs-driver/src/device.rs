@@ -317,7 +317,15 @@ impl Device {
         if indirect {
             acked_features |= VIRTIO_RING_F_INDIRECT_DESC;
         }
-        start_vrings(&mut fe, need_reply, acked_features, &mem, &queues, has_pf)?;
+        start_vrings(
+            &mut fe,
+            need_reply,
+            acked_features,
+            &mem,
+            &queues,
+            has_pf,
+            None,
+        )?;
         if let Some(w) = &dax {
             w.set_started(true);
         }
@@ -466,9 +474,64 @@ impl Device {
             acked(fe, self.need_reply, |fe| fe.reset_device()).map_err(vu("RESET_DEVICE"))?;
         }
         if let Some(w) = &self.dax {
-            w.reset();
+            if reset_device {
+                w.reset();
+            } else {
+                w.set_started(false);
+            }
         }
         Ok(bases)
+    }
+
+    /// Pauses the device as QEMU's `stop` does (also a snapshot, or the source of a
+    /// migration): GET_VRING_BASE on every vring, nothing else. The rings, the guest's FUSE
+    /// session and the DAX window stay as they are; [`Device::resume`] carries on from the
+    /// returned bases.
+    pub fn pause(&self) -> io::Result<Vec<u32>> {
+        let mut g = self
+            .frontend
+            .lock()
+            .map_err(|_| io::Error::other("frontend lock poisoned"))?;
+        let fe = g
+            .as_mut()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "disconnected"))?;
+        let bases = (0..self.queues.len())
+            .map(|i| fe.get_vring_base(i).map_err(vu("GET_VRING_BASE")))
+            .collect::<io::Result<Vec<u32>>>()?;
+        if let Some(w) = &self.dax {
+            w.set_started(false);
+        }
+        Ok(bases)
+    }
+
+    /// Resumes a paused device as QEMU's `cont` does: the same rings, from the bases the
+    /// backend reported at the pause.
+    pub fn resume(&self, bases: &[u32]) -> io::Result<()> {
+        let mut g = self
+            .frontend
+            .lock()
+            .map_err(|_| io::Error::other("frontend lock poisoned"))?;
+        let fe = g
+            .as_mut()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "disconnected"))?;
+        let has_pf =
+            self.info.acked_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0;
+        start_vrings(
+            fe,
+            self.need_reply,
+            self.info.acked_features,
+            &self.mem,
+            &self.queues,
+            has_pf,
+            Some(bases),
+        )?;
+        if let Some(w) = &self.dax {
+            w.set_started(true);
+        }
+        for q in &self.queues {
+            q.kick_fd().write(1)?;
+        }
+        Ok(())
     }
 
     /// Starts a stopped device again as a rebooted guest does: fresh (zeroed) rings from
@@ -493,6 +556,7 @@ impl Device {
             &self.mem,
             &self.queues,
             has_pf,
+            None,
         )?;
         if let Some(w) = &self.dax {
             w.set_started(true);
@@ -540,6 +604,7 @@ fn start_vrings(
     mem: &GuestMem,
     queues: &[Arc<Queue>],
     has_pf: bool,
+    bases: Option<&[u32]>,
 ) -> io::Result<()> {
     acked(fe, need_reply, |fe| fe.set_features(acked_features)).map_err(vu("SET_FEATURES"))?;
     let region = mem.region_info()?;
@@ -560,7 +625,9 @@ fn start_vrings(
             log_addr: None,
         };
         acked(fe, need_reply, |fe| fe.set_vring_num(i, q.size())).map_err(vu("SET_VRING_NUM"))?;
-        acked(fe, need_reply, |fe| fe.set_vring_base(i, 0)).map_err(vu("SET_VRING_BASE"))?;
+        let base = bases.and_then(|b| b.get(i)).copied().unwrap_or(0);
+        acked(fe, need_reply, |fe| fe.set_vring_base(i, base as u16))
+            .map_err(vu("SET_VRING_BASE"))?;
         acked(fe, need_reply, |fe| fe.set_vring_addr(i, &rc)).map_err(vu("SET_VRING_ADDR"))?;
         acked(fe, need_reply, |fe| fe.set_vring_kick(i, q.kick_fd()))
             .map_err(vu("SET_VRING_KICK"))?;

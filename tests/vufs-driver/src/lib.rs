@@ -42,6 +42,7 @@ pub mod dax;
 pub mod device;
 pub mod fuse;
 pub mod memory;
+pub mod migrate;
 pub mod queue;
 
 pub use daemon::{Daemon, DaemonKind};

@@ -1,0 +1,495 @@
+//! Export and import of the passthrough's tables for live migration (see
+//! [`crate::migration`]): inodes by path or file handle, handles by inode and open flags.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::handle::{HandleData, HandleKind};
+use super::inode::{InodeData, InodeKey};
+use super::{err, fd_name, key_of, stat_fd, PassthroughFs, STATX_MASK};
+use crate::abi::ROOT_ID;
+use crate::filesystem::Inode;
+use crate::migration::{
+    check_relative_path, FileHandleBytes, FsState, HandleState, InodeState, Location,
+    MigrationMode, MigrationOptions, OnError, MAX_FILE_HANDLE, MAX_PATH,
+};
+use crate::sys;
+
+/// Most directory entries the fallback path search visits.
+const SEARCH_MAX_ENTRIES: usize = 1_000_000;
+
+const NEG_WRITEBACK: u32 = 1 << 0;
+const NEG_SUBMOUNTS: u32 = 1 << 1;
+const NEG_KILLPRIV_V2: u32 = 1 << 2;
+
+/// Open flags that describe a handle (the rest, like `O_CREAT`, only mattered at open).
+const HANDLE_FLAGS: i32 = libc::O_ACCMODE
+    | libc::O_APPEND
+    | libc::O_DIRECT
+    | libc::O_NOATIME
+    | libc::O_SYNC
+    | libc::O_DSYNC;
+
+/// `struct file_handle` with room for the largest handle.
+#[repr(C)]
+struct RawHandle {
+    handle_bytes: u32,
+    handle_type: i32,
+    f_handle: [u8; MAX_FILE_HANDLE],
+}
+
+/// The file handle of the file behind `fd` (not following a symlink).
+fn file_handle(fd: BorrowedFd) -> io::Result<FileHandleBytes> {
+    let mut h = RawHandle {
+        handle_bytes: MAX_FILE_HANDLE as u32,
+        handle_type: 0,
+        f_handle: [0; MAX_FILE_HANDLE],
+    };
+    let mut mount_id: libc::c_int = 0;
+    // SAFETY: `h` is a file_handle header followed by MAX_FILE_HANDLE bytes, as announced in
+    // handle_bytes; the empty path with AT_EMPTY_PATH names `fd` itself; the kernel writes
+    // at most handle_bytes bytes and the mount id.
+    let r = unsafe {
+        libc::name_to_handle_at(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            (&mut h as *mut RawHandle).cast::<libc::file_handle>(),
+            &mut mount_id,
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let n = (h.handle_bytes as usize).min(MAX_FILE_HANDLE);
+    Ok(FileHandleBytes {
+        handle_type: h.handle_type,
+        bytes: h.f_handle[..n].to_vec(),
+    })
+}
+
+/// Opens a file handle (`O_PATH`) on the file system of `mount_fd`.
+fn open_handle(mount_fd: BorrowedFd, fh: &FileHandleBytes) -> io::Result<OwnedFd> {
+    if fh.bytes.is_empty() || fh.bytes.len() > MAX_FILE_HANDLE {
+        return Err(err(libc::EINVAL));
+    }
+    let mut h = RawHandle {
+        handle_bytes: fh.bytes.len() as u32,
+        handle_type: fh.handle_type,
+        f_handle: [0; MAX_FILE_HANDLE],
+    };
+    h.f_handle[..fh.bytes.len()].copy_from_slice(&fh.bytes);
+    // SAFETY: `h` is a valid file_handle of handle_bytes (<= MAX_FILE_HANDLE) bytes; the
+    // kernel only reads it. A non-negative result is a new descriptor we own.
+    let fd = unsafe {
+        libc::open_by_handle_at(
+            mount_fd.as_raw_fd(),
+            (&mut h as *mut RawHandle).cast::<libc::file_handle>(),
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by open_by_handle_at and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `fcntl(F_GETFL)` of `fd`.
+fn status_flags(fd: BorrowedFd) -> io::Result<i32> {
+    // SAFETY: F_GETFL only reads the descriptor's status flags.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+impl PassthroughFs {
+    /// The path of `fd` as this process sees it (`/proc/self/fd/N`), `None` when unlinked.
+    fn proc_path(&self, fd: BorrowedFd) -> Option<Vec<u8>> {
+        let p = sys::readlinkat(self.proc_self_fd.as_fd(), &fd_name(fd)).ok()?;
+        (p.first() == Some(&b'/') && !p.ends_with(b" (deleted)")).then_some(p)
+    }
+
+    /// The path of inode `data` relative to the shared directory, or `None`.
+    fn relative_path(
+        &self,
+        root: &[u8],
+        data: &InodeData,
+        opts: &MigrationOptions,
+    ) -> Option<Vec<u8>> {
+        let p = self.proc_path(data.fd())?;
+        let rel = if root == b"/" {
+            p.get(1..)?
+        } else {
+            p.strip_prefix(root)?.strip_prefix(b"/")?
+        };
+        check_relative_path(rel).ok()?;
+        if opts.confirm_paths {
+            // Make sure the path names this very file right now.
+            let fd = self.open_path(rel).ok()?;
+            if key_of(&stat_fd(fd.as_fd()).ok()?) != data.key {
+                return None;
+            }
+        }
+        Some(rel.to_vec())
+    }
+
+    /// Walks the shared directory breadth-first (never following a symlink, at most
+    /// [`SEARCH_MAX_ENTRIES`] entries, paths up to `PATH_MAX`) for the host files in
+    /// `wanted`; returns the first path found for each inode. Directories are reopened by
+    /// path when their turn comes, so the walk holds two descriptors at a time.
+    fn search_paths(&self, wanted: &HashMap<InodeKey, Inode>) -> HashMap<Inode, Vec<u8>> {
+        let mut found = HashMap::new();
+        let mut queue: VecDeque<Vec<u8>> = VecDeque::from([Vec::new()]);
+        let mut visited = 0usize;
+        let mut buf = vec![0u8; 16 * 1024];
+        while let Some(prefix) = queue.pop_front() {
+            let dir = if prefix.is_empty() {
+                self.inodes
+                    .get(ROOT_ID)
+                    .and_then(|r| sys::openat(r.fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0))
+            } else {
+                self.open_path(&prefix).and_then(|p| {
+                    sys::openat(p.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
+                })
+            };
+            let Ok(dir) = dir else { continue };
+            loop {
+                let n = match sys::getdents64(dir.as_fd(), &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n.min(buf.len()),
+                };
+                let mut off = 0;
+                // linux_dirent64: u64 ino, i64 off, u16 reclen, u8 type, name (NUL-terminated).
+                while off + 20 <= n {
+                    let reclen = usize::from(u16::from_ne_bytes([buf[off + 16], buf[off + 17]]));
+                    if reclen < 20 || off + reclen > n {
+                        break;
+                    }
+                    let rec = &buf[off + 19..off + reclen];
+                    off += reclen;
+                    let Ok(name) = CStr::from_bytes_until_nul(rec) else {
+                        continue;
+                    };
+                    let nb = name.to_bytes();
+                    if nb.is_empty() || nb == b"." || nb == b".." {
+                        continue;
+                    }
+                    visited += 1;
+                    if visited > SEARCH_MAX_ENTRIES {
+                        log::warn!(
+                            "migration: path search stopped after {SEARCH_MAX_ENTRIES} entries"
+                        );
+                        return found;
+                    }
+                    let mut path = prefix.clone();
+                    if !path.is_empty() {
+                        path.push(b'/');
+                    }
+                    path.extend_from_slice(nb);
+                    if path.len() > MAX_PATH {
+                        continue;
+                    }
+                    let Ok(st) =
+                        sys::statx(dir.as_fd(), name, libc::AT_SYMLINK_NOFOLLOW, STATX_MASK)
+                    else {
+                        continue;
+                    };
+                    if let Some(&id) = wanted.get(&key_of(&st)) {
+                        found.entry(id).or_insert_with(|| path.clone());
+                        if found.len() == wanted.len() {
+                            return found;
+                        }
+                    }
+                    if u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFDIR {
+                        queue.push_back(path);
+                    }
+                }
+            }
+        }
+        found
+    }
+
+    /// Opens relative path `rel` below the shared directory one component at a time, never
+    /// following a symlink, as an `O_PATH` descriptor.
+    fn open_path(&self, rel: &[u8]) -> io::Result<OwnedFd> {
+        check_relative_path(rel)?;
+        let root = self.inodes.get(ROOT_ID)?;
+        let mut cur: Option<OwnedFd> = None;
+        for comp in rel.split(|&b| b == b'/') {
+            let name = CString::new(comp).map_err(|_| err(libc::EINVAL))?;
+            let dir = cur.as_ref().map_or(root.fd(), |f| f.as_fd());
+            cur = Some(sys::openat(dir, &name, libc::O_PATH | libc::O_NOFOLLOW, 0)?);
+        }
+        cur.ok_or_else(|| err(libc::EINVAL))
+    }
+
+    /// The migration state of the tables (called with every vring stopped).
+    pub fn export_state(&self, opts: &MigrationOptions) -> io::Result<FsState> {
+        let (inodes, next_inode) = self.inodes.export();
+        let root = self.inodes.get(ROOT_ID)?;
+        let root_path = self.proc_path(root.fd());
+        let mut out = Vec::with_capacity(inodes.len());
+        // find-paths: inodes /proc/self/fd gave no usable path for, by host identity.
+        let mut unnamed: HashMap<InodeKey, Inode> = HashMap::new();
+        for (data, refs) in &inodes {
+            let location = if data.id == ROOT_ID {
+                Location::Root
+            } else {
+                match opts.mode {
+                    MigrationMode::FindPaths => match root_path
+                        .as_deref()
+                        .and_then(|r| self.relative_path(r, data, opts))
+                    {
+                        Some(p) => Location::Path(p),
+                        None => {
+                            unnamed.insert(data.key, data.id);
+                            Location::Lost
+                        }
+                    },
+                    MigrationMode::FileHandles => match file_handle(data.fd()) {
+                        Ok(h) => Location::Handle(h),
+                        Err(e) => {
+                            log::warn!("migration: no file handle for inode {}: {e}", data.id);
+                            Location::Lost
+                        }
+                    },
+                }
+            };
+            out.push(InodeState {
+                id: data.id,
+                refs: *refs,
+                generation: 0,
+                kind: data.kind,
+                location,
+                verify: None,
+            });
+        }
+        if !unnamed.is_empty() {
+            // As virtiofsd: fall back to walking the shared directory (finds, e.g., another
+            // hard link of a file whose guest-visible name was unlinked).
+            let found = self.search_paths(&unnamed);
+            log::info!(
+                "migration: searched the shared directory for {} inode(s), found {}",
+                unnamed.len(),
+                found.len()
+            );
+            for i in &mut out {
+                if let Some(p) = found.get(&i.id) {
+                    i.location = Location::Path(p.clone());
+                }
+            }
+        }
+        let by_id: HashMap<Inode, &Arc<InodeData>> =
+            inodes.iter().map(|(d, _)| (d.id, d)).collect();
+        let mut lost = 0usize;
+        for i in &mut out {
+            match &i.location {
+                Location::Lost => {
+                    lost += 1;
+                    log::warn!(
+                        "migration: inode {} cannot be named for the destination (unlinked or moved?)",
+                        i.id
+                    );
+                }
+                Location::Path(_) if opts.verify_handles => {
+                    if let Some(data) = by_id.get(&i.id) {
+                        i.verify = file_handle(data.fd())
+                            .inspect_err(|e| {
+                                log::warn!("migration: no file handle for inode {}: {e}", i.id)
+                            })
+                            .ok();
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.sort_by_key(|i| i.id);
+        let (handles, next_handle) = self.handles.export();
+        let mut hs = Vec::with_capacity(handles.len());
+        for (fh, h) in handles {
+            let dir = matches!(h.kind, HandleKind::Dir { .. });
+            let flags = if dir {
+                libc::O_RDONLY
+            } else {
+                status_flags(h.fd())? & HANDLE_FLAGS
+            };
+            hs.push(HandleState {
+                fh,
+                inode: h.inode,
+                dir,
+                flags: flags as u32,
+            });
+        }
+        hs.sort_by_key(|h| h.fh);
+        let n = &self.negotiated;
+        let mut negotiated = 0;
+        for (on, bit) in [
+            (&n.writeback, NEG_WRITEBACK),
+            (&n.submounts, NEG_SUBMOUNTS),
+            (&n.killpriv_v2, NEG_KILLPRIV_V2),
+        ] {
+            if on.load(Ordering::Relaxed) {
+                negotiated |= bit;
+            }
+        }
+        if lost > 0 {
+            log::warn!("migration: {lost} inode(s) sent without a location");
+        }
+        Ok(FsState {
+            negotiated,
+            next_inode,
+            next_handle,
+            inodes: out,
+            handles: hs,
+        })
+    }
+
+    /// Finds and checks one inode of the stream.
+    fn restore_inode(&self, i: &InodeState) -> io::Result<Arc<InodeData>> {
+        let root = self.inodes.get(ROOT_ID)?;
+        let fd = match &i.location {
+            Location::Path(p) => self.open_path(p)?,
+            Location::Handle(h) => {
+                // open_by_handle_at refuses an O_PATH descriptor as the mount descriptor.
+                let mount = sys::openat(root.fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+                open_handle(mount.as_fd(), h).map_err(|e| {
+                    if e.raw_os_error() == Some(libc::EPERM) {
+                        io::Error::new(
+                            e.kind(),
+                            format!("{e}: opening file handles needs CAP_DAC_READ_SEARCH (run as root with --modcaps=+dac_read_search)"),
+                        )
+                    } else {
+                        e
+                    }
+                })?
+            }
+            Location::Lost => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "the source could not name it (unlinked or moved)",
+                ))
+            }
+            Location::Root => return Err(err(libc::EINVAL)),
+        };
+        let st = stat_fd(fd.as_fd())?;
+        let kind = u32::from(st.stx_mode) & libc::S_IFMT;
+        if kind != i.kind {
+            return Err(io::Error::other(format!(
+                "file type {kind:#o} where the source had {:#o}",
+                i.kind
+            )));
+        }
+        if let Some(want) = &i.verify {
+            let have = file_handle(fd.as_fd())?;
+            if &have != want {
+                return Err(io::Error::other(
+                    "file handle differs from the source's (the path names another file)",
+                ));
+            }
+        }
+        Ok(Arc::new(InodeData {
+            id: i.id,
+            key: key_of(&st),
+            fd,
+            kind,
+        }))
+    }
+
+    /// Replaces the tables with a migrated state. With `OnError::Abort` any inode or handle
+    /// that cannot be restored refuses the whole state and leaves the tables untouched; with
+    /// `OnError::GuestError` it is left out (the guest then gets `EBADF` for it) and the
+    /// rest is installed. Returns how many inodes and handles were left out.
+    pub fn import_state(
+        &self,
+        state: &FsState,
+        opts: &MigrationOptions,
+    ) -> io::Result<(usize, usize)> {
+        let root = self.inodes.get(ROOT_ID)?;
+        let mut inodes = Vec::with_capacity(state.inodes.len());
+        let mut failed = 0usize;
+        for i in &state.inodes {
+            if i.id == ROOT_ID {
+                inodes.push((root.clone(), i.refs));
+                continue;
+            }
+            match self.restore_inode(i) {
+                Ok(data) => inodes.push((data, i.refs)),
+                Err(e) => {
+                    let what = match &i.location {
+                        Location::Path(p) => format!("path {:?}", String::from_utf8_lossy(p)),
+                        Location::Handle(_) => "file handle".to_string(),
+                        _ => "no location".to_string(),
+                    };
+                    if opts.on_error == OnError::Abort {
+                        return Err(io::Error::new(
+                            e.kind(),
+                            format!("inode {} ({what}): {e}", i.id),
+                        ));
+                    }
+                    log::warn!(
+                        "migration: inode {} ({what}) not restored: {e}; the guest gets errors for it",
+                        i.id
+                    );
+                    failed += 1;
+                }
+            }
+        }
+        let by_id: std::collections::HashMap<u64, &Arc<InodeData>> =
+            inodes.iter().map(|(d, _)| (d.id, d)).collect();
+        let mut handles = Vec::with_capacity(state.handles.len());
+        let mut failed_handles = 0usize;
+        for h in &state.handles {
+            let r = match by_id.get(&h.inode) {
+                None => Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "its inode was not restored",
+                )),
+                Some(data) if h.dir != data.is_dir() => Err(err(libc::EINVAL)),
+                Some(data) if h.dir => self
+                    .reopen(data, libc::O_RDONLY)
+                    .map(|fd| HandleData::dir(h.inode, fd)),
+                Some(data) => {
+                    let flags = (h.flags as i32) & HANDLE_FLAGS;
+                    self.reopen(data, flags | libc::O_CLOEXEC)
+                        .map(|fd| HandleData::file(h.inode, fd, flags))
+                }
+            };
+            match r {
+                Ok(d) => handles.push((h.fh, d)),
+                Err(e) if opts.on_error == OnError::Abort => {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("handle {} of inode {}: {e}", h.fh, h.inode),
+                    ))
+                }
+                Err(e) => {
+                    log::warn!(
+                        "migration: handle {} of inode {} not restored: {e}",
+                        h.fh,
+                        h.inode
+                    );
+                    failed_handles += 1;
+                }
+            }
+        }
+        drop(by_id);
+        let n = &self.negotiated;
+        n.writeback
+            .store(state.negotiated & NEG_WRITEBACK != 0, Ordering::Relaxed);
+        n.submounts
+            .store(state.negotiated & NEG_SUBMOUNTS != 0, Ordering::Relaxed);
+        n.killpriv_v2
+            .store(state.negotiated & NEG_KILLPRIV_V2 != 0, Ordering::Relaxed);
+        self.inodes.replace(inodes, state.next_inode);
+        self.handles.replace(handles, state.next_handle);
+        Ok((failed, failed_handles))
+    }
+}
