@@ -53,14 +53,17 @@ use tail::{Shadow, ShadowKey};
 pub const MAP_ALIGNMENT: u64 = 4096;
 /// The unit Linux maps in (fs/fuse/dax.c `FUSE_DAX_SZ`).
 pub const RANGE_SIZE: u64 = 2 << 20;
-/// Memory slots a QEMU 11.1 VM can give the window: 509 is KVM's per-VM user memslot count
-/// on x86 hosts without the large-memslot change and rust-vmm vhost-user-backend's
-/// `MAX_MEM_SLOTS` (QEMU aborts when KVM runs out of slots); each SHMEM_MAP is one slot.
-pub const FRONTEND_SLOT_LIMIT: usize = 509;
-/// Slots left for the guest's RAM, ROMs and device BARs.
+/// Memory regions QEMU 11.1 lets one vhost-user device's memory table hold on x86
+/// (`VHOST_USER_MAX_RAM_SLOTS` = `ACPI_MAX_RAM_SLOTS` = 256; the backend offers
+/// CONFIGURE_MEM_SLOTS and answers 509 to GET_MAX_MEM_SLOTS, so QEMU's 256 binds). QEMU puts
+/// every SHMEM mapping into that table; past it SET_MEM_TABLE fails and the vrings cannot
+/// restart after `stop`/`cont`. KVM's slots (509 on older hosts) are the next limit.
+pub const FRONTEND_SLOT_LIMIT: usize = 256;
+/// Slots left for the guest's RAM sections.
 pub const RESERVED_SLOTS: usize = 16;
 /// Frontend mappings the window keeps live at most (unless the window has more 2 MiB ranges
-/// than this: then one per range, the least any guest needs).
+/// than this: then one per range, the least a guest that maps all of it needs; the start-up
+/// log warns).
 pub const DEFAULT_MAP_BUDGET: usize = FRONTEND_SLOT_LIMIT - RESERVED_SLOTS;
 /// How often dirty shadows are written back without a guest request: the most a SIGKILL of
 /// the daemon can lose is guest stores into shadow tails of the last period.
@@ -376,16 +379,23 @@ impl<S: WindowSink> DaxWindow<S> {
         self.budget
     }
 
-    /// The start-up description: size, ranges, budget.
+    /// The start-up description: size, ranges, budget (and a warning when the window has
+    /// more ranges than QEMU's memory slots allow).
     pub fn describe(&self) -> String {
-        format!(
-            "DAX window {} MiB: {} ranges of 2 MiB, at most {} frontend mappings (QEMU memory slots {} minus {} reserved; shadow tails fold into one mapping per range when short)",
+        let mut d = format!(
+            "DAX window {} MiB: {} ranges of 2 MiB, at most {} frontend mappings (QEMU 11.1's {} vhost-user memory slots less {} for guest RAM; shadow tails fold into one mapping per range when short)",
             self.size >> 20,
             self.ranges(),
             self.budget,
             FRONTEND_SLOT_LIMIT,
             RESERVED_SLOTS
-        )
+        );
+        if self.ranges() > DEFAULT_MAP_BUDGET {
+            d.push_str(&format!(
+                "; WARNING: a guest with more than {DEFAULT_MAP_BUDGET} ranges mapped at once exceeds QEMU's memory slots, and the device may not restart after stop/cont: use --dax-window 256M or less where VMs are paused, snapshotted or migrated"
+            ));
+        }
+        d
     }
 
     /// Installs the channel to the frontend.

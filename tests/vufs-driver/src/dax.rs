@@ -16,10 +16,11 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 const PAGE: u64 = 4096;
 
-/// Live SHMEM mappings QEMU 11.1 can hold on a KVM host with 509 memory slots (each mapping
-/// is a memory region and a KVM slot; QEMU aborts when KVM runs out) after 16 for guest RAM,
-/// ROMs and BARs. The driver refuses a map past it and records a violation.
-pub const QEMU_SLOT_LIMIT: usize = 509 - 16;
+/// Live SHMEM mappings QEMU 11.1 can hold for a vhost-user device on x86: its memory table
+/// takes at most 256 regions (`VHOST_USER_MAX_RAM_SLOTS`), each SHMEM mapping is one, and 16
+/// are left for guest RAM. Past it QEMU's SET_MEM_TABLE fails (the vrings do not restart after
+/// `stop`/`cont`). The driver refuses a map past it and records a violation.
+pub const QEMU_SLOT_LIMIT: usize = 256 - 16;
 
 /// One live mapping in the window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -277,7 +278,7 @@ impl DaxWindow {
             }
             if st.maps.len() >= st.slot_limit {
                 let v = format!(
-                    "SHMEM_MAP {off:#x}+{len:#x} with {} mappings live: past the {} memory slots QEMU has (it aborts on KVM)",
+                    "SHMEM_MAP {off:#x}+{len:#x} with {} mappings live: past the {} memory slots QEMU has",
                     st.maps.len(),
                     st.slot_limit
                 );

@@ -37,8 +37,8 @@ fn bytes(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-/// 256 small files, each mapped writable in its own 2 MiB range of a 512 MiB window: mapped
-/// naively (whole pages from the file + a tail) that is 512 frontend mappings, past QEMU's
+/// 128 small files, each mapped writable in its own 2 MiB range of a 256 MiB window: mapped
+/// naively (whole pages from the file + a tail) that is 256 frontend mappings, past QEMU's
 /// slots. daxfsd folds tails so the frontend never holds more than its limit, every range
 /// reads the file's bytes, and guest stores reach the files.
 #[test]
@@ -46,10 +46,10 @@ fn map_storm_past_the_budget_stays_within_qemus_slots() {
     if !only_daxfsd("map_storm_past_the_budget_stays_within_qemus_slots") {
         return;
     }
-    const N: usize = 256;
+    const N: usize = 128;
     let sizes: Vec<usize> = (0..N).map(|i| 4096 + 17 + i * 13).collect();
     let sz = sizes.clone();
-    let mut r = common::start_with(&["--dax-window=512M"], &DriverConfig::default(), |d| {
+    let mut r = common::start_with(&["--dax-window=256M"], &DriverConfig::default(), |d| {
         for (i, n) in sz.iter().enumerate() {
             fs::write(d.join(format!("f{i}")), bytes(*n, i as u8)).unwrap();
         }
@@ -57,8 +57,8 @@ fn map_storm_past_the_budget_stays_within_qemus_slots() {
     let w =
         r.s.dax()
             .cloned()
-            .expect("daxfsd --dax-window=512M offered no window");
-    assert_eq!(w.len(), 512 << 20);
+            .expect("daxfsd --dax-window=256M offered no window");
+    assert_eq!(w.len(), 256 << 20);
     let mut handles = Vec::new();
     for i in 0..N {
         let e = r.s.lookup(abi::ROOT_ID, format!("f{i}")).unwrap();
