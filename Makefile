@@ -65,7 +65,7 @@ test-migrate: kernel initramfs qemu virtiofsd build
 	tests/e2e/migrate.sh
 	tests/e2e/migrate.sh -d virtiofsd
 
-test: lint test-unit test-fuzz test-e2e test-e2e-virtiofsd test-dax test-escape test-lifecycle test-migrate
+test: lint test-unit test-fuzz test-e2e test-e2e-virtiofsd test-dax test-escape test-lifecycle test-migrate test-launchers
 	@echo "make test: all suites passed"
 
 demo: kernel initramfs qemu release

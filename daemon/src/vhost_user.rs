@@ -56,6 +56,8 @@ const MAX_BLOCKING_THREADS: usize = 64;
 /// How long GET_VRING_BASE waits for the vring's requests in flight before reporting the
 /// base anyway (a hung host file system must not hang the frontend for ever).
 const STOP_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long GET_VRING_BASE waits when the requests left wait for the frontend itself.
+const STOP_FRONTEND_GRACE: Duration = Duration::from_millis(200);
 
 /// Receives the backend-request channel once the frontend sets it up (the DAX window).
 pub trait BackendChannel: Send + Sync {
@@ -71,6 +73,11 @@ pub trait BackendChannel: Send + Sync {
     fn device_reset(&self);
     /// Size of the shared-memory window, or 0.
     fn window_size(&self) -> u64;
+    /// Requests waiting for the frontend's reply to a SHMEM_MAP/UNMAP. QEMU answers none
+    /// while it waits for GET_VRING_BASE, so a vring stop must not wait for them.
+    fn round_trips_in_flight(&self) -> usize {
+        0
+    }
 }
 
 /// Backend options.
@@ -373,9 +380,27 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         if s.blocking > 0 {
             self.server.fs().interrupt_waits();
         }
-        let deadline = Instant::now() + STOP_DRAIN_TIMEOUT;
+        let start = Instant::now();
+        let deadline = start + STOP_DRAIN_TIMEOUT;
         while s.inflight > 0 || s.unsignalled > 0 {
             let now = Instant::now();
+            let waiting_frontend = self
+                .channel
+                .as_ref()
+                .map_or(0, |c| c.round_trips_in_flight());
+            if waiting_frontend > 0
+                && s.inflight <= waiting_frontend
+                && now >= start + STOP_FRONTEND_GRACE
+            {
+                // The frontend answers them only after it has our reply: waiting would stall
+                // QEMU for the whole timeout. They complete once it answers.
+                log::warn!(
+                    "queue {queue}: {} request(s) wait for the frontend's reply to a DAX \
+                     mapping; reporting the vring base without them",
+                    s.inflight
+                );
+                return;
+            }
             if now >= deadline {
                 log::error!(
                     "queue {queue}: {} request(s) still running {}s after the vring stopped; \
@@ -387,7 +412,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             }
             s = q
                 .drained
-                .wait_timeout(s, deadline - now)
+                .wait_timeout(s, (deadline - now).min(Duration::from_millis(50)))
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }

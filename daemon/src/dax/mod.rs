@@ -1142,6 +1142,10 @@ impl BackendChannel for DaxWindow<Backend> {
     fn window_size(&self) -> u64 {
         self.size
     }
+
+    fn round_trips_in_flight(&self) -> usize {
+        self.table.lock().map(|t| t.busy.len()).unwrap_or(0)
+    }
 }
 
 #[cfg(test)]
