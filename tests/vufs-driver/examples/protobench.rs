@@ -314,28 +314,7 @@ impl Out {
 /// Holds an OFD write lock on `locked` in the share and puts a SETLKW for it on queue 1; the
 /// request waits until the returned file is dropped.
 fn blocked_lock(t: &Target, share: &Path) -> io::Result<(File, vufs_driver::queue::Pending)> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(share.join("locked"))?;
-    let mut fl = libc::flock {
-        l_type: libc::F_WRLCK as libc::c_short,
-        l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: 0,
-        l_len: 0,
-        l_pid: 0,
-    };
-    // SAFETY: a valid descriptor and a valid flock struct.
-    if unsafe {
-        libc::fcntl(
-            std::os::fd::AsRawFd::as_raw_fd(&f),
-            libc::F_OFD_SETLK,
-            &mut fl,
-        )
-    } < 0
-    {
-        return Err(io::Error::last_os_error());
-    }
+    let f = vufs_driver::host_write_lock(&share.join("locked"))?;
     let e = t.s.lookup(1, "locked")?;
     let o = t.s.open(e.nodeid, libc::O_RDWR as u32)?;
     let lk = abi::LkIn {
@@ -349,16 +328,7 @@ fn blocked_lock(t: &Target, share: &Path) -> io::Result<(File, vufs_driver::queu
         },
         ..Default::default()
     };
-    let hdr =
-        t.s.header(op::SETLKW, e.nodeid, std::mem::size_of::<abi::LkIn>());
-    let chain = Chain {
-        segs: vec![
-            Seg::Readable(hdr.as_slice().to_vec()),
-            Seg::Readable(lk.as_slice().to_vec()),
-            Seg::Writable(16),
-        ],
-        indirect: t.s.device().info().indirect_desc,
-    };
+    let chain = t.s.linux_chain(op::SETLKW, e.nodeid, &[lk.as_slice()], 0);
     let p = t.s.device().submit(1, &chain)?;
     std::thread::sleep(Duration::from_millis(100));
     Ok((f, p))

@@ -440,15 +440,10 @@ impl Device {
         need_reply: bool,
         f: impl FnOnce(&mut Frontend) -> vhost::Result<T>,
     ) -> io::Result<T> {
-        let mut g = self
-            .frontend
-            .lock()
-            .map_err(|_| io::Error::other("frontend lock poisoned"))?;
-        let fe = g
-            .as_mut()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "disconnected"))?;
-        acked(fe, need_reply && self.need_reply, f)
-            .map_err(|e| io::Error::other(format!("vhost-user: {e}")))
+        self.locked_frontend(|fe| {
+            acked(fe, need_reply && self.need_reply, f)
+                .map_err(|e| io::Error::other(format!("vhost-user: {e}")))
+        })
     }
 
     /// Stops the device the way QEMU does when the guest resets it (reboot): GET_VRING_BASE
@@ -457,30 +452,24 @@ impl Device {
     /// [`Device::restart`] is a violation. Requests still in flight are abandoned (their
     /// waiters time out). Returns the vring bases the backend reported.
     pub fn stop(&self, reset_device: bool) -> io::Result<Vec<u32>> {
-        let mut g = self
-            .frontend
-            .lock()
-            .map_err(|_| io::Error::other("frontend lock poisoned"))?;
-        let fe = g
-            .as_mut()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "disconnected"))?;
-        let bases = (0..self.queues.len())
-            .map(|i| fe.get_vring_base(i).map_err(vu("GET_VRING_BASE")))
-            .collect::<io::Result<Vec<u32>>>()?;
-        if reset_device
-            && self.info.acked_protocol_features & VhostUserProtocolFeatures::RESET_DEVICE.bits()
-                != 0
-        {
-            acked(fe, self.need_reply, |fe| fe.reset_device()).map_err(vu("RESET_DEVICE"))?;
-        }
-        if let Some(w) = &self.dax {
-            if reset_device {
-                w.reset();
-            } else {
-                w.set_started(false);
+        self.locked_frontend(|fe| {
+            let bases = Self::vring_bases(fe, self.queues.len())?;
+            if reset_device
+                && self.info.acked_protocol_features
+                    & VhostUserProtocolFeatures::RESET_DEVICE.bits()
+                    != 0
+            {
+                acked(fe, self.need_reply, |fe| fe.reset_device()).map_err(vu("RESET_DEVICE"))?;
             }
-        }
-        Ok(bases)
+            if let Some(w) = &self.dax {
+                if reset_device {
+                    w.reset();
+                } else {
+                    w.set_started(false);
+                }
+            }
+            Ok(bases)
+        })
     }
 
     /// Pauses the device as QEMU's `stop` does (also a snapshot, or the source of a
@@ -488,6 +477,11 @@ impl Device {
     /// session and the DAX window stay as they are; [`Device::resume`] carries on from the
     /// returned bases.
     pub fn pause(&self) -> io::Result<Vec<u32>> {
+        self.stop(false)
+    }
+
+    /// Runs `f` on the connected frontend, holding its lock.
+    fn locked_frontend<T>(&self, f: impl FnOnce(&mut Frontend) -> io::Result<T>) -> io::Result<T> {
         let mut g = self
             .frontend
             .lock()
@@ -495,39 +489,20 @@ impl Device {
         let fe = g
             .as_mut()
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "disconnected"))?;
-        let bases = (0..self.queues.len())
+        f(fe)
+    }
+
+    /// GET_VRING_BASE on every vring.
+    fn vring_bases(fe: &mut Frontend, n: usize) -> io::Result<Vec<u32>> {
+        (0..n)
             .map(|i| fe.get_vring_base(i).map_err(vu("GET_VRING_BASE")))
-            .collect::<io::Result<Vec<u32>>>()?;
-        if let Some(w) = &self.dax {
-            w.set_started(false);
-        }
-        Ok(bases)
+            .collect()
     }
 
     /// Resumes a paused device as QEMU's `cont` does: the same rings, from the bases the
     /// backend reported at the pause.
     pub fn resume(&self, bases: &[u32]) -> io::Result<()> {
-        let mut g = self
-            .frontend
-            .lock()
-            .map_err(|_| io::Error::other("frontend lock poisoned"))?;
-        let fe = g
-            .as_mut()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "disconnected"))?;
-        let has_pf =
-            self.info.acked_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0;
-        start_vrings(
-            fe,
-            self.need_reply,
-            self.info.acked_features,
-            &self.mem,
-            &self.queues,
-            has_pf,
-            Some(bases),
-        )?;
-        if let Some(w) = &self.dax {
-            w.set_started(true);
-        }
+        self.locked_frontend(|fe| self.start(fe, Some(bases)))?;
         for q in &self.queues {
             q.kick_fd().write(1)?;
         }
@@ -537,16 +512,16 @@ impl Device {
     /// Starts a stopped device again as a rebooted guest does: fresh (zeroed) rings from
     /// index 0 and the same features, memory and queues.
     pub fn restart(&self) -> io::Result<()> {
-        let mut g = self
-            .frontend
-            .lock()
-            .map_err(|_| io::Error::other("frontend lock poisoned"))?;
-        let fe = g
-            .as_mut()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "disconnected"))?;
-        for q in &self.queues {
-            q.reset_rings()?;
-        }
+        self.locked_frontend(|fe| {
+            for q in &self.queues {
+                q.reset_rings()?;
+            }
+            self.start(fe, None)
+        })
+    }
+
+    /// Sets the vrings up (from `bases`, or from 0) and lets the DAX window accept requests.
+    fn start(&self, fe: &mut Frontend, bases: Option<&[u32]>) -> io::Result<()> {
         let has_pf =
             self.info.acked_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0;
         start_vrings(
@@ -556,7 +531,7 @@ impl Device {
             &self.mem,
             &self.queues,
             has_pf,
-            None,
+            bases,
         )?;
         if let Some(w) = &self.dax {
             w.set_started(true);

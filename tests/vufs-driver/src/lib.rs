@@ -51,6 +51,29 @@ pub use device::{Device, DeviceInfo, DriverConfig, FeatureMode};
 pub use fuse::{DirEntry, DirEntryPlus, InitOptions, Reply, Session, Xattr};
 pub use queue::{Chain, Completion, Seg};
 
+/// Takes a write lock on the whole of `path` from this (host) process, as an open file
+/// description lock (the kind daxfsd's remote POSIX locks use): a guest's conflicting lock
+/// waits until the returned file is dropped.
+pub fn host_write_lock(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)?;
+    let mut fl = libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    // SAFETY: `f` is an open descriptor and `fl` a valid flock struct the kernel reads.
+    if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(f)
+}
+
 /// poll(2) on `fds`; returns the number of fds with events (0 on timeout or EINTR).
 pub(crate) fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> io::Result<usize> {
     let ms = i32::try_from(timeout.as_millis())

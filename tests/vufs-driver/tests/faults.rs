@@ -18,27 +18,11 @@ use daxfsd::abi::{
 use host::Cases;
 use vhost::vhost_user::VhostUserProtocolFeatures;
 use vm_memory::ByteValued;
-use vufs_driver::{Chain, DaemonKind, DriverConfig, Seg, Session};
+use vufs_driver::{DaemonKind, DriverConfig, Session};
 
 const ROOT: u64 = abi::ROOT_ID;
 const MIB: usize = 1 << 20;
 const MIB2: u64 = 2 << 20;
-
-/// A request chain laid out as Linux does (header, each argument, out-header, body).
-fn chain(s: &Session, opcode: u32, nodeid: u64, parts: &[&[u8]], body: u32) -> Chain {
-    let len = parts.iter().map(|p| p.len()).sum();
-    let hdr = s.header(opcode, nodeid, len);
-    let mut segs = vec![Seg::Readable(hdr.as_slice().to_vec())];
-    segs.extend(parts.iter().map(|p| Seg::Readable(p.to_vec())));
-    segs.push(Seg::Writable(16));
-    if body > 0 {
-        segs.push(Seg::Writable(body));
-    }
-    Chain {
-        segs,
-        indirect: s.device().info().indirect_desc,
-    }
-}
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
@@ -86,7 +70,7 @@ fn frontend_killed_mid_io_exits_cleanly() {
         .unwrap();
 
     let mut pending = Vec::new();
-    let blocked = chain(&s, op::SETLKW, e.nodeid, &[lk(fh).as_slice()], 0);
+    let blocked = s.linux_chain(op::SETLKW, e.nodeid, &[lk(fh).as_slice()], 0);
     pending.push(dev.submit(4, &blocked).unwrap());
     let data = pattern(MIB, 7);
     for round in 0..12u64 {
@@ -101,7 +85,7 @@ fn frontend_killed_mid_io_exits_cleanly() {
             pending.push(
                 dev.submit(
                     q,
-                    &chain(&s, op::WRITE, e.nodeid, &[w.as_slice(), &data], 8),
+                    &s.linux_chain(op::WRITE, e.nodeid, &[w.as_slice(), &data], 8),
                 )
                 .unwrap(),
             );
@@ -114,7 +98,7 @@ fn frontend_killed_mid_io_exits_cleanly() {
             pending.push(
                 dev.submit(
                     q,
-                    &chain(&s, op::READ, e.nodeid, &[r.as_slice()], MIB as u32),
+                    &s.linux_chain(op::READ, e.nodeid, &[r.as_slice()], MIB as u32),
                 )
                 .unwrap(),
             );
@@ -128,7 +112,7 @@ fn frontend_killed_mid_io_exits_cleanly() {
             pending.push(
                 dev.submit(
                     q,
-                    &chain(&s, op::SETUPMAPPING, e.nodeid, &[m.as_slice()], 0),
+                    &s.linux_chain(op::SETUPMAPPING, e.nodeid, &[m.as_slice()], 0),
                 )
                 .unwrap(),
             );
@@ -642,27 +626,7 @@ fn reboot_with_a_request_stuck_in_the_daemon() {
     let baseline = host::fd_count(pid);
 
     // A host process (this one) holds a write lock on the file.
-    let host_file = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(dir.path().join("locked"))
-        .unwrap();
-    let mut fl = libc::flock {
-        l_type: libc::F_WRLCK as libc::c_short,
-        l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: 0,
-        l_len: 0,
-        l_pid: 0,
-    };
-    // SAFETY: valid descriptor and a valid flock struct.
-    let r = unsafe {
-        libc::fcntl(
-            std::os::fd::AsRawFd::as_raw_fd(&host_file),
-            libc::F_OFD_SETLK,
-            &mut fl,
-        )
-    };
-    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    let host_file = vufs_driver::host_write_lock(&dir.path().join("locked")).unwrap();
 
     let e = s.lookup(ROOT, "locked").unwrap();
     let fh = s.open(e.nodeid, libc::O_RDWR as u32).unwrap().fh;
@@ -678,7 +642,7 @@ fn reboot_with_a_request_stuck_in_the_daemon() {
         ..Default::default()
     };
     let stuck = dev
-        .submit(1, &chain(&s, op::SETLKW, e.nodeid, &[lk.as_slice()], 0))
+        .submit(1, &s.linux_chain(op::SETLKW, e.nodeid, &[lk.as_slice()], 0))
         .unwrap();
     std::thread::sleep(Duration::from_millis(200));
 

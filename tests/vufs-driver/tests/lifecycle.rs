@@ -14,7 +14,6 @@ mod common;
 mod host;
 
 use std::fs;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use daxfsd::abi::{self, opcode as op, FileLock, LkIn};
@@ -23,42 +22,6 @@ use vm_memory::ByteValued;
 use vufs_driver::{Chain, DriverConfig, Seg, Session};
 
 const ROOT: u64 = abi::ROOT_ID;
-
-/// A request chain laid out as Linux does (header, each argument, out-header, body).
-fn chain(s: &Session, opcode: u32, nodeid: u64, parts: &[&[u8]], body: u32) -> Chain {
-    let len = parts.iter().map(|p| p.len()).sum();
-    let hdr = s.header(opcode, nodeid, len);
-    let mut segs = vec![Seg::Readable(hdr.as_slice().to_vec())];
-    segs.extend(parts.iter().map(|p| Seg::Readable(p.to_vec())));
-    segs.push(Seg::Writable(16));
-    if body > 0 {
-        segs.push(Seg::Writable(body));
-    }
-    Chain {
-        segs,
-        indirect: s.device().info().indirect_desc,
-    }
-}
-
-/// Takes an OFD write lock on `path` from this (host) process; dropping the file releases it.
-fn host_lock(path: &std::path::Path) -> fs::File {
-    let f = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    let mut fl = libc::flock {
-        l_type: libc::F_WRLCK as libc::c_short,
-        l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: 0,
-        l_len: 0,
-        l_pid: 0,
-    };
-    // SAFETY: a valid descriptor and a valid flock struct.
-    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) };
-    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
-    f
-}
 
 /// The error field of a completion's out-header.
 fn reply_error(c: &vufs_driver::Completion) -> i32 {
@@ -83,7 +46,7 @@ fn setlkw(s: &Session, nodeid: u64, fh: u64) -> Chain {
         },
         ..Default::default()
     };
-    chain(s, op::SETLKW, nodeid, &[lk.as_slice()], 0)
+    s.linux_chain(op::SETLKW, nodeid, &[lk.as_slice()], 0)
 }
 
 /// stop/cont in QEMU's monitor: every node id, file handle and directory handle the guest
@@ -151,7 +114,7 @@ fn pause_completes_requests_in_flight() {
     let d = host::spawn(&host::daxfsd(), dir.path(), &["--posix-lock"]);
     let s = host::connect(&d, &DriverConfig::default());
     let dev = s.device().clone();
-    let held = host_lock(&dir.path().join("locked"));
+    let held = vufs_driver::host_write_lock(&dir.path().join("locked")).unwrap();
     let e = s.lookup(ROOT, "locked").unwrap();
     let fh = s.open(e.nodeid, libc::O_RDWR as u32).unwrap().fh;
 
@@ -194,7 +157,7 @@ fn waiting_lock_does_not_stall_its_queue() {
         let d = host::spawn(&host::daxfsd(), dir.path(), &[pool, "--posix-lock"]);
         let s = host::connect(&d, &DriverConfig::default());
         let dev = s.device().clone();
-        let held = host_lock(&dir.path().join("locked"));
+        let held = vufs_driver::host_write_lock(&dir.path().join("locked")).unwrap();
         let e = s.lookup(ROOT, "locked").unwrap();
         let fh = s.open(e.nodeid, libc::O_RDWR as u32).unwrap().fh;
         let o = s.lookup(ROOT, "other").unwrap();

@@ -301,7 +301,6 @@ fn sigterm_writes_back_dirty_dax_tails_in_every_sandbox() {
 #[test]
 fn sigterm_under_load_exits_cleanly() {
     use daxfsd::abi::{opcode as op, FileLock, LkIn, ReadIn, WriteIn};
-    use std::os::fd::AsRawFd;
     use vm_memory::ByteValued;
     use vufs_driver::{Chain, Seg};
     if kind() != DaemonKind::Daxfsd {
@@ -317,21 +316,7 @@ fn sigterm_under_load_exits_cleanly() {
     std::fs::create_dir(&share).unwrap();
     std::fs::write(share.join("f"), vec![0u8; 8 * MIB]).unwrap();
     // A host process holds a lock the guest's SETLKW will wait for.
-    let host = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(share.join("f"))
-        .unwrap();
-    let mut fl = libc::flock {
-        l_type: libc::F_WRLCK as i16,
-        l_whence: libc::SEEK_SET as i16,
-        l_start: 0,
-        l_len: 0,
-        l_pid: 0,
-    };
-    // SAFETY: `fl` is a valid flock for an open descriptor.
-    let r = unsafe { libc::fcntl(host.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) };
-    assert_eq!(r, 0);
+    let host = vufs_driver::host_write_lock(&share.join("f")).unwrap();
     let socket = dir.path().join("fs.sock");
     let mut d = spawn_with(
         &socket,

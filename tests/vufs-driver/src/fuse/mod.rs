@@ -302,6 +302,23 @@ impl Session {
         self.timeout.unwrap_or_else(|| self.dev.timeout())
     }
 
+    /// A request chain laid out as Linux lays it out: the in-header, each argument in its own
+    /// readable buffer, the out-header, and (when `body` > 0) a reply body of `body` bytes.
+    pub fn linux_chain(&self, opcode: u32, nodeid: u64, parts: &[&[u8]], body: u32) -> Chain {
+        let len = parts.iter().map(|p| p.len()).sum();
+        let hdr = self.header(opcode, nodeid, len);
+        let mut segs = vec![Seg::Readable(hdr.as_slice().to_vec())];
+        segs.extend(parts.iter().map(|p| Seg::Readable(p.to_vec())));
+        segs.push(Seg::Writable(std::mem::size_of::<OutHeader>() as u32));
+        if body > 0 {
+            segs.push(Seg::Writable(body));
+        }
+        Chain {
+            segs,
+            indirect: self.dev.info().indirect_desc,
+        }
+    }
+
     /// Sends a request built from an in-header and `parts` (each in its own readable
     /// buffer, as given: empty parts become zero-length descriptors), with `reply_capacity`
     /// writable bytes (split as out-header + body when over 16; 0 = no writable buffer) on
