@@ -166,7 +166,8 @@ pub struct Cli {
     #[arg(long)]
     pub xattr: bool,
 
-    /// POSIX ACLs: never (the default), auto or always (only `never` is supported yet).
+    /// POSIX ACLs (`system.posix_acl_*`, default ACLs inherited on create; implies --xattr):
+    /// never (the default); auto and always both offer them to the guest.
     #[arg(long, value_enum, value_name = "MODE", num_args = 0..=1, require_equals = true, default_missing_value = "always", default_value = "never")]
     pub posix_acl: Negotiation,
 
@@ -445,7 +446,6 @@ impl Cli {
             ));
         }
         let unsupported = [
-            (self.posix_acl != Negotiation::Never, "--posix-acl"),
             (
                 self.inode_file_handles == InodeFileHandles::Mandatory,
                 "--inode-file-handles=mandatory",
@@ -802,11 +802,7 @@ mod tests {
 
     #[test]
     fn unimplemented_options_fail_loudly() {
-        for opt in [
-            "--posix-acl",
-            "--inode-file-handles=mandatory",
-            "--security-label",
-        ] {
+        for opt in ["--inode-file-handles=mandatory", "--security-label"] {
             let e = parse(&["--shared-dir=/tmp", "--socket-path=/tmp/s", opt]).unwrap_err();
             assert!(e.starts_with("not supported yet: "), "{opt}: {e}");
         }

@@ -730,7 +730,9 @@ impl<F: FileSystem> Server<F> {
         if value.len() != a.size as usize {
             return Err(einval());
         }
-        empty(self.fs.setxattr(&req.ctx, req.nodeid, name, value, a.flags))
+        // Without FUSE_SETXATTR_EXT the compat struct ends before `setxattr_flags` (left 0).
+        let (ctx, ino, ext_flags) = (&req.ctx, req.nodeid, a.setxattr_flags);
+        empty(self.fs.setxattr(ctx, ino, name, value, a.flags, ext_flags))
     }
 
     fn readdir(&self, req: &Req, r: &mut Reader, w: &mut Writer, plus: bool) -> HandlerResult {
