@@ -45,6 +45,9 @@ impl FileSystem for PassthroughFs {
             // The guest must leave the umask to us: a default ACL replaces it.
             want |= f::POSIX_ACL | f::DONT_MASK;
         }
+        if cfg.security_label {
+            want |= f::SECURITY_CTX;
+        }
         if cfg.allow_mmap && cfg.cache == CachePolicy::Never {
             want |= f::DIRECT_IO_ALLOW_MMAP;
         }

@@ -124,6 +124,9 @@ pub struct Config {
     /// POSIX ACLs (virtiofsd's `--posix-acl`): negotiate `FUSE_POSIX_ACL` and
     /// `FUSE_DONT_MASK`, serve the `system.posix_acl_*` attributes (see [`xattr_ops`]).
     pub posix_acl: bool,
+    /// Security labels (virtiofsd's `--security-label`): negotiate `FUSE_SECURITY_CTX`; the
+    /// server then sets the context the guest sends on each new inode.
+    pub security_label: bool,
     /// Pass the guest's `O_NOATIME` on (virtiofsd's `--preserve-noatime`); else dropped.
     pub preserve_noatime: bool,
     /// Translate extended attribute names (virtiofsd's `--xattrmap`).
@@ -150,6 +153,7 @@ impl Default for Config {
             posix_lock: false,
             flock: false,
             posix_acl: false,
+            security_label: false,
             preserve_noatime: false,
             xattrmap: None,
             uid_map: idmap::IdMap::default(),
