@@ -469,9 +469,22 @@ impl<F: FileSystem> Server<F> {
             }
             op::CREATE => {
                 let a: CreateIn = r.read_obj()?;
-                let (name, sec) = (one_name(r)?, self.secctx(req)?);
-                let (e, fh, flags) =
-                    fs.create(ctx, ino, &name, a.mode, a.flags, a.umask, a.open_flags)?;
+                let (name, mut sec) = (one_name(r)?, self.secctx(req)?);
+                let create =
+                    |flags| fs.create(ctx, ino, &name, a.mode, flags, a.umask, a.open_flags);
+                // Only a file created here is labelled (and removed if that fails): with a
+                // context, create exclusively; an existing file is then opened unlabelled.
+                let excl = libc::O_EXCL as u32;
+                let (e, fh, flags) = match sec.is_some() && a.flags & excl == 0 {
+                    false => create(a.flags)?,
+                    true => match create(a.flags | excl) {
+                        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                            sec = None;
+                            create(a.flags)?
+                        }
+                        other => other?,
+                    },
+                };
                 self.label(req, sec, &e, || {
                     let _ = fs.release(ctx, e.inode, fh, false, 0);
                     let _ = fs.unlink(ctx, ino, &name);

@@ -137,3 +137,38 @@ fn without_the_option_the_extension_is_ignored() {
         assert_eq!(host_lgetxattr(&h.host(&name), NAME), None);
     }
 }
+
+#[test]
+fn create_of_an_existing_file_neither_labels_nor_removes_it() {
+    // xattrs off, so a label attempt would fail and undo: the file must survive untouched.
+    let h = Harness::with(|c| {
+        c.security_label = true;
+        c.xattr = false;
+    });
+    std::fs::write(h.host("old"), b"keep me").unwrap();
+    let args = [
+        raw(&CreateIn {
+            flags: libc::O_RDWR as u32,
+            mode: 0o644,
+            ..Default::default()
+        }),
+        cname("old"),
+    ]
+    .concat();
+    let r = send_ext(&h, op::CREATE, &[&args], &area(NAME, LABEL));
+    assert_eq!(r.error, 0, "CREATE without O_EXCL opens the existing file");
+    assert_eq!(std::fs::read(h.host("old")).unwrap(), b"keep me");
+    // With O_EXCL it is EEXIST, and the file is still there.
+    let args = [
+        raw(&CreateIn {
+            flags: (libc::O_RDWR | libc::O_EXCL) as u32,
+            mode: 0o644,
+            ..Default::default()
+        }),
+        cname("old"),
+    ]
+    .concat();
+    let r = send_ext(&h, op::CREATE, &[&args], &area(NAME, LABEL));
+    assert_eq!(r.error, -libc::EEXIST);
+    assert_eq!(std::fs::read(h.host("old")).unwrap(), b"keep me");
+}
