@@ -140,6 +140,7 @@ pub fn passthrough_fs(dir: &std::path::Path) -> io::Result<crate::passthrough::P
         root_dir: dir.to_path_buf(),
         xattr: true,
         posix_acl: true,
+        security_label: true,
         ..Default::default()
     })
 }

@@ -192,4 +192,44 @@ mod tests {
             assert_eq!(errno(parse(&c)), libc::EINVAL, "case {i}: {c:?}");
         }
     }
+
+    #[test]
+    fn arbitrary_bytes_never_panic() {
+        // Every prefix and every one-byte corruption of a good area, then pseudo-random
+        // areas: each parses or is EINVAL.
+        let good = area(b"security.selinux", b"system_u:object_r:x_t:s0\0", 1);
+        let mut inputs: Vec<Vec<u8>> = (0..=good.len()).map(|n| good[..n].to_vec()).collect();
+        for i in 0..good.len() {
+            for b in [0u8, 1, 7, 8, 0x20, 0xff] {
+                let mut v = good.clone();
+                v[i] = b;
+                inputs.push(v);
+            }
+        }
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..2000 {
+            let mut v = Vec::new();
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let len = (x >> 33) as usize % 96;
+            for _ in 0..len {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                // Mostly small values, so sizes and counts are often plausible.
+                v.push(if x >> 62 == 0 {
+                    (x >> 33) as u8
+                } else {
+                    (x >> 59) as u8
+                });
+            }
+            inputs.push(v);
+        }
+        for v in inputs {
+            if let Err(e) = parse(&v) {
+                assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{v:?}");
+            }
+        }
+    }
 }
