@@ -166,7 +166,8 @@ pub struct Cli {
     #[arg(long)]
     pub xattr: bool,
 
-    /// POSIX ACLs: never (the default), auto or always (only `never` is supported yet).
+    /// POSIX ACLs (`system.posix_acl_*`, default ACLs inherited on create; implies --xattr):
+    /// never (the default); auto and always both offer them to the guest.
     #[arg(long, value_enum, value_name = "MODE", num_args = 0..=1, require_equals = true, default_missing_value = "always", default_value = "never")]
     pub posix_acl: Negotiation,
 
@@ -267,7 +268,10 @@ pub struct Cli {
     #[arg(long, value_name = "CAPS")]
     pub modcaps: Option<String>,
 
-    /// Security label support: never (the default), auto or always (only `never` is supported yet).
+    /// Security labels (FUSE_SECURITY_CTX: the context the guest sends with each create is
+    /// set as that `security.*` xattr on the new file; implies --xattr; setting `security.*`
+    /// needs CAP_SYS_ADMIN without a host LSM: `--modcaps=+sys_admin`): never (the default);
+    /// auto and always both offer it.
     #[arg(long, value_enum, value_name = "MODE", num_args = 0..=1, require_equals = true, default_missing_value = "always", default_value = "never")]
     pub security_label: Negotiation,
 
@@ -445,14 +449,9 @@ impl Cli {
             ));
         }
         let unsupported = [
-            (self.posix_acl != Negotiation::Never, "--posix-acl"),
             (
                 self.inode_file_handles == InodeFileHandles::Mandatory,
                 "--inode-file-handles=mandatory",
-            ),
-            (
-                self.security_label != Negotiation::Never,
-                "--security-label",
             ),
             (!self.uid_map.is_empty(), "--uid-map"),
             (!self.gid_map.is_empty(), "--gid-map"),
@@ -802,14 +801,36 @@ mod tests {
 
     #[test]
     fn unimplemented_options_fail_loudly() {
-        for opt in [
-            "--posix-acl",
-            "--inode-file-handles=mandatory",
-            "--security-label",
+        let opt = "--inode-file-handles=mandatory";
+        let e = parse(&["--shared-dir=/tmp", "--socket-path=/tmp/s", opt]).unwrap_err();
+        assert!(e.starts_with("not supported yet: "), "{opt}: {e}");
+        // Implemented now; as in virtiofsd they imply --xattr.
+        for opts in [
+            &["--posix-acl"][..],
+            &["--security-label"],
+            &["-o", "posix_acl,security_label"],
+            &["--posix-acl=auto", "--security-label=always"],
         ] {
-            let e = parse(&["--shared-dir=/tmp", "--socket-path=/tmp/s", opt]).unwrap_err();
-            assert!(e.starts_with("not supported yet: "), "{opt}: {e}");
+            let mut args = vec!["--shared-dir=/tmp", "--socket-path=/tmp/s"];
+            args.extend_from_slice(opts);
+            let c = parse(&args).unwrap();
+            assert!(c.xattr, "{opts:?}");
+            assert!(
+                c.posix_acl != Negotiation::Never || c.security_label != Negotiation::Never,
+                "{opts:?}"
+            );
         }
+        let c = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/tmp/s",
+            "-o",
+            "posix_acl,no_posix_acl,security_label,no_security_label",
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.posix_acl, c.security_label, c.xattr),
+            (Negotiation::Never, Negotiation::Never, false)
+        );
         // As virtiofsd: uid/gid maps only for a non-root daemon's namespace sandbox.
         let e = parse(&[
             "--shared-dir=/tmp",

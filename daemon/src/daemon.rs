@@ -78,6 +78,8 @@ fn passthrough_config(cli: &Cli) -> io::Result<passthrough::Config> {
         announce_submounts: cli.announce_submounts,
         killpriv_v2: cli.killpriv_v2,
         posix_lock: cli.posix_lock,
+        posix_acl: cli.posix_acl != crate::cli::Negotiation::Never,
+        security_label: cli.security_label != crate::cli::Negotiation::Never,
         flock: cli.flock,
         preserve_noatime: cli.preserve_noatime,
         xattrmap: match &cli.xattrmap {

@@ -241,6 +241,7 @@ pub trait FileSystem: Send + Sync {
         name: &CStr,
         value: &[u8],
         flags: u32,
+        setxattr_flags: u32,
     ) -> io::Result<()> {
         enosys()
     }

@@ -139,6 +139,8 @@ pub fn passthrough_fs(dir: &std::path::Path) -> io::Result<crate::passthrough::P
     crate::passthrough::PassthroughFs::new(crate::passthrough::Config {
         root_dir: dir.to_path_buf(),
         xattr: true,
+        posix_acl: true,
+        security_label: true,
         ..Default::default()
     })
 }

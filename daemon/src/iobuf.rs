@@ -58,6 +58,7 @@ fn total_len(bufs: &VecDeque<VolatileSlice<'_>>) -> usize {
 }
 
 /// The readable part of a request.
+#[derive(Clone)]
 pub struct Reader<'a> {
     bufs: VecDeque<VolatileSlice<'a>>,
     consumed: usize,
@@ -97,6 +98,16 @@ impl<'a> Reader<'a> {
             left -= n;
         }
         self.bufs = keep;
+    }
+
+    /// Skips the next `len` bytes, or fails with `UnexpectedEof` and consumes nothing.
+    pub fn skip(&mut self, len: usize) -> io::Result<()> {
+        if self.available() < len {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        }
+        advance(&mut self.bufs, len);
+        self.consumed += len;
+        Ok(())
     }
 
     /// Fills `buf` completely, or fails with `UnexpectedEof` and consumes nothing.

@@ -19,6 +19,7 @@ pub mod passthrough;
 pub mod runfiles;
 pub mod sandbox;
 pub mod seccomp;
+pub mod secctx;
 pub mod server;
 pub mod sys;
 pub mod syslog;

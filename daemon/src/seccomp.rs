@@ -150,6 +150,8 @@ pub const ALLOWED: &[(&str, libc::c_long)] = &[
     ("fchownat", libc::SYS_fchownat),
     ("fchmodat", libc::SYS_fchmodat),
     ("fchmod", libc::SYS_fchmod),
+    // The per-thread umask of a create with --posix-acl (after unshare(CLONE_FS)).
+    ("umask", libc::SYS_umask),
     ("ftruncate", libc::SYS_ftruncate),
     ("utimensat", libc::SYS_utimensat),
     ("fallocate", libc::SYS_fallocate),

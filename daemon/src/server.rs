@@ -106,6 +106,9 @@ struct Req {
     unique: u64,
     nodeid: u64,
     ctx: Context,
+    /// The request-extension area (`total_extlen * 8` bytes after the payload), read only
+    /// for the creating opcodes once `FUSE_SECURITY_CTX` is agreed; else empty.
+    ext: Vec<u8>,
 }
 
 impl<F: FileSystem> Server<F> {
@@ -188,7 +191,7 @@ impl<F: FileSystem> Server<F> {
         let hdr: InHeader = r.read_obj().inspect_err(|_| {
             log::warn!("dropping request: {total} bytes, too short for a FUSE header");
         })?;
-        let req = Req {
+        let mut req = Req {
             unique: hdr.unique,
             nodeid: hdr.nodeid,
             ctx: Context {
@@ -196,8 +199,11 @@ impl<F: FileSystem> Server<F> {
                 gid: hdr.gid,
                 pid: hdr.pid,
             },
+            ext: Vec::new(),
         };
-        let result = self.check_header(&hdr, total, &mut r);
+        let result = self
+            .check_header(&hdr, total, &mut r)
+            .map(|ext| req.ext = ext);
         let mut head = w;
         let mut body = match head.as_mut() {
             Some(h) if h.available() >= OUT_HEADER_LEN => Some(h.split_at(OUT_HEADER_LEN)?),
@@ -264,8 +270,9 @@ impl<F: FileSystem> Server<F> {
         Ok(len)
     }
 
-    /// Header checks common to every opcode; limits `r` to this request's payload.
-    fn check_header(&self, hdr: &InHeader, total: usize, r: &mut Reader) -> io::Result<()> {
+    /// Header checks common to every opcode; limits `r` to this request's payload and
+    /// returns the extension area when the opcode may carry a security context.
+    fn check_header(&self, hdr: &InHeader, total: usize, r: &mut Reader) -> io::Result<Vec<u8>> {
         if hdr.len as usize != total {
             log::warn!(
                 "{} unique={}: header len {} but request has {total} bytes",
@@ -299,12 +306,62 @@ impl<F: FileSystem> Server<F> {
             );
             return Err(einval());
         }
+        // At most 65535 * 8 bytes, all inside the request (checked above).
+        let creates = matches!(
+            hdr.opcode,
+            op::CREATE | op::MKDIR | op::MKNOD | op::SYMLINK | op::TMPFILE
+        );
+        let secctx = self.session.flags.load(Ordering::Relaxed) & init_flags::SECURITY_CTX != 0;
+        let ext_area = if ext > 0 && creates && secctx {
+            let mut t = r.clone();
+            t.skip(payload)?;
+            t.read_vec(ext)?
+        } else {
+            Vec::new()
+        };
         r.truncate(payload);
         if hdr.opcode != op::INIT && !self.session.initialized.load(Ordering::Acquire) {
             log::warn!("{} before INIT", op::name(hdr.opcode));
             return Err(err(libc::EIO));
         }
-        Ok(())
+        Ok(ext_area)
+    }
+
+    /// The security context a creating request carries (parsed before the create, so a
+    /// malformed extension creates nothing).
+    fn secctx(&self, req: &Req) -> io::Result<Option<crate::secctx::SecCtx>> {
+        if req.ext.is_empty() {
+            return Ok(None);
+        }
+        crate::secctx::parse(&req.ext)
+            .inspect_err(|_| log::warn!("unique={}: bad request extension", req.unique))
+    }
+
+    /// Sets the security context on a new inode, as virtiofsd does without SELinux's
+    /// fscreate: after the create (not atomic; the guest sees the inode only with the
+    /// reply). If that fails the create is undone (`undo`, then FORGET of the entry) and
+    /// the error returned, so the guest never gets an unlabelled inode.
+    fn label(
+        &self,
+        req: &Req,
+        sec: Option<crate::secctx::SecCtx>,
+        e: &Entry,
+        undo: impl FnOnce(),
+    ) -> io::Result<()> {
+        let Some(sec) = sec else { return Ok(()) };
+        let set = self
+            .fs
+            .setxattr(&req.ctx, e.inode, &sec.name, &sec.value, 0, 0);
+        if let Err(ref err) = set {
+            log::warn!(
+                "unique={}: cannot set {:?} on the new inode: {err}; create undone",
+                req.unique,
+                sec.name
+            );
+            undo();
+            self.fs.forget(&req.ctx, e.inode, 1);
+        }
+        set
     }
 
     /// Requests that never get a reply may come without a writable buffer.
@@ -359,18 +416,30 @@ impl<F: FileSystem> Server<F> {
                 if target.to_bytes().is_empty() || target.to_bytes().len() >= PATH_MAX {
                     return Err(err(libc::ENAMETOOLONG));
                 }
-                self.entry(w, fs.symlink(ctx, target, ino, name)?)
+                let sec = self.secctx(req)?;
+                let e = fs.symlink(ctx, target, ino, name)?;
+                self.label(req, sec, &e, || {
+                    let _ = fs.unlink(ctx, ino, name);
+                })?;
+                self.entry(w, e)
             }
             op::MKNOD => {
                 let a: MknodIn = r.read_obj()?;
-                self.entry(
-                    w,
-                    fs.mknod(ctx, ino, &one_name(r)?, a.mode, a.rdev, a.umask)?,
-                )
+                let (name, sec) = (one_name(r)?, self.secctx(req)?);
+                let e = fs.mknod(ctx, ino, &name, a.mode, a.rdev, a.umask)?;
+                self.label(req, sec, &e, || {
+                    let _ = fs.unlink(ctx, ino, &name);
+                })?;
+                self.entry(w, e)
             }
             op::MKDIR => {
                 let a: MkdirIn = r.read_obj()?;
-                self.entry(w, fs.mkdir(ctx, ino, &one_name(r)?, a.mode, a.umask)?)
+                let (name, sec) = (one_name(r)?, self.secctx(req)?);
+                let e = fs.mkdir(ctx, ino, &name, a.mode, a.umask)?;
+                self.label(req, sec, &e, || {
+                    let _ = fs.rmdir(ctx, ino, &name);
+                })?;
+                self.entry(w, e)
             }
             op::UNLINK => empty(fs.unlink(ctx, ino, &one_name(r)?)),
             op::RMDIR => empty(fs.rmdir(ctx, ino, &one_name(r)?)),
@@ -400,9 +469,26 @@ impl<F: FileSystem> Server<F> {
             }
             op::CREATE => {
                 let a: CreateIn = r.read_obj()?;
-                let name = one_name(r)?;
-                let (e, fh, flags) =
-                    fs.create(ctx, ino, &name, a.mode, a.flags, a.umask, a.open_flags)?;
+                let (name, mut sec) = (one_name(r)?, self.secctx(req)?);
+                let create =
+                    |flags| fs.create(ctx, ino, &name, a.mode, flags, a.umask, a.open_flags);
+                // Only a file created here is labelled (and removed if that fails): with a
+                // context, create exclusively; an existing file is then opened unlabelled.
+                let excl = libc::O_EXCL as u32;
+                let (e, fh, flags) = match sec.is_some() && a.flags & excl == 0 {
+                    false => create(a.flags)?,
+                    true => match create(a.flags | excl) {
+                        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                            sec = None;
+                            create(a.flags)?
+                        }
+                        other => other?,
+                    },
+                };
+                self.label(req, sec, &e, || {
+                    let _ = fs.release(ctx, e.inode, fh, false, 0);
+                    let _ = fs.unlink(ctx, ino, &name);
+                })?;
                 w.write_obj(&self.entry_out(&e))?;
                 obj(w, &open_out(fh, flags))
             }
@@ -411,7 +497,11 @@ impl<F: FileSystem> Server<F> {
                 // The client sends a placeholder name; it only has to be well formed.
                 let rest = r.read_vec(r.available())?;
                 check_empty(split_cstr(&rest)?.1)?;
+                let sec = self.secctx(req)?;
                 let (e, fh, flags) = fs.tmpfile(ctx, ino, a.mode, a.flags, a.umask)?;
+                self.label(req, sec, &e, || {
+                    let _ = fs.release(ctx, e.inode, fh, false, 0);
+                })?;
                 w.write_obj(&self.entry_out(&e))?;
                 obj(w, &open_out(fh, flags))
             }
@@ -730,7 +820,9 @@ impl<F: FileSystem> Server<F> {
         if value.len() != a.size as usize {
             return Err(einval());
         }
-        empty(self.fs.setxattr(&req.ctx, req.nodeid, name, value, a.flags))
+        // Without FUSE_SETXATTR_EXT the compat struct ends before `setxattr_flags` (left 0).
+        let (ctx, ino, ext_flags) = (&req.ctx, req.nodeid, a.setxattr_flags);
+        empty(self.fs.setxattr(ctx, ino, name, value, a.flags, ext_flags))
     }
 
     fn readdir(&self, req: &Req, r: &mut Reader, w: &mut Writer, plus: bool) -> HandlerResult {

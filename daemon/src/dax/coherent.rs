@@ -235,8 +235,10 @@ impl<F: FileSystem> FileSystem for Coherent<F> {
         name: &CStr,
         value: &[u8],
         flags: u32,
+        setxattr_flags: u32,
     ) -> io::Result<()> {
-        self.inner.setxattr(ctx, inode, name, value, flags)
+        self.inner
+            .setxattr(ctx, inode, name, value, flags, setxattr_flags)
     }
     fn getxattr(
         &self,

@@ -280,6 +280,41 @@ mod passthrough {
     }
 
     #[test]
+    fn posix_acl_agreement_survives_migration() {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("d")).unwrap();
+        // Default ACL on d: user rwx, group rwx, other none (tag, perm, id).
+        let mut acl = 2u32.to_le_bytes().to_vec();
+        for (tag, perm) in [(1u16, 7u16), (4, 7), (0x20, 0)] {
+            acl.extend_from_slice(&tag.to_le_bytes());
+            acl.extend_from_slice(&perm.to_le_bytes());
+            acl.extend_from_slice(&u32::MAX.to_le_bytes());
+        }
+        let path = CString::new(tmp.path().join("d").as_os_str().as_bytes()).unwrap();
+        crate::sys::setxattr(&path, &c("system.posix_acl_default"), &acl, 0).unwrap();
+        let src = PassthroughFs::new(Config {
+            root_dir: tmp.path().to_path_buf(),
+            posix_acl: true,
+            ..Default::default()
+        })
+        .unwrap();
+        src.init(InitCaps { flags: u64::MAX }).unwrap();
+        let opts = MigrationOptions::default();
+        let st = round(&src, &opts);
+        // The destination's own INIT agreed nothing of the kind; the guest, though, goes on
+        // sending unmasked modes (DONT_MASK), so the agreement must come with the state.
+        let dst = fs(tmp.path());
+        assert_eq!(dst.import_state(&st, &opts).unwrap(), (0, 0));
+        let ctx = Context::default();
+        let d = dst.lookup(&ctx, 1, &c("d")).unwrap().inode;
+        dst.mkdir(&ctx, d, &c("x"), 0o777, 0o077).unwrap();
+        let mode = std::fs::metadata(tmp.path().join("d/x")).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o770, "the default ACL, not the umask, decides");
+    }
+
+    #[test]
     fn find_paths_round_trip() {
         let tmp = tempfile::tempdir().unwrap();
         let (src, d, f, fh, dh) = populated(tmp.path());

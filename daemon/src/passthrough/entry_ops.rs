@@ -164,7 +164,8 @@ impl PassthroughFs {
         self.check_writable()?;
         check_name(name)?;
         let p = self.dir_inode(parent)?;
-        let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !umask);
+        let (perm, _umask) = self.create_mode(mode, umask)?;
+        let mode = (mode & libc::S_IFMT) | perm;
         {
             let _creds = self.creds.switch_to(&self.host_ctx(ctx)?)?;
             sys::mknodat(p.fd(), name, mode, decode_dev(rdev))?;
@@ -184,8 +185,9 @@ impl PassthroughFs {
         check_name(name)?;
         let p = self.dir_inode(parent)?;
         {
+            let (mode, _umask) = self.create_mode(mode, umask)?;
             let _creds = self.creds.switch_to(&self.host_ctx(ctx)?)?;
-            sys::mkdirat(p.fd(), name, mode & 0o7777 & !umask)?;
+            sys::mkdirat(p.fd(), name, mode)?;
         }
         self.do_lookup(&p, name)
     }

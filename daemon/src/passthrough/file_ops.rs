@@ -177,7 +177,7 @@ impl PassthroughFs {
         check_name(name)?;
         let p = self.dir_inode(parent)?;
         let hflags = self.host_flags(flags)?;
-        let mode = mode & 0o7777 & !umask;
+        let (mode, umask_guard) = self.create_mode(mode, umask)?;
         // Always exclusive and never through a symlink: an existing name is opened only
         // below, after checking that it is a regular file (never a device or fifo).
         let created = {
@@ -189,6 +189,7 @@ impl PassthroughFs {
                 mode,
             )
         };
+        drop(umask_guard);
         let fd = match created {
             Ok(fd) => fd,
             Err(e)
@@ -229,11 +230,12 @@ impl PassthroughFs {
         self.check_writable()?;
         let p = self.dir_inode(parent)?;
         let hflags = self.host_flags(flags)?;
-        let mode = mode & 0o7777 & !umask;
+        let (mode, umask_guard) = self.create_mode(mode, umask)?;
         let fd = {
             let _creds = self.creds.switch_to(&self.host_ctx(ctx)?)?;
             sys::openat(p.fd(), c".", hflags | libc::O_TMPFILE, mode)?
         };
+        drop(umask_guard);
         self.finish_create(fd, hflags, p.key.mnt)
     }
 

@@ -41,6 +41,13 @@ impl FileSystem for PassthroughFs {
         if cfg.killpriv_v2 {
             want |= f::HANDLE_KILLPRIV_V2;
         }
+        if cfg.posix_acl {
+            // The guest must leave the umask to us: a default ACL replaces it.
+            want |= f::POSIX_ACL | f::DONT_MASK;
+        }
+        if cfg.security_label {
+            want |= f::SECURITY_CTX;
+        }
         if cfg.allow_mmap && cfg.cache == CachePolicy::Never {
             want |= f::DIRECT_IO_ALLOW_MMAP;
         }
@@ -52,6 +59,8 @@ impl FileSystem for PassthroughFs {
             .store(agreed & f::SUBMOUNTS != 0, Ordering::Relaxed);
         n.killpriv_v2
             .store(agreed & f::HANDLE_KILLPRIV_V2 != 0, Ordering::Relaxed);
+        let acl = f::POSIX_ACL | f::DONT_MASK;
+        n.posix_acl.store(agreed & acl == acl, Ordering::Relaxed);
         Ok(want)
     }
 
@@ -236,8 +245,9 @@ impl FileSystem for PassthroughFs {
         name: &CStr,
         value: &[u8],
         flags: u32,
+        setxattr_flags: u32,
     ) -> io::Result<()> {
-        self.do_setxattr(inode, name, value, flags)
+        self.do_setxattr(inode, name, value, flags, setxattr_flags)
     }
 
     fn getxattr(

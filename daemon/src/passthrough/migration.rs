@@ -25,6 +25,8 @@ const SEARCH_MAX_ENTRIES: usize = 1_000_000;
 const NEG_WRITEBACK: u32 = 1 << 0;
 const NEG_SUBMOUNTS: u32 = 1 << 1;
 const NEG_KILLPRIV_V2: u32 = 1 << 2;
+/// POSIX_ACL + DONT_MASK: the guest sends unmasked modes, the daemon applies its umask.
+const NEG_POSIX_ACL: u32 = 1 << 3;
 
 /// Open flags that describe a handle (the rest, like `O_CREAT`, only mattered at open).
 const HANDLE_FLAGS: i32 = libc::O_ACCMODE
@@ -335,6 +337,7 @@ impl PassthroughFs {
             (&n.writeback, NEG_WRITEBACK),
             (&n.submounts, NEG_SUBMOUNTS),
             (&n.killpriv_v2, NEG_KILLPRIV_V2),
+            (&n.posix_acl, NEG_POSIX_ACL),
         ] {
             if on.load(Ordering::Relaxed) {
                 negotiated |= bit;
@@ -488,6 +491,8 @@ impl PassthroughFs {
             .store(state.negotiated & NEG_SUBMOUNTS != 0, Ordering::Relaxed);
         n.killpriv_v2
             .store(state.negotiated & NEG_KILLPRIV_V2 != 0, Ordering::Relaxed);
+        n.posix_acl
+            .store(state.negotiated & NEG_POSIX_ACL != 0, Ordering::Relaxed);
         self.inodes.replace(inodes, state.next_inode);
         self.handles.replace(handles, state.next_handle);
         Ok((failed, failed_handles))

@@ -16,10 +16,17 @@
 //! itself; opening a guest-made device node on the host would be an escape).
 //!
 //! # File modes and umask
-//! `FUSE_DONT_MASK` is never negotiated, so the guest kernel applies the caller's umask
-//! before sending a mode. We apply `mode & !umask` again explicitly (idempotent), and set
-//! the *process* umask to 0 in [`PassthroughFs::new`] so the host does not mask a second
-//! time with the daemon's own umask. That affects every file the process creates.
+//! Without POSIX ACLs `FUSE_DONT_MASK` is not negotiated, so the guest kernel applies the
+//! caller's umask before sending a mode. We apply `mode & !umask` again explicitly
+//! (idempotent), and set the *process* umask to 0 in [`PassthroughFs::new`] so the host
+//! does not mask a second time with the daemon's own umask. That affects every file the
+//! process creates.
+//!
+//! With `--posix-acl`, `FUSE_DONT_MASK` is negotiated with `FUSE_POSIX_ACL`: the guest sends
+//! the unmasked mode and its umask, because a default ACL on the parent replaces the umask.
+//! The creating thread (which has its own `fs_struct`, see [`xattr_ops`]) then sets its
+//! umask to the guest's for the duration of the create and passes the mode unmasked, so the
+//! host kernel applies the umask only when the parent has no default ACL, in one step.
 //!
 //! # Errors chosen here
 //! Unknown inodes and handles: `EBADF`. `.`/`..` as a name to create, remove or rename:
@@ -114,6 +121,12 @@ pub struct Config {
     pub posix_lock: bool,
     /// Serve BSD flock() locks on the host (`FUSE_FLOCK_LOCKS`). Off by default.
     pub flock: bool,
+    /// POSIX ACLs (virtiofsd's `--posix-acl`): negotiate `FUSE_POSIX_ACL` and
+    /// `FUSE_DONT_MASK`, serve the `system.posix_acl_*` attributes (see [`xattr_ops`]).
+    pub posix_acl: bool,
+    /// Security labels (virtiofsd's `--security-label`): negotiate `FUSE_SECURITY_CTX`; the
+    /// server then sets the context the guest sends on each new inode.
+    pub security_label: bool,
     /// Pass the guest's `O_NOATIME` on (virtiofsd's `--preserve-noatime`); else dropped.
     pub preserve_noatime: bool,
     /// Translate extended attribute names (virtiofsd's `--xattrmap`).
@@ -139,6 +152,8 @@ impl Default for Config {
             killpriv_v2: false,
             posix_lock: false,
             flock: false,
+            posix_acl: false,
+            security_label: false,
             preserve_noatime: false,
             xattrmap: None,
             uid_map: idmap::IdMap::default(),
@@ -153,6 +168,8 @@ struct Negotiated {
     writeback: AtomicBool,
     submounts: AtomicBool,
     killpriv_v2: AtomicBool,
+    /// `FUSE_POSIX_ACL` and `FUSE_DONT_MASK`: the guest sends unmasked modes plus its umask.
+    posix_acl: AtomicBool,
 }
 
 /// Serves [`Config::root_dir`] to the guest.

@@ -18,9 +18,11 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 
+use std::sync::atomic::Ordering;
+
 use super::xattrmap::ClientName;
 use super::{err, fd_name, PassthroughFs};
-use crate::abi::XATTR_SIZE_MAX;
+use crate::abi::{SETXATTR_ACL_KILL_SGID, XATTR_SIZE_MAX};
 use crate::filesystem::{Inode, XattrReply};
 use crate::sys;
 
@@ -31,6 +33,25 @@ thread_local! {
 
 /// Largest attribute list we fetch (Linux `XATTR_LIST_MAX`).
 const XATTR_LIST_MAX: usize = 65536;
+
+/// Gives the calling thread its own `fs_struct` (working directory, umask), once.
+fn own_fs() -> io::Result<()> {
+    if !OWN_CWD.get() {
+        sys::unshare_fs()?;
+        OWN_CWD.set(true);
+    }
+    Ok(())
+}
+
+/// Puts the thread's umask back to 0 (the daemon's, see the module docs of `passthrough`).
+#[must_use]
+pub(super) struct UmaskGuard(());
+
+impl Drop for UmaskGuard {
+    fn drop(&mut self) {
+        sys::umask(0);
+    }
+}
 
 fn reply((value, len): (Vec<u8>, usize), size: u32) -> io::Result<XattrReply> {
     if size == 0 {
@@ -49,10 +70,7 @@ impl PassthroughFs {
         fd: BorrowedFd,
         f: impl FnOnce(&CStr) -> io::Result<T>,
     ) -> io::Result<T> {
-        if !OWN_CWD.get() {
-            sys::unshare_fs()?;
-            OWN_CWD.set(true);
-        }
+        own_fs()?;
         sys::fchdir(self.proc_self_fd.as_fd())?;
         f(&fd_name(fd))
     }
@@ -76,20 +94,53 @@ impl PassthroughFs {
         }
     }
 
+    /// The permission bits to create a file with, and (with POSIX ACLs negotiated) the guard
+    /// of the thread umask set to the guest's for the create: the host kernel then applies
+    /// the umask only when the parent has no default ACL (see the module docs of
+    /// `passthrough`).
+    pub(super) fn create_mode(
+        &self,
+        mode: u32,
+        umask: u32,
+    ) -> io::Result<(u32, Option<UmaskGuard>)> {
+        if !self.negotiated.posix_acl.load(Ordering::Relaxed) {
+            return Ok((mode & 0o7777 & !umask, None));
+        }
+        own_fs()?;
+        sys::umask(umask & 0o777);
+        Ok((mode & 0o7777, Some(UmaskGuard(()))))
+    }
+
     pub(super) fn do_setxattr(
         &self,
         inode: Inode,
         name: &CStr,
         value: &[u8],
         flags: u32,
+        setxattr_flags: u32,
     ) -> io::Result<()> {
         self.check_xattr()?;
         self.check_writable()?;
+        // The guest kernel asks us to clear the setgid bit when the caller setting an
+        // access ACL is neither in the file's group nor has CAP_FSETID; the host kernel
+        // would not, as the daemon has CAP_FSETID. As virtiofsd: set the ACL (which may
+        // change the mode), then clear the bit from the resulting mode.
+        let kill_sgid = self.negotiated.posix_acl.load(Ordering::Relaxed)
+            && setxattr_flags & SETXATTR_ACL_KILL_SGID != 0
+            && name.to_bytes() == b"system.posix_acl_access";
         let name = self.host_xattr_name(name)?;
         let data = self.inode(inode)?;
         self.at_proc_fd(data.fd(), |p| {
             sys::setxattr(p, &name, value, flags as libc::c_int)
-        })
+        })?;
+        if kill_sgid {
+            let st = sys::fstat(data.fd())?;
+            if st.st_mode & libc::S_ISGID != 0 {
+                let mode = st.st_mode & 0o7777 & !libc::S_ISGID;
+                sys::fchmodat(self.proc_self_fd.as_fd(), &fd_name(data.fd()), mode)?;
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn do_getxattr(

@@ -356,10 +356,23 @@ impl Session {
         value: &[u8],
         flags: u32,
     ) -> io::Result<()> {
+        self.setxattr_ext(nodeid, name, value, flags, 0)
+    }
+
+    /// SETXATTR with `setxattr_flags` (e.g. `SETXATTR_ACL_KILL_SGID`; dropped when
+    /// SETXATTR_EXT was not negotiated, as the kernel does).
+    pub fn setxattr_ext(
+        &self,
+        nodeid: u64,
+        name: impl AsRef<OsStr>,
+        value: &[u8],
+        flags: u32,
+        setxattr_flags: u32,
+    ) -> io::Result<()> {
         let a = abi::SetxattrIn {
             size: value.len() as u32,
             flags,
-            setxattr_flags: 0,
+            setxattr_flags,
             padding: 0,
         };
         let arg = if self.negotiated() & f::SETXATTR_EXT != 0 {
