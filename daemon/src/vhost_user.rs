@@ -734,7 +734,10 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         // virtio-fs request, and the base tells the frontend they were consumed.
         self.drain(queue_index as usize);
         let bit = 1u64.checked_shl(queue_index).unwrap_or(0);
-        let before = self.running.fetch_and(!bit, Ordering::SeqCst);
+        let before = {
+            let _g = self.queues.get(queue_index as usize).map(|q| q.lock());
+            self.running.fetch_and(!bit, Ordering::SeqCst)
+        };
         if before & bit != 0 && before & !bit == 0 {
             // A pause, not a reset: the guest keeps its FUSE session (node ids, handles). A
             // rebooting guest ends it with its next INIT (or the frontend with RESET_DEVICE).
@@ -761,9 +764,18 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             log::warn!("queue {thread_id}: event {device_event} for an unknown vring");
             return Ok(());
         };
-        let before = self
-            .running
-            .fetch_or(1u64 << thread_id.min(63), Ordering::SeqCst);
+        let before = {
+            // Under the queue's lock, as stop_vring clears the bit: a kick that raced the
+            // vring's stop (GET_VRING_BASE marks it not ready first) must not mark the
+            // device running again (a device-state transfer would be refused).
+            let _g = self.queues.get(thread_id).map(|q| q.lock());
+            if !vring.get_ref().get_queue().ready() {
+                log::debug!("queue {thread_id}: kick for a stopped vring ignored");
+                return Ok(());
+            }
+            self.running
+                .fetch_or(1u64 << thread_id.min(63), Ordering::SeqCst)
+        };
         if before == 0 {
             if let Some(c) = &self.channel {
                 c.device_started();
