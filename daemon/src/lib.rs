@@ -1,26 +1,33 @@
 //! daxfsd: a vhost-user virtio-fs daemon with a working DAX window.
 //!
-//! Layers (see ARCHITECTURE.md): a transport turns requests into [`iobuf::Reader`] /
-//! [`iobuf::Writer`] pairs, the [`server::Server`] decodes and dispatches them to a
-//! [`filesystem::FileSystem`], and DAX requests go to a [`mapper::Mapper`].
+//! Layers (see ARCHITECTURE.md), one folder each:
+//! - [`transport`]: turns its framing (vhost-user virtqueues) into [`iobuf::Reader`] /
+//!   [`iobuf::Writer`] pairs;
+//! - [`protocol`]: the FUSE wire format, the [`server::Server`] that decodes, validates,
+//!   dispatches to a [`filesystem::FileSystem`] and encodes, and the [`mapper::Mapper`] seam
+//!   DAX requests go to;
+//! - filesystems: [`passthrough`] (the host directory) with [`dax`] (the window and its
+//!   coherence decorator) next to it, and [`migration`] of their state;
+//! - [`host`]: the process around them (command line, wiring, sandbox, seccomp, capabilities,
+//!   logging, run files).
+//!
+//! Test-only code (an in-memory filesystem, a recording mapper, the fuzz harness) lives in
+//! [`testing`], built only with the `testing` feature.
 
-pub mod abi;
-pub mod caps;
-pub mod cli;
-pub mod daemon;
 pub mod dax;
-pub mod filesystem;
-pub mod fuzzing;
-pub mod iobuf;
-pub mod mapper;
-pub mod memfs;
+pub mod host;
 pub mod migration;
 pub mod passthrough;
-pub mod runfiles;
-pub mod sandbox;
-pub mod seccomp;
-pub mod secctx;
-pub mod server;
+pub mod protocol;
 pub mod sys;
-pub mod syslog;
-pub mod vhost_user;
+#[cfg(feature = "testing")]
+pub mod testing;
+pub mod transport;
+
+// The layers' modules under their short names, as the rest of the crate and its users name
+// them.
+pub use host::{caps, cli, daemon, runfiles, sandbox, seccomp, syslog};
+pub use protocol::{abi, filesystem, iobuf, mapper, secctx, server};
+#[cfg(feature = "testing")]
+pub use testing::{fuzzing, memfs};
+pub use transport::vhost_user;

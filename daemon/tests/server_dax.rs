@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use daxfsd::abi::{init_flags, opcode as op, *};
-use daxfsd::mapper::MapCall;
+use daxfsd::testing::recording::MapCall;
 
 const MB2: u64 = 2 << 20;
 

@@ -15,9 +15,10 @@ use std::sync::Arc;
 
 use daxfsd::abi::{opcode as op, *};
 use daxfsd::iobuf::{Reader, Writer};
-use daxfsd::mapper::{MapCall, Mapper, NoMapper, RecordingMapper};
+use daxfsd::mapper::{Mapper, NoMapper};
 use daxfsd::passthrough::{Config, PassthroughFs};
 use daxfsd::server::{Handled, Server, ServerOptions};
+use daxfsd::testing::recording::{MapCall, RecordingMapper};
 use vm_memory::{ByteValued, VolatileSlice};
 
 pub const ROOT: u64 = 1;

@@ -13,8 +13,8 @@ use vm_memory::{ByteValued, VolatileSlice};
 use crate::abi::{self, InHeader, InitIn};
 use crate::filesystem::FileSystem;
 use crate::iobuf::{Reader, Writer};
-use crate::mapper::RecordingMapper;
 use crate::server::{Server, ServerOptions};
+use crate::testing::recording::RecordingMapper;
 
 /// Reply room a record can ask for (indexed by the low bits of `shape`).
 const REPLY_ROOM: [usize; 8] = [0, 8, 16, 24, 128, 4096, 8192, 1 << 20];

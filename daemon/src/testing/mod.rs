@@ -1,0 +1,6 @@
+//! Test-only pieces, built with the `testing` feature (the crate's own tests, the userspace
+//! driver's tests, the fuzz targets): never part of the shipped daemon.
+
+pub mod fuzzing;
+pub mod memfs;
+pub mod recording;

@@ -1,0 +1,3 @@
+//! Transports: each turns its own framing into the server's `Reader`/`Writer` pairs.
+
+pub mod vhost_user;
