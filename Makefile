@@ -48,6 +48,12 @@ test-dax: kernel initramfs qemu build
 	tests/e2e/dax.sh
 	tests/e2e/run.sh -p dax -o dax=always -a --dax-window=256M
 
+# The DAX checks again with the guest kernel's upstream (Linux 6.12) window policy,
+# -o dax_policy=upstream; test-dax covers the default (hybrid) policy of guest-kernel/patches.
+.PHONY: test-dax-policy
+test-dax-policy: kernel initramfs qemu build
+	tests/e2e/dax.sh --dax-policy upstream
+
 # Escape attempts from a guest against the default sandbox; the host checks nothing changed.
 test-escape: kernel initramfs qemu build
 	tests/e2e/escape.sh

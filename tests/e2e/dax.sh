@@ -2,7 +2,10 @@
 # DAX end to end: QEMU 11.1 (profile dax, TCG) + daxfsd with a DAX window, checked in the
 # guest and on the host after the VM exits.
 #
-#   tests/e2e/dax.sh [-v]
+#   tests/e2e/dax.sh [-v] [--dax-policy hybrid|upstream]
+#
+# --dax-policy mounts with -o dax_policy=P (guest-kernel/patches: the window policy; the
+# kernel's default is hybrid); without it the kernel's default policy is checked.
 #
 # Run 1, `-o dax=always`, 64 MiB window, --cache never:
 #   mount_dax          the mount really is dax=always and the guest saw the window
@@ -22,8 +25,15 @@ RIG_TAG=e2e-dax
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 cd "$RIG_ROOT"
 
-verbose=()
-[[ ${1:-} == -v ]] && verbose=(-v)
+verbose=() policy_mo=""
+while (($#)); do
+    case $1 in
+        -v) verbose=(-v); shift ;;
+        --dax-policy) [[ ${2:-} == hybrid || ${2:-} == upstream ]] || die "--dax-policy needs hybrid or upstream"
+            policy_mo=dax_policy=$2; shift 2 ;;
+        *) die "unknown argument '$1' (use -v, --dax-policy hybrid|upstream)" ;;
+    esac
+done
 need_cmd python3
 pass=0 fail=0
 ok() { pass=$((pass + 1)); printf 'CHECK PASS %s\n' "$1"; }
@@ -77,7 +87,7 @@ EOF
 log1="$logs/e2e-dax-$(date +%Y%m%d-%H%M%S)-$$.log"
 log "run 1: dax=always, 64 MiB window, fio over a 256 MiB file (a few minutes under TCG)"
 rc1=0
-scripts/vm.sh "${verbose[@]}" -p dax --cache never -a --dax-window=64M -o dax=always \
+scripts/vm.sh "${verbose[@]}" -p dax --cache never -a --dax-window=64M -o "dax=always${policy_mo:+,$policy_mo}" \
     -s "$share" --script "$work/run1.sh" -m 1G -T 1200 -l "$log1" >"$work/out1.txt" || rc1=$?
 grep -E '^GUEST (PASS|FAIL)' "$work/out1.txt" || true
 guest_fail=$(grep -c '^GUEST FAIL' "$work/out1.txt" || true)
@@ -131,7 +141,7 @@ want=$(cat "$share/small1" "$share/small2" "$share/large" | md5)
 log2="$logs/e2e-dax-inode-$(date +%Y%m%d-%H%M%S)-$$.log"
 log "run 2: dax=inode, --dax-policy size:1M"
 rc2=0
-scripts/vm.sh "${verbose[@]}" -p dax --cache never -a --dax-window=64M -a --dax-policy=size:1M \
+scripts/vm.sh "${verbose[@]}" -p dax --cache never -a --dax-window=64M -a --dax-policy=size:1M ${policy_mo:+-o "$policy_mo"} \
     -s "$share" -m 1G -T 300 -l "$log2" \
     -c "[ \"\$(cat /mnt/small1 /mnt/small2 /mnt/large | md5sum | cut -d' ' -f1)\" = $want ]" >"$work/out2.txt" || rc2=$?
 counters2=$(grep -ao 'dax: maps=.*' "${log2%.log}.daemon.log" | tail -n 1 || true)
