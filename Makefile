@@ -53,6 +53,12 @@ test-dax: kernel initramfs qemu build
 test-lifecycle: kernel initramfs qemu virtiofsd build
 	tests/e2e/lifecycle.sh
 
+# The DAX checks again with the guest kernel's upstream (Linux 6.12) window policy,
+# -o dax_policy=upstream; test-dax covers the default (hybrid) policy of guest-kernel/patches.
+.PHONY: test-dax-policy
+test-dax-policy: kernel initramfs qemu build
+	tests/e2e/dax.sh --dax-policy upstream
+
 # Escape attempts from a guest against the default sandbox; the host checks nothing changed.
 test-escape: kernel initramfs qemu build
 	tests/e2e/escape.sh
@@ -65,7 +71,7 @@ test-migrate: kernel initramfs qemu virtiofsd build
 	tests/e2e/migrate.sh
 	tests/e2e/migrate.sh -d virtiofsd
 
-test: lint test-unit test-fuzz test-e2e test-e2e-virtiofsd test-dax test-escape test-lifecycle test-migrate test-launchers
+test: lint test-unit test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-escape test-lifecycle test-migrate test-launchers
 	@echo "make test: all suites passed"
 
 demo: kernel initramfs qemu release

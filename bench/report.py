@@ -19,6 +19,8 @@ CONFIGS = {
     "nodax": "daxfsd, no DAX",
     "dax-64M": "daxfsd, DAX, 64M window",
     "dax-1G": "daxfsd, DAX, 1G window",
+    "dax-upstream": "daxfsd, DAX 64M, upstream policy",
+    "dax-hybrid": "daxfsd, DAX 64M, hybrid policy",
     "daxfsd-q1": "daxfsd 1 queue",
     "daxfsd-q2": "daxfsd 2 queues",
     "daxfsd-q4": "daxfsd 4 queues",
@@ -151,6 +153,65 @@ def num(x, fmt="{:.0f}"):
     return "-" if x is None else fmt.format(x)
 
 
+# The pressure section (bench/run.py PRESSURE_JOBS): jobs over a working set 4x the window,
+# then the in-window cells with their tmpfs ceiling.
+PRESSURE_4X = [
+    ("randread-psync", "psync randread, 256M file"),
+    ("seqread-psync", "psync seqread, 256M file"),
+    ("randread-mmap", "mmap randread, 256M file"),
+    ("randread-psync-multi", "psync randread, 4 jobs x 64M files"),
+    ("smallfiles-randread-psync", "psync randread, 1,000 files x 64K"),
+]
+PRESSURE_INWIN = [("inwin-randread-psync", "tmpfs-randread-psync", "psync randread, 32M file"),
+                  ("inwin-randread-mmap", "tmpfs-randread-mmap", "mmap randread, 32M file")]
+PRESSURE_KEYS = ("nodax", "dax-upstream", "dax-hybrid")
+
+
+def pressure_md(res, S, w):
+    st_ = res.get("settings", {})
+    w("## Window pressure: DAX policies\n")
+    w("One daemon (daxfsd `--cache never --dax-window=64M`, 32 ranges of 2 MiB), one QEMU 11.1, "
+      "one guest kernel (guest-kernel/patches); the mount option picks the configuration: "
+      "`dax=never` (no DAX), `dax=always,dax_policy=upstream` (Linux 6.12's window management: "
+      "every miss maps a range, evicting a busy one inline) or `dax=always,dax_policy=hybrid` "
+      "(misses go to FUSE_READ/WRITE unless the range is admitted and a free range is at hand; "
+      "LRU reclaim, batched, off the I/O path). 4 KiB blocks, "
+      f"{st_.get('runtime_s')} s per job, MiB/s, median of {st_.get('repeats')} boot(s) per "
+      "configuration.\n")
+    w("Working set 4x the window:\n")
+    w("| job | no DAX | DAX upstream | DAX hybrid | upstream / no DAX | hybrid / no DAX "
+      "| hybrid / upstream |")
+    w("|---|--:|--:|--:|--:|--:|--:|")
+    for j, label in PRESSURE_4X:
+        a, b, c = (cell(S, "pressure", k, j) for k in PRESSURE_KEYS)
+        if a or b or c:
+            w(f"| {label} | {bw_text(a)} | {bw_text(b)} | {bw_text(c)} | {ratio(b, a)} "
+              f"| {ratio(c, a)} | {ratio(c, b)} |")
+    w("\nInside the window (a 32M file, read first in each boot), against the same guest "
+      "reading a 32M file on its own tmpfs in the same boot (the ceiling for DAX, whose reads "
+      "are guest memory copies too):\n")
+    w("| job | no DAX | DAX upstream | DAX hybrid | tmpfs (hybrid boot) | no DAX / tmpfs "
+      "| upstream / tmpfs | hybrid / tmpfs |")
+    w("|---|--:|--:|--:|--:|--:|--:|--:|")
+    for j, t, label in PRESSURE_INWIN:
+        a, b, c = (cell(S, "pressure", k, j) for k in PRESSURE_KEYS)
+        ta, tb, tc = (cell(S, "pressure", k, t) for k in PRESSURE_KEYS)
+        w(f"| {label} | {bw_text(a)} | {bw_text(b)} | {bw_text(c)} | {bw_text(tc)} "
+          f"| {ratio(a, ta)} | {ratio(b, tb)} | {ratio(c, tc)} |")
+    cnt = []
+    for k in PRESSURE_KEYS[1:]:
+        bs = [b for b in res.get("boots", []) if b["section"] == "pressure" and b["config"] == k
+              and b.get("dax_counters")]
+        if bs:
+            maps = med([b["dax_counters"].get("maps") for b in bs])
+            unmaps = med([b["dax_counters"].get("unmaps") for b in bs])
+            cnt.append(f"`{k}`: {maps:.0f} SETUPMAPPINGs and {unmaps:.0f} ranges removed per boot")
+    if cnt:
+        w("\nDAX window traffic (daxfsd's counters, median per boot, all jobs): "
+          + "; ".join(cnt) + ".")
+    w("")
+
+
 def render_md(res):
     S = res.get("summary", [])
     m = res.get("machine", {})
@@ -262,7 +323,10 @@ def render_md(res):
               f"| {'yes' if e['under_64mib'] else '**NO**'} |")
         w("")
 
-    pj = [j for j in ("randread-psync", "randread-mmap") if any(s["section"] == "pressure" and s["job"] == j for s in S)]
+    if any(s["section"] == "pressure" and s["config"] == "dax-hybrid" for s in S):
+        pressure_md(res, S, w)
+    pj = [j for j in ("randread-psync", "randread-mmap") if any(s["section"] == "pressure" and s["job"] == j
+                                                               and s["config"] == "dax-64M" for s in S)]
     if pj:
         st_ = res.get("settings", {})
         w("## Window pressure\n")
@@ -458,15 +522,39 @@ def render_png(res, path):
 
     # Window pressure.
     axp = fig.add_subplot(gs[0, 1])
+    if any(s["section"] == "pressure" and s["config"] == "dax-hybrid" for s in S):
+        cols = {"nodax": "#4c72b0", "dax-upstream": "#dd8452", "dax-hybrid": "#55a868"}
+        short = {"randread-psync": "randread", "seqread-psync": "seqread",
+                 "randread-mmap": "mmap rand", "randread-psync-multi": "4 jobs",
+                 "smallfiles-randread-psync": "1000 files", "inwin-randread-psync": "in-win psync",
+                 "inwin-randread-mmap": "in-win mmap"}
+        jobs_p = [j for j, _ in PRESSURE_4X] + [j for j, _, _ in PRESSURE_INWIN]
+        for i, k in enumerate(PRESSURE_KEYS):
+            xs, vs = [], []
+            for r, j in enumerate(jobs_p):
+                c_ = cell(S, "pressure", k, j)
+                if c_ and c_["status"] == "ok" and c_["mib_s"]:
+                    xs.append(r + (i - 1) * 0.27)
+                    vs.append(c_["mib_s"])
+            axp.bar(xs, vs, width=0.27, color=cols[k], label=CONFIGS[k])
+        axp.set_yscale("log")
+        axp.set_xticks(range(len(jobs_p)))
+        axp.set_xticklabels([short[j] for j in jobs_p], fontsize=7, rotation=20, ha="right")
+        axp.set_ylabel("MiB/s (log)", fontsize=8)
+        axp.tick_params(axis="y", labelsize=7)
+        axp.set_title("window pressure: 4x a 64M window, and in-window", fontsize=9)
+        lo, hi = axp.get_ylim()
+        axp.set_ylim(lo, hi * 30)  # room for the legend above the bars
+        axp.legend(fontsize=6, loc="upper left", frameon=False, ncol=2)
     ent = []
     for j in ("randread-psync", "randread-mmap"):
         for k, col in (("nodax", "#4c72b0"), ("dax-64M", "#dd8452"), ("dax-1G", "#f2b880")):
             s = cell(S, "pressure", k, j)
             if s:
                 ent.append((f"{j.split('-')[1]}\n{k}", s["mib_s"] if s["status"] == "ok" else None, col))
-    if ent:
+    if ent and not any(s["section"] == "pressure" and s["config"] == "dax-hybrid" for s in S):
         bars(axp, f"window pressure: randread, {st.get('pressure_file_size')} file, 64M window", ent, "{:.1f}")
-    else:
+    elif not ent and not any(s["section"] == "pressure" and s["config"] == "dax-hybrid" for s in S):
         axp.axis("off")
     # Request queues.
     axq = fig.add_subplot(gs[1, 1])

@@ -9,7 +9,10 @@ Sections:
   matrix    the seed's fio matrix (psync, libaio iodepth 16, mmap x seqread, randread,
             seqwrite, randwrite x single job and 4 jobs on 4 files), 4 KiB blocks, five
             configurations, each boot running every job, repeated
-  pressure  randread over a working set 4x the DAX window, DAX vs no DAX
+  pressure  a working set 4x the 64M DAX window (psync randread and seqread, mmap randread,
+            4 jobs, 1,000 small files) and in-window cells with the guest's tmpfs ceiling:
+            no DAX, DAX with the kernel's upstream window policy, DAX with the hybrid policy
+            (guest-kernel/patches, mount option dax_policy=)
   mq        1, 2, 4 request queues with a 4-vCPU guest and 4 jobs, daxfsd vs virtiofsd
 
 Every guest runs on the `dax` profile (QEMU 11.1, the generic vhost-user device): it is the
@@ -74,6 +77,31 @@ MATRIX_CONFIGS = [
 ]
 
 
+# The pressure section: one daemon (daxfsd --cache never) and one 64M window; the mount
+# option picks no DAX, DAX with the kernel's upstream window policy, or the hybrid policy.
+PRESSURE_WINDOW = "64M"
+PRESSURE_CONFIGS = [
+    ("nodax", "dax=never"),
+    ("dax-upstream", "dax=always,dax_policy=upstream"),
+    ("dax-hybrid", "dax=always,dax_policy=hybrid"),
+]
+# fio-vm.sh jobs, in the order each boot runs them: the guest's own tmpfs (the ceiling) and
+# the in-window cells first, on an empty window; then the working set 4x the window (the
+# shared 256M data file; 4 jobs on 4 files of 64M; 1,000 files of 64K, which need 1,000
+# 2 MiB ranges of a 32-range window).
+PRESSURE_JOBS = [
+    "tmpfs-randread-psync:randread:psync:1:1:32M:1:tmpfs",
+    "tmpfs-randread-mmap:randread:mmap:1:1:32M:1:tmpfs",
+    "inwin-randread-psync:randread:psync:1:1:32M",
+    "inwin-randread-mmap:randread:mmap:1:1:32M",
+    "randread-psync:randread:psync:1:1",
+    "randread-psync-multi:randread:psync:1:4:64M",
+    "seqread-psync:read:psync:1:1",
+    "randread-mmap:randread:mmap:1:1",
+    "smallfiles-randread-psync:randread:psync:1:1:64K:1000",
+]
+
+
 def build_plan(a):
     boots = []
 
@@ -103,15 +131,12 @@ def build_plan(a):
                     continue
                 boot("matrix", name, rep, daemon, cache, mo, dargs, jobs, a.file_size)
     if "pressure" in sections:
-        jobs = ["randread-psync:randread:psync:1:1", "randread-mmap:randread:mmap:1:1"]
-        confs = [("nodax", "dax=never", "64M"), ("dax-64M", "dax=always", "64M")]
-        if not a.quick:
-            confs.append(("dax-1G", "dax=always", "1G"))
         for rep in range(1, a.repeats + 1):
-            k = (rep - 1) % len(confs)
-            for name, mo, win in confs[k:] + confs[:k]:
+            k = (rep - 1) % len(PRESSURE_CONFIGS)
+            for name, mo in PRESSURE_CONFIGS[k:] + PRESSURE_CONFIGS[:k]:
                 boot("pressure", name, rep, "daxfsd", "never", mo,
-                     [f"--dax-window={win}", "--allow-mmap"], jobs, a.pressure_file_size)
+                     [f"--dax-window={PRESSURE_WINDOW}", "--allow-mmap"], PRESSURE_JOBS,
+                     a.pressure_file_size)
     if "mq" in sections:
         jobs = ["randread-psync-multi:randread:psync:1:4"]
         if not a.quick:
@@ -148,8 +173,12 @@ def size_mib(s):
 
 
 def estimate_boot(b):
-    nfiles = max(int(j.split(":")[4]) for j in b["jobs"])
-    t = EST_BOOT.get(b["cpus"], 12.0) + nfiles * size_mib(b["file_size"]) * EST_MIB
+    shared = [int(j.split(":")[4]) for j in b["jobs"] if len(j.split(":")) < 6]
+    t = EST_BOOT.get(b["cpus"], 12.0) + max(shared, default=0) * size_mib(b["file_size"]) * EST_MIB
+    for j in b["jobs"]:
+        f = j.split(":")
+        if len(f) >= 6 and (len(f) < 8 or f[7] == "share"):
+            t += int(f[4]) * int(f[6] if len(f) > 6 else 1) * size_mib(f[5]) * EST_MIB
     for j in b["jobs"]:
         t += b["runtime"] + (EST_JOB_MULTI if j.split(":")[4] != "1" else EST_JOB)
     if b["expect_unsupported"]:
@@ -357,7 +386,7 @@ class Runner:
             pass
         cells = []
         for j in b["jobs"]:
-            name, rw, engine, depth, numjobs = j.split(":")
+            name, rw, engine, depth, numjobs = j.split(":")[:5]
             c = {"section": b["section"], "config": b["config"], "job": name, "rw": rw,
                  "engine": engine, "iodepth": int(depth), "numjobs": int(numjobs),
                  "repeat": b["repeat"], "boot": b["id"], "status": "ok"}

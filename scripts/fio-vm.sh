@@ -4,8 +4,13 @@
 #
 #   scripts/fio-vm.sh --out DIR [options] JOB...
 #
-#   JOB                  NAME:RW:ENGINE[:IODEPTH[:NUMJOBS]], e.g. randread-psync:randread:psync
+#   JOB                  NAME:RW:ENGINE[:IODEPTH[:NUMJOBS[:SIZE[:NRFILES[:WHERE]]]]],
+#                        e.g. randread-psync:randread:psync
 #                        (NUMJOBS > 1 gives each job its own file, like the seed's "multi")
+#                        SIZE: the job gets its own files of SIZE (NUMJOBS x NRFILES of them,
+#                        default NRFILES 1, picked at random per I/O) instead of the shared
+#                        data files of --file-size; WHERE=tmpfs puts them on a tmpfs in the
+#                        guest (fio lays them out there), the guest's own ceiling
 #   --out DIR            where the JSON results go (created)
 #   -p, --profile NAME   QEMU profile (default: dax)
 #   -d, --daemon D       daxfsd (default), virtiofsd or a path
@@ -60,9 +65,13 @@ need_cmd python3
 
 maxjobs=1
 for j in "${jobs[@]}"; do
-    IFS=: read -r name rw engine depth numjobs <<<"$j"
-    [[ $name =~ ^[A-Za-z0-9_.-]+$ && -n $rw && -n $engine ]] || die "bad job '$j' (NAME:RW:ENGINE[:IODEPTH[:NUMJOBS]])"
+    IFS=: read -r name rw engine depth numjobs jsize nrfiles where <<<"$j"
+    [[ $name =~ ^[A-Za-z0-9_.-]+$ && -n $rw && -n $engine ]] || die "bad job '$j' (NAME:RW:ENGINE[:IODEPTH[:NUMJOBS[:SIZE[:NRFILES[:WHERE]]]]])"
+    [[ -z ${jsize:-} || $jsize =~ ^[1-9][0-9]*[KMG]$ ]] || die "job '$j': SIZE must look like 64K or 32M"
+    [[ -z ${nrfiles:-} || $nrfiles =~ ^[1-9][0-9]*$ ]] || die "job '$j': NRFILES must be a number"
+    [[ -z ${where:-} || $where == share || $where == tmpfs ]] || die "job '$j': WHERE must be share or tmpfs"
     numjobs=${numjobs:-1}
+    [[ -n ${jsize:-} ]] && continue  # own files, made below
     ((numjobs > maxjobs)) && maxjobs=$numjobs
 done
 
@@ -74,6 +83,27 @@ for ((i = 0; i < maxjobs; i++)); do
     head -c "$fsize" /dev/urandom >"$share/data.$i"
 done
 mkdir "$share/.results"
+# Jobs with their own SIZE: NUMJOBS x NRFILES files named as fio names them
+# (JOB.JOBNUM.FILENUM) in the share's directory JOB.d (tmpfs jobs: fio lays them out).
+for j in "${jobs[@]}"; do
+    IFS=: read -r name rw engine depth numjobs jsize nrfiles where <<<"$j"
+    [[ -n ${jsize:-} && ${where:-share} == share ]] || continue
+    log "making ${numjobs:-1} x ${nrfiles:-1} file(s) of $jsize for job $name"
+    python3 - "$share/$name.d" "$name" "${numjobs:-1}" "${nrfiles:-1}" "$jsize" <<'PY'
+import os, sys
+d, name, nj, nf, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+n = int(size[:-1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[size[-1].upper()]
+os.makedirs(d)
+for j in range(nj):
+    for f in range(nf):
+        with open(os.path.join(d, f"{name}.{j}.{f}"), "wb") as out:
+            left = n
+            while left:
+                chunk = os.urandom(min(left, 1 << 20))
+                out.write(chunk)
+                left -= len(chunk)
+PY
+done
 
 # The guest program: every job in turn, JSON results onto the share.
 gscript="$share/.run.sh"
@@ -81,10 +111,21 @@ gscript="$share/.run.sh"
     echo 'set -u'
     echo 'rc=0'
     for j in "${jobs[@]}"; do
-        IFS=: read -r name rw engine depth numjobs <<<"$j"
-        depth=${depth:-1} numjobs=${numjobs:-1}
+        IFS=: read -r name rw engine depth numjobs jsize nrfiles where <<<"$j"
+        depth=${depth:-1} numjobs=${numjobs:-1} nrfiles=${nrfiles:-1} where=${where:-share}
         files="/mnt/data.0"
-        if ((numjobs > 1)); then
+        jobsize=$fsize
+        if [[ -n ${jsize:-} ]]; then
+            dir=/mnt/$name.d
+            if [[ $where == tmpfs ]]; then
+                dir=/tmp/fio-tmpfs/$name.d
+                echo "mkdir -p /tmp/fio-tmpfs && { grep -q ' /tmp/fio-tmpfs ' /proc/mounts || mount -t tmpfs -o size=512m tmpfs /tmp/fio-tmpfs; } && mkdir -p $dir"
+            fi
+            # fio's --size is per job: all of its NRFILES files.
+            n=${jsize%?} u=${jsize: -1}
+            jobsize=$((n * nrfiles))$u
+            fileopt="--directory=$dir --nrfiles=$nrfiles --filesize=$jsize --file_service_type=random"
+        elif ((numjobs > 1)); then
             files=""
             for ((i = 0; i < numjobs; i++)); do files+="${files:+:}/mnt/data.$i"; done
             # One file per job: fio's filename_format picks data.<jobnum>.
@@ -94,7 +135,7 @@ gscript="$share/.run.sh"
         fi
         echo "echo \"fio-vm: $name\""
         if ((marks)); then echo ": >/mnt/.results/$name.t0"; fi
-        echo "fio --name=$name $fileopt --rw=$rw --ioengine=$engine --iodepth=$depth --numjobs=$numjobs --group_reporting --bs=$bs --size=$fsize --runtime=$runtime --time_based --output-format=json --output=/mnt/.results/$name.json >/mnt/.results/$name.err 2>&1 || { echo \"fio-vm: $name failed\"; tail -n 5 /mnt/.results/$name.err; rc=1; }"
+        echo "fio --name=$name $fileopt --rw=$rw --ioengine=$engine --iodepth=$depth --numjobs=$numjobs --group_reporting --bs=$bs --size=$jobsize --runtime=$runtime --time_based --output-format=json --output=/mnt/.results/$name.json >/mnt/.results/$name.err 2>&1 || { echo \"fio-vm: $name failed\"; tail -n 5 /mnt/.results/$name.err; rc=1; }"
         if ((marks)); then echo ": >/mnt/.results/$name.t1"; fi
     done
     echo 'exit $rc'
