@@ -512,12 +512,13 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     /// Whether the guest makes a new request available within [`POLL_BEFORE_SLEEP`].
     fn more_soon(vring: &FsVring, mem: &GuestMem) -> bool {
         let deadline = Instant::now() + POLL_BEFORE_SLEEP;
+        let mem = mem.memory();
         loop {
             let more = {
                 let v = vring.get_ref();
                 let q = v.get_queue();
                 q.ready()
-                    && q.avail_idx(&*mem.memory(), Ordering::Acquire)
+                    && q.avail_idx(&*mem, Ordering::Acquire)
                         .is_ok_and(|i| i.0 != q.next_avail())
             };
             if more {

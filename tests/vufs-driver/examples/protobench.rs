@@ -317,17 +317,7 @@ fn blocked_lock(t: &Target, share: &Path) -> io::Result<(File, vufs_driver::queu
     let f = vufs_driver::host_write_lock(&share.join("locked"))?;
     let e = t.s.lookup(1, "locked")?;
     let o = t.s.open(e.nodeid, libc::O_RDWR as u32)?;
-    let lk = abi::LkIn {
-        fh: o.fh,
-        owner: 1,
-        lk: abi::FileLock {
-            start: 0,
-            end: u64::MAX,
-            typ: libc::F_WRLCK as u32,
-            pid: 1,
-        },
-        ..Default::default()
-    };
+    let lk = vufs_driver::whole_file_write_lock(o.fh, 1);
     let chain = t.s.linux_chain(op::SETLKW, e.nodeid, &[lk.as_slice()], 0);
     let p = t.s.device().submit(1, &chain)?;
     std::thread::sleep(Duration::from_millis(100));

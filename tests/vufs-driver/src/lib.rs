@@ -51,6 +51,22 @@ pub use device::{Device, DeviceInfo, DriverConfig, FeatureMode};
 pub use fuse::{DirEntry, DirEntryPlus, InitOptions, Reply, Session, Xattr};
 pub use queue::{Chain, Completion, Seg};
 
+/// The argument of a GETLK/SETLK/SETLKW for a write lock on a whole file through handle `fh`,
+/// taken by lock owner `owner` (guest pid 1).
+pub fn whole_file_write_lock(fh: u64, owner: u64) -> daxfsd::abi::LkIn {
+    daxfsd::abi::LkIn {
+        fh,
+        owner,
+        lk: daxfsd::abi::FileLock {
+            start: 0,
+            end: u64::MAX,
+            typ: libc::F_WRLCK as u32,
+            pid: 1,
+        },
+        ..Default::default()
+    }
+}
+
 /// Takes a write lock on the whole of `path` from this (host) process, as an open file
 /// description lock (the kind daxfsd's remote POSIX locks use): a guest's conflicting lock
 /// waits until the returned file is dropped.

@@ -23,9 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use daxfsd::abi::{
-    self, fattr, opcode as op, CopyFileRangeIn, CreateIn, FileLock, LkIn, ReadIn, SetattrIn,
-};
+use daxfsd::abi::{self, fattr, opcode as op, CopyFileRangeIn, CreateIn, ReadIn, SetattrIn};
 use host::{Cases, FileState};
 use vm_memory::ByteValued;
 use vufs_driver::{DaemonKind, DriverConfig, Session, Xattr};
@@ -856,17 +854,7 @@ fn forged_nodeids_and_handles() {
         let mut a = setattr(fattr::SIZE | fattr::FH);
         a.fh = h;
         refused(&mut cases, p("SETATTR size"), s.setattr(file, &a));
-        let lk = LkIn {
-            fh: h,
-            owner: 1,
-            lk: FileLock {
-                start: 0,
-                end: u64::MAX,
-                typ: libc::F_WRLCK as u32,
-                pid: 1,
-            },
-            ..Default::default()
-        };
+        let lk = vufs_driver::whole_file_write_lock(h, 1);
         refused(
             &mut cases,
             p("SETLK"),

@@ -12,7 +12,7 @@ use std::fs;
 use std::time::{Duration, Instant};
 
 use daxfsd::abi::{
-    self, opcode as op, FileLock, LkIn, ReadIn, RemovemappingOne, SetupmappingIn, WriteIn,
+    self, opcode as op, ReadIn, RemovemappingOne, SetupmappingIn, WriteIn,
     SETUPMAPPING_FLAG_READ as READ, SETUPMAPPING_FLAG_WRITE as WRITE,
 };
 use host::Cases;
@@ -55,17 +55,7 @@ fn frontend_killed_mid_io_exits_cleanly() {
     let fh = s.open(e.nodeid, libc::O_RDWR as u32).unwrap().fh;
     // A second handle holds a write lock; a SETLKW through the first blocks a worker for good.
     let locker = s.open(e.nodeid, libc::O_RDWR as u32).unwrap().fh;
-    let lk = |fh: u64| LkIn {
-        fh,
-        owner: fh,
-        lk: FileLock {
-            start: 0,
-            end: u64::MAX,
-            typ: libc::F_WRLCK as u32,
-            pid: 1,
-        },
-        ..Default::default()
-    };
+    let lk = |fh: u64| vufs_driver::whole_file_write_lock(fh, fh);
     s.call(op::SETLK, e.nodeid, &[lk(locker).as_slice()], 0)
         .unwrap();
 
@@ -630,17 +620,7 @@ fn reboot_with_a_request_stuck_in_the_daemon() {
 
     let e = s.lookup(ROOT, "locked").unwrap();
     let fh = s.open(e.nodeid, libc::O_RDWR as u32).unwrap().fh;
-    let lk = LkIn {
-        fh,
-        owner: 1,
-        lk: FileLock {
-            start: 0,
-            end: u64::MAX,
-            typ: libc::F_WRLCK as u32,
-            pid: 1,
-        },
-        ..Default::default()
-    };
+    let lk = vufs_driver::whole_file_write_lock(fh, 1);
     let stuck = dev
         .submit(1, &s.linux_chain(op::SETLKW, e.nodeid, &[lk.as_slice()], 0))
         .unwrap();

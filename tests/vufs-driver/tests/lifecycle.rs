@@ -16,7 +16,7 @@ mod host;
 use std::fs;
 use std::time::{Duration, Instant};
 
-use daxfsd::abi::{self, opcode as op, FileLock, LkIn};
+use daxfsd::abi::{self, opcode as op};
 use host::Cases;
 use vm_memory::ByteValued;
 use vufs_driver::{Chain, DriverConfig, Seg, Session};
@@ -35,17 +35,7 @@ fn reply_error(c: &vufs_driver::Completion) -> i32 {
 }
 
 fn setlkw(s: &Session, nodeid: u64, fh: u64) -> Chain {
-    let lk = LkIn {
-        fh,
-        owner: 1,
-        lk: FileLock {
-            start: 0,
-            end: u64::MAX,
-            typ: libc::F_WRLCK as u32,
-            pid: 1,
-        },
-        ..Default::default()
-    };
+    let lk = vufs_driver::whole_file_write_lock(fh, 1);
     s.linux_chain(op::SETLKW, nodeid, &[lk.as_slice()], 0)
 }
 

@@ -300,7 +300,7 @@ fn sigterm_writes_back_dirty_dax_tails_in_every_sandbox() {
 /// it acknowledged is on the host.
 #[test]
 fn sigterm_under_load_exits_cleanly() {
-    use daxfsd::abi::{opcode as op, FileLock, LkIn, ReadIn, WriteIn};
+    use daxfsd::abi::{opcode as op, ReadIn, WriteIn};
     use vm_memory::ByteValued;
     use vufs_driver::{Chain, Seg};
     if kind() != DaemonKind::Daxfsd {
@@ -344,17 +344,7 @@ fn sigterm_under_load_exits_cleanly() {
             indirect: dev.info().indirect_desc,
         }
     };
-    let lk = LkIn {
-        fh,
-        owner: 1,
-        lk: FileLock {
-            start: 0,
-            end: u64::MAX,
-            typ: libc::F_WRLCK as u32,
-            pid: 1,
-        },
-        ..Default::default()
-    };
+    let lk = vufs_driver::whole_file_write_lock(fh, 1);
     let _setlkw = dev
         .submit(1, &chain(op::SETLKW, &[lk.as_slice()], 0))
         .unwrap();
