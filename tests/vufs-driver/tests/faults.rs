@@ -282,7 +282,7 @@ fn reboot(reset_device: bool) {
     // The rebooted guest: fresh rings, INIT, same nodeids are unknown now.
     dev.restart().unwrap();
     s.init().unwrap();
-    let after = host::fd_count(pid);
+    let after = host::fd_count_settled(pid, baseline, Duration::from_secs(2));
     assert_eq!(
         after,
         baseline,
@@ -342,7 +342,12 @@ fn reboot(reset_device: bool) {
     dev.stop(reset_device).unwrap();
     dev.restart().unwrap();
     s.init().unwrap();
-    assert_eq!(host::fd_count(pid), baseline);
+    assert_eq!(
+        host::fd_count_settled(pid, baseline, Duration::from_secs(2)),
+        baseline,
+        "{:#?}",
+        host::fd_targets(pid)
+    );
     cases.case("second reboot");
     let v = dev.violations();
     assert!(v.is_empty(), "{v:?}");

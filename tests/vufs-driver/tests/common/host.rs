@@ -55,6 +55,20 @@ pub fn fd_count(pid: u32) -> usize {
         .count()
 }
 
+/// The descriptor count of `pid` once it equals `want`, or the last count after `timeout`.
+/// A daemon thread may hold a descriptor for a moment (DAX's periodic write-back keeps the
+/// files it writes to open while it writes): that is not a leak, a count that stays is.
+pub fn fd_count_settled(pid: u32, want: usize, timeout: Duration) -> usize {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let n = fd_count(pid);
+        if n == want || Instant::now() >= deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// What the descriptors of `pid` point at, for failure messages.
 pub fn fd_targets(pid: u32) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(format!("/proc/{pid}/fd"))
