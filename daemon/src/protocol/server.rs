@@ -142,6 +142,12 @@ impl<F: FileSystem> Server<F> {
         &self.fs
     }
 
+    /// The largest READ/WRITE payload this server can agree to (before INIT lowers it):
+    /// what a transport sizes its request buffers for.
+    pub fn max_write(&self) -> u32 {
+        u32::from(self.max_pages) * PAGE_SIZE
+    }
+
     /// The DAX mapper.
     pub fn mapper(&self) -> &dyn Mapper {
         self.mapper.as_ref()

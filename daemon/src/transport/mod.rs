@@ -1,3 +1,4 @@
 //! Transports: each turns its own framing into the server's `Reader`/`Writer` pairs.
 
+pub mod dev_fuse;
 pub mod vhost_user;
