@@ -71,6 +71,13 @@ test-migrate: kernel initramfs qemu virtiofsd build
 	tests/e2e/migrate.sh
 	tests/e2e/migrate.sh -d virtiofsd
 
+# The same server on a host mount (daxfsd --mount, /dev/fuse): the guest suite, host checks
+# and escape checks for /dev/fuse and /dev/fuse + FUSE passthrough (counters > 0), bindfs as
+# the peer (reported, not failing), a stale mount after SIGKILL. Root; a few minutes.
+.PHONY: test-host
+test-host: build
+	tests/host/run.sh -d $(abspath $(DAXFSD_BIN))
+
 test: lint test-unit test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-escape test-lifecycle test-migrate test-launchers
 	@echo "make test: all suites passed"
 

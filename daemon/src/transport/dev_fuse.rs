@@ -52,7 +52,18 @@ fn cpath(p: &Path) -> io::Result<CString> {
 /// not a dead FUSE mount left behind by a daemon that crashed ("Transport endpoint is not
 /// connected"), which is reported with the fix and never unmounted on the user's behalf.
 pub fn check_mountpoint(mountpoint: &Path, shared_dir: &Path) -> io::Result<PathBuf> {
-    let md = match std::fs::metadata(mountpoint) {
+    // stat may answer from cached attributes of a dead connection; statfs always asks the
+    // filesystem, so a dead FUSE mount answers ENOTCONN.
+    let statfs = cpath(mountpoint).and_then(|c| {
+        // SAFETY: `c` is NUL-terminated and `buf` a writable statfs struct.
+        let mut buf: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        match unsafe { libc::statfs(c.as_ptr(), &mut buf) } {
+            0 => Ok(()),
+            _ => Err(io::Error::last_os_error()),
+        }
+    });
+    let md = match statfs.and_then(|()| std::fs::metadata(mountpoint)) {
         Ok(md) => md,
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
             let p = mountpoint.display();
