@@ -239,6 +239,14 @@ EOF
     done < <(grep '^CHECK FAIL ' "$out")
     grep -q '^E2E RESULT ' "$out" || bad "$t:suite" "no E2E RESULT line: $(tail -n 3 "$out")"
     escape_checks "$t" "$share" "$m" "$outside"
+    if [[ $t == devfuse ]]; then
+        # This kernel (6.18) predates the 2026 zero-copy series: the daemon must say so.
+        if grep -q 'lacks FUSE-over-io-uring zero copy' "$dlog"; then
+            ok "$t:zero_copy_absence_logged"
+        else
+            bad "$t:zero_copy_absence_logged" "$(grep -i 'zero copy' "$dlog" | head -n 1)"
+        fi
+    fi
     if [[ $t != bindfs ]]; then
         kill -USR1 "$(cat "$run/pid")"
         sleep 0.5

@@ -600,3 +600,20 @@ impl crate::backing::Backing for DevFuseBacking {
         Ok(())
     }
 }
+
+/// Whether the running kernel has FUSE-over-io-uring zero copy (`FUSE_URING_ZERO_COPY`, the
+/// 2026 series "fuse: add zero-copy over io-uring"): its page-release callback
+/// `fuse_zero_copy_release` (address-taken, so never inlined away) is then among the
+/// kernel's symbols next to the io-uring transport's `fuse_uring_*`. None when
+/// /proc/kallsyms cannot tell (unreadable, or no FUSE-over-io-uring at all).
+pub fn kernel_has_uring_zero_copy() -> Option<bool> {
+    let syms = std::fs::read_to_string("/proc/kallsyms").ok()?;
+    let mut uring = false;
+    for name in syms.lines().filter_map(|l| l.split_whitespace().nth(2)) {
+        if name.starts_with("fuse_zero_copy_release") {
+            return Some(true);
+        }
+        uring |= name.starts_with("fuse_uring_");
+    }
+    uring.then_some(false)
+}
