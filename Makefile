@@ -73,10 +73,12 @@ test-migrate: kernel initramfs qemu virtiofsd build
 
 # The same server on a host mount (daxfsd --mount, /dev/fuse): the guest suite, host checks
 # and escape checks for /dev/fuse and /dev/fuse + FUSE passthrough (counters > 0), bindfs as
-# the peer (reported, not failing), a stale mount after SIGKILL. Root; a few minutes.
+# the peer (reported, not failing), a stale mount after SIGKILL; then pjdfstest (installed
+# into the cache once) on both mounts against a plain-directory reference. Root; about 1 min.
 .PHONY: test-host
 test-host: build
 	tests/host/run.sh -d $(abspath $(DAXFSD_BIN))
+	tests/host/pjdfstest.sh -d $(abspath $(DAXFSD_BIN))
 
 test: lint test-unit test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-escape test-lifecycle test-migrate test-launchers
 	@echo "make test: all suites passed"
