@@ -75,6 +75,12 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     }
     let (_, caps_before, _) = caps::current()?;
     let mut keep = capabilities_to_keep(cli, caps_before)?;
+    let can_pass_through = caps_before.contains(caps::CAP_SYS_ADMIN);
+    if cli.passthrough != PassthroughPolicy::Off && !can_pass_through {
+        log::info!(
+            "FUSE passthrough off: registering backing files needs CAP_SYS_ADMIN (run as root)"
+        );
+    }
     if cli.passthrough != PassthroughPolicy::Off {
         // FUSE_DEV_IOC_BACKING_OPEN needs CAP_SYS_ADMIN in the initial user namespace.
         keep = CapSet(keep.0 | (caps_before.0 & CapSet::of(&[caps::CAP_SYS_ADMIN]).0));
@@ -121,7 +127,15 @@ pub fn run(cli: &Cli) -> io::Result<()> {
             return Err(e);
         }
     };
-    let result = serve(cli, dev, inside, keep, &mut unmounter, &mountpoint);
+    let result = serve(
+        cli,
+        dev,
+        inside,
+        keep,
+        can_pass_through,
+        &mut unmounter,
+        &mountpoint,
+    );
     if result.is_err() {
         report_unmount(&mut unmounter, &mountpoint);
     }
@@ -151,6 +165,7 @@ fn serve(
     dev: std::fs::File,
     inside: sandbox::Inside,
     keep: CapSet,
+    can_pass_through: bool,
     unmounter: &mut Unmounter,
     mountpoint: &std::path::Path,
 ) -> io::Result<()> {
@@ -172,7 +187,10 @@ fn serve(
     // No DAX window here: the decorator only forwards.
     let fs = crate::dax::coherent::Coherent::new(fs, mapper.clone());
     let dev = Arc::new(dev);
-    let policy = passthrough_policy(cli);
+    let policy = match can_pass_through {
+        true => passthrough_policy(cli),
+        false => backing::Policy::Off,
+    };
     let mut opts = ServerOptions::default();
     if policy != backing::Policy::Off {
         opts.transport_flags |= init_flags::PASSTHROUGH;
