@@ -287,6 +287,33 @@ done
 
 peer=0
 if [[ " $transports " == *" devfuse "* ]]; then
+    # SIGTERM on a busy mount: detached at once (gone from the mount table), served until
+    # its last user leaves (a process working in it reads and writes on), then exit 0.
+    d=$run/busy
+    mkdir -p "$d/share" "$d/mnt"
+    "$daxfsd" --shared-dir "$d/share" --mount "$d/mnt" </dev/null >"$d/log" 2>&1 &
+    pid=$!
+    echo $pid >"$run/pid"
+    if wait_mounted "$d/mnt"; then
+        (cd "$d/mnt" && sleep 3 && echo after >late && cat late) >"$d/user.out" 2>&1 &
+        user=$!
+        sleep 0.5
+        kill -TERM $pid
+        sleep 1
+        alive=0; kill -0 $pid 2>/dev/null && alive=1
+        detached=1; grep -q " $d/mnt " /proc/mounts && detached=0
+        wait $user || true
+        rc=0; wait $pid || rc=$?
+        rm -f "$run/pid"
+        if ((alive && detached && rc == 0)) && [[ $(cat "$d/user.out") == after && $(cat "$d/share/late") == after ]]; then
+            ok "busy_mount_detached_and_served_until_its_user_left"
+        else
+            bad "busy_mount_detached_and_served_until_its_user_left" "alive=$alive detached=$detached rc=$rc user: $(cat "$d/user.out") $(tail -n 2 "$d/log")"
+        fi
+    else
+        bad "busy_mount_detached_and_served_until_its_user_left" "could not mount: $(tail -n 3 "$d/log")"
+    fi
+
     # A daemon killed with SIGKILL leaves a dead mount: the next start names the fix and
     # leaves the mount (and what is under it) alone.
     d=$run/stale
