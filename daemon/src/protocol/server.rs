@@ -171,6 +171,13 @@ impl<F: FileSystem> Server<F> {
         let Some(hdr) = InHeader::from_slice(request.get(..IN_HEADER_LEN).unwrap_or(&[])) else {
             return;
         };
+        let ok = reply
+            .get(..OUT_HEADER_LEN)
+            .and_then(OutHeader::from_slice)
+            .is_some_and(|h| h.error == 0);
+        if !ok {
+            return;
+        }
         let out = reply.get(OUT_HEADER_LEN..).unwrap_or(&[]);
         let (ino, open) = match hdr.opcode {
             op::OPEN => (hdr.nodeid, out),
