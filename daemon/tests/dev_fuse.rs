@@ -12,7 +12,7 @@ use std::sync::Arc;
 use daxfsd::backing::{Passthrough, Policy};
 use daxfsd::dev_fuse::{self, Counters, DevFuseBacking, MountOptions};
 use daxfsd::mapper::NoMapper;
-use daxfsd::passthrough::{Config, PassthroughFs};
+use daxfsd::passthrough::{CachePolicy, Config, PassthroughFs};
 use daxfsd::server::{Server, ServerOptions};
 
 fn root_or_skip(name: &str) -> bool {
@@ -37,6 +37,14 @@ fn serves_a_real_mount_with_passthrough_and_ends_on_unmount() {
     if !root_or_skip("serves_a_real_mount_with_passthrough_and_ends_on_unmount") {
         return;
     }
+    // Each cache policy answers OPEN with other flags (DIRECT_IO, KEEP_CACHE), which
+    // passthrough must not carry to the kernel.
+    for cache in [CachePolicy::Never, CachePolicy::Auto, CachePolicy::Always] {
+        serve_one_mount(cache);
+    }
+}
+
+fn serve_one_mount(cache: CachePolicy) {
     let dir = tempfile::tempdir().unwrap();
     let (share, mnt) = (dir.path().join("share"), dir.path().join("mnt"));
     fs::create_dir(&share).unwrap();
@@ -47,6 +55,7 @@ fn serves_a_real_mount_with_passthrough_and_ends_on_unmount() {
     let dev = Arc::new(m.dev);
     let fs = PassthroughFs::new(Config {
         root_dir: share.clone(),
+        cache,
         ..Default::default()
     })
     .unwrap();
@@ -72,7 +81,12 @@ fn serves_a_real_mount_with_passthrough_and_ends_on_unmount() {
         .unwrap()
         .read_to_end(&mut big)
         .unwrap();
-    assert_eq!(big, vec![7u8; 300_000]);
+    assert_eq!(big, vec![7u8; 300_000], "{cache:?}");
+    // Passed through: reads go to the host file itself, so a change made on the host is
+    // seen at once, even with --cache always (where a READ-served file keeps its pages).
+    fs::write(share.join("host.txt"), vec![9u8; 300_000]).unwrap();
+    let again = fs::read(mp.join("host.txt")).unwrap();
+    assert!(again.iter().all(|&b| b == 9), "{cache:?}: stale data");
     let mut f = fs::File::create(mp.join("small.txt")).unwrap();
     f.write_all(b"through the daemon").unwrap();
     drop(f);
@@ -81,7 +95,7 @@ fn serves_a_real_mount_with_passthrough_and_ends_on_unmount() {
         b"through the daemon"
     );
     let st = server.passthrough_stats().unwrap();
-    assert_eq!(st.opened, 1, "{st}");
+    assert_eq!(st.opened, 2, "{cache:?}: {st}");
     assert_eq!(st.live, 0, "released with the file: {st}");
     assert!(counters.requests.load(std::sync::atomic::Ordering::Relaxed) > 5);
 
