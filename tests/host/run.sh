@@ -225,9 +225,10 @@ EOF
     chmod +x "$d/remount.sh"
     log "$t: guest suite on $m"
     out=$d/suite.txt
-    E2E_HOST=1 E2E_VFSTEST=$run/vfstest E2E_FSTYPE=$fstype E2E_REMOUNT=$d/remount.sh \
+    # From the transport's own directory: fio leaves its verify state files in the cwd.
+    (cd "$d" && E2E_HOST=1 E2E_VFSTEST=$run/vfstest E2E_FSTYPE=$fstype E2E_REMOUNT=$d/remount.sh \
         E2E_CMDLINE="daxfsd.xattr=on daxfsd.check_timeout=120${skip:+ daxfsd.skip=$skip}" \
-        sh tests/e2e/guest/suite.sh "$m" >"$out" 2>&1 || true
+        sh "$RIG_ROOT/tests/e2e/guest/suite.sh" "$m") >"$out" 2>&1 || true
     ((verbose)) && sed 's/^/  /' "$out"
     while read -r line; do
         name=${line#CHECK PASS }; name=${name%% *}
