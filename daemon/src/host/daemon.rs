@@ -93,6 +93,11 @@ fn passthrough_config(cli: &Cli) -> io::Result<passthrough::Config> {
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
         gid_map: passthrough::idmap::IdMap::parse("--translate-gid", &cli.translate_gid)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+        inode_file_handles: match cli.inode_file_handles {
+            crate::cli::InodeFileHandles::Never => passthrough::FileHandleMode::Never,
+            crate::cli::InodeFileHandles::Prefer => passthrough::FileHandleMode::Prefer,
+            crate::cli::InodeFileHandles::Mandatory => passthrough::FileHandleMode::Mandatory,
+        },
     })
 }
 
@@ -344,11 +349,17 @@ impl Stopper {
 /// The capabilities to keep: virtiofsd's set changed by `--modcaps`, limited to what the
 /// process had before the sandbox (nothing, for a non-root daemon in its user namespace).
 fn capabilities_to_keep(cli: &Cli, had: CapSet) -> io::Result<CapSet> {
+    let mut base = CapSet::daemon_default();
+    if cli.inode_file_handles != crate::cli::InodeFileHandles::Never {
+        // Opening file handles needs CAP_DAC_READ_SEARCH (virtiofsd adds it the same way;
+        // `--modcaps=-dac_read_search` removes it again and `prefer` then keeps descriptors).
+        base = CapSet(base.0 | (1u64 << caps::CAP_DAC_READ_SEARCH));
+    }
     let want = match &cli.modcaps {
-        Some(spec) => CapSet::daemon_default()
+        Some(spec) => base
             .modify(spec)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
-        None => CapSet::daemon_default(),
+        None => base,
     };
     Ok(CapSet(want.0 & had.0))
 }
