@@ -40,6 +40,13 @@ test-unit: build virtiofsd
 	$(CARGO) test --workspace
 	VUFS_DAEMON=daxfsd DAXFSD=$(abspath $(DAXFSD_BIN)) $(CARGO) test -p vufs-driver
 
+# --uid-map/--gid-map: a non-root daemon (user daxfsd-test, created with its /etc/subuid and
+# /etc/subgid ranges by scripts/uidmap-test-setup.sh) against daxfsd, then virtiofsd 1.14.
+test-uidmap: build virtiofsd
+	VUFS_DAEMON=daxfsd DAXFSD=$(abspath $(DAXFSD_BIN)) $(CARGO) test -p vufs-driver --test uidmap
+	VUFS_DAEMON=virtiofsd $(CARGO) test -p vufs-driver --test uidmap
+
+.PHONY: test-uidmap
 fuzz test-fuzz:
 	FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh
 

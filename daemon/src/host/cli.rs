@@ -291,12 +291,13 @@ pub struct Cli {
     pub preserve_noatime: bool,
 
     /// UID map `:inside:outside:count:` for the user namespace of a non-root daemon's
-    /// namespace sandbox (virtiofsd sets it with newuidmap; not supported yet; refused for
-    /// a root daemon, as virtiofsd refuses it).
+    /// namespace sandbox, set with newuidmap (package uidmap; the ranges must be granted in
+    /// /etc/subuid), e.g. `:0:1000:1:` then `:1:100000:65536:`; repeatable. Refused for a
+    /// root daemon, as virtiofsd refuses it.
     #[arg(long, value_name = "MAP")]
     pub uid_map: Vec<String>,
 
-    /// GID map, as --uid-map (not supported yet).
+    /// GID map, as --uid-map (newgidmap, /etc/subgid).
     #[arg(long, value_name = "MAP")]
     pub gid_map: Vec<String>,
 
@@ -414,6 +415,19 @@ pub fn parse_dax_policy(s: &str) -> Result<crate::server::DaxPolicy, String> {
 }
 
 impl Cli {
+    /// `--uid-map`/`--gid-map`, parsed.
+    pub fn user_ns_maps(&self) -> Result<crate::sandbox::UserNsMaps, String> {
+        let parse = |opt: &str, v: &[String]| {
+            v.iter()
+                .map(|m| crate::sandbox::IdRange::parse(opt, m))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        Ok(crate::sandbox::UserNsMaps {
+            uid: parse("--uid-map", &self.uid_map)?,
+            gid: parse("--gid-map", &self.gid_map)?,
+        })
+    }
+
     /// Folds `-o` and `-d` into the long options and rejects what is not implemented.
     pub fn normalize(&mut self) -> Result<(), CliError> {
         for opts in std::mem::take(&mut self.compat_options) {
@@ -462,13 +476,7 @@ impl Cli {
                 "--inode-file-handles=mandatory needs CAP_DAC_READ_SEARCH: drop -dac_read_search from --modcaps".into(),
             ));
         }
-        let unsupported = [
-            (!self.uid_map.is_empty(), "--uid-map"),
-            (!self.gid_map.is_empty(), "--gid-map"),
-        ];
-        if let Some((_, name)) = unsupported.iter().find(|(on, _)| *on) {
-            return Err(CliError::NotSupported((*name).to_string()));
-        }
+        self.user_ns_maps().map_err(CliError::Invalid)?;
         crate::passthrough::idmap::IdMap::parse("--translate-uid", &self.translate_uid)
             .map_err(CliError::Invalid)?;
         crate::passthrough::idmap::IdMap::parse("--translate-gid", &self.translate_gid)

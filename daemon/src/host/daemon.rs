@@ -383,7 +383,10 @@ pub fn run(cli: &Cli) -> io::Result<()> {
 
     let (mut listener, mut run_files) = listen(cli)?;
 
-    let inside = match sandbox::enter(cli.sandbox, &shared_dir)? {
+    let maps = cli
+        .user_ns_maps()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let inside = match sandbox::enter(cli.sandbox, &shared_dir, &maps)? {
         Entered::Supervisor(mut sup) => {
             log::debug!("sandbox: serving process {} started", sup.child());
             let exit = sup.wait()?;
@@ -400,6 +403,14 @@ pub fn run(cli: &Cli) -> io::Result<()> {
             f.close_without_removing();
         }
     }
+    // With --uid-map/--gid-map the daemon is (typically) root of its own user namespace: it
+    // keeps the capabilities serving needs there (over that namespace only), to switch to
+    // the guest's ids and set owners within the mapped ranges.
+    let keep = if maps != sandbox::UserNsMaps::default() {
+        capabilities_to_keep(cli, caps::current()?.1)?
+    } else {
+        keep
+    };
     let stopper = Stopper::install()?;
     caps::drop_to(keep)?;
     let kept = keep.names();
