@@ -47,6 +47,13 @@ test-uidmap: build virtiofsd
 	VUFS_DAEMON=virtiofsd $(CARGO) test -p vufs-driver --test uidmap
 
 .PHONY: test-uidmap
+
+# POSIX ACLs (--posix-acl), --xattrmap and --translate-uid/gid checked in real guests and on
+# the host, against daxfsd, then virtiofsd 1.14.
+test-acl: kernel initramfs qemu virtiofsd build
+	tests/e2e/acl.sh
+	tests/e2e/acl.sh -d virtiofsd
+.PHONY: test-acl
 fuzz test-fuzz:
 	FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh
 
