@@ -116,5 +116,12 @@ uninstall:
 test-launchers: kernel initramfs virtiofsd build
 	tests/launchers/run.sh
 
+# lima (limactl 1.2.1 built from its Go module) starting a guest with a virtiofs mount: it
+# finds daxfsd through the installed vhost-user descriptor; then the same with virtiofsd.
+test-lima: kernel initramfs virtiofsd build
+	tests/launchers/lima.sh
+	tests/launchers/lima.sh -d virtiofsd
+.PHONY: test-lima
+
 clean:
 	$(CARGO) clean
