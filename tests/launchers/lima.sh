@@ -72,7 +72,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-lima.XXXXXX")
 cleanup() {
     # The instance's QEMU and daemon run as $user below $work: stop them by their pid files.
     for p in "$work"/home/.lima/t/*.pid; do
-        [[ -r $p ]] && kill "$(cat "$p")" 2>/dev/null || true
+        if [[ -r $p ]]; then kill "$(cat "$p")" 2>/dev/null || true; fi
     done
     rm -rf -- "$work"
 }
@@ -171,7 +171,7 @@ for _ in $(seq 240); do
     sleep 1
 done
 sleep 2
-ps -eo args | grep -F -- "--shared-dir $share" | grep -v grep >"$work/daemon-args.txt" || true
+pgrep -f -a -- "--shared-dir $share" | cut -d' ' -f2- >"$work/daemon-args.txt" || true
 as_user "$home/bin/limactl" stop -f t >/dev/null 2>&1 || true
 kill "$start_pid" 2>/dev/null || true
 wait "$start_pid" 2>/dev/null || rc=$?
