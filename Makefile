@@ -54,6 +54,12 @@ test-acl: kernel initramfs qemu virtiofsd build
 	tests/e2e/acl.sh
 	tests/e2e/acl.sh -d virtiofsd
 .PHONY: test-acl
+
+# Descriptors held after a guest walks 10,100 inodes: O_PATH fds vs file handles
+# (--inode-file-handles never/prefer/mandatory), daxfsd and virtiofsd 1.14 side by side.
+test-fhandles: kernel initramfs qemu virtiofsd build
+	tests/e2e/fhandles.sh
+.PHONY: test-fhandles
 fuzz test-fuzz:
 	FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh
 
