@@ -1,6 +1,6 @@
-//! `--inode-file-handles`: inodes kept as file handles hold no descriptor, so a walk of a
-//! large tree leaves the descriptor count where it was; with O_PATH descriptors it grows by
-//! one per inode. Identity, renames, hard links and I/O through handle inodes, and the
+//! `--inode-file-handles`: inodes kept as file handles hold no descriptor of their own (at
+//! most `HANDLE_FD_CACHE` recently used ones keep theirs), so a walk of a large tree leaves
+//! the descriptor count bounded; with O_PATH descriptors it grows by one per inode. Identity, renames, hard links and I/O through handle inodes, and the
 //! one-line refusal of `mandatory` where handles cannot be opened. Needs root (opening
 //! file handles needs CAP_DAC_READ_SEARCH). One test per binary part, run in sequence, as
 //! descriptor counts are per process.
@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use common::*;
-use daxfsd::passthrough::FileHandleMode;
+use daxfsd::passthrough::{FileHandleMode, HANDLE_FD_CACHE};
 
 /// The tests count this process's descriptors: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -62,7 +62,8 @@ fn file_handles() {
     );
     drop(fds);
 
-    // File handles: the walk adds no descriptor (the mount descriptor is opened at start).
+    // File handles: the walk adds at most the cache's descriptors (the mount descriptor is
+    // opened at start).
     for mode in [FileHandleMode::Mandatory, FileHandleMode::Prefer] {
         let h = Harness::with(|c| c.inode_file_handles = mode);
         assert_eq!(
@@ -72,13 +73,14 @@ fn file_handles() {
         );
         populate(&h);
         let (grown, ms) = walk(&h);
-        let (handles, mounts) = h.fs().file_handle_counts();
+        let (handles, mounts, cached) = h.fs().file_handle_counts();
         eprintln!(
-            "walk of {} inodes: descriptors +{grown_fds} in {ms_fds} ms with O_PATH fds; +{grown} in {ms} ms with handles ({mode:?}: {handles} handle inodes, {mounts} mount fd)",
+            "walk of {} inodes: descriptors +{grown_fds} in {ms_fds} ms with O_PATH fds; +{grown} in {ms} ms with handles ({mode:?}: {handles} handle inodes, {mounts} mount fd, {cached} cached fds)",
             DIRS * (FILES + 1)
         );
+        assert!(cached <= HANDLE_FD_CACHE, "{cached} cached descriptors");
         assert!(
-            grown <= 2,
+            grown <= HANDLE_FD_CACHE + 2,
             "{mode:?}: {grown} new descriptors after the walk"
         );
         assert_eq!(
@@ -87,6 +89,27 @@ fn file_handles() {
             "{mode:?}: every inode is a handle"
         );
         assert_eq!(mounts, 1);
+        // GETATTR of 2,000 files opens each handle: the cache keeps the last
+        // HANDLE_FD_CACHE descriptors and no more.
+        let before = fd_count();
+        for d in 0..20 {
+            let dn = h.lookup(ROOT, &format!("d{d}")).unwrap().nodeid;
+            for f in 0..FILES {
+                let e = h.lookup(dn, &format!("f{f}")).unwrap();
+                h.getattr(e.nodeid).unwrap();
+            }
+        }
+        let (_, _, cached) = h.fs().file_handle_counts();
+        assert_eq!(
+            cached, HANDLE_FD_CACHE,
+            "{mode:?}: the cache is full, not more"
+        );
+        assert!(
+            fd_count() <= before + HANDLE_FD_CACHE,
+            "{mode:?}: {} -> {} descriptors",
+            before,
+            fd_count()
+        );
         check_operations(&h);
     }
 }
@@ -131,13 +154,13 @@ fn check_operations(h: &Harness) {
     assert_eq!(h.read(new, o.fh, 0, 100).unwrap(), b"hello");
     h.release(new, o.fh).unwrap();
     assert!(h.lookup(sub, "nothing").is_err());
-    // Removed on the host: the inode reports the file as gone, nothing else is reached.
+    // Removed on the host: the inode reports the file as gone (ESTALE) or, while its
+    // descriptor is cached, as unlinked; nothing else is reached.
     std::fs::remove_file(h.host("d1/moved")).unwrap();
-    let e = h.getattr(new).unwrap_err();
-    assert!(
-        e == libc::ESTALE || e == libc::ENOENT,
-        "getattr of a removed file: {e}"
-    );
+    match h.getattr(new) {
+        Ok(a) => assert_eq!(a.nlink, 0, "getattr of a removed file"),
+        Err(e) => assert!(e == libc::ESTALE || e == libc::ENOENT, "getattr: {e}"),
+    }
     h.assert_alive();
 }
 

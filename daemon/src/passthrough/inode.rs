@@ -33,11 +33,48 @@ pub(super) struct InodeKey {
 pub(super) enum InodeFile {
     /// `O_PATH | O_NOFOLLOW` descriptor of the file itself (a symlink stays a symlink).
     Fd(OwnedFd),
-    /// A file handle, opened per operation on `mount` (a descriptor of the same mount).
+    /// A file handle, opened on `mount` (a descriptor of the same mount) when an operation
+    /// needs it; the `O_PATH` descriptor then stays in `open` until [`FdCache`] evicts it.
     Handle {
         handle: FileHandleBytes,
         mount: Arc<OwnedFd>,
+        open: Arc<FdSlot>,
+        cache: Arc<FdCache>,
     },
+}
+
+/// The cached `O_PATH` descriptor of a handle inode.
+pub(super) type FdSlot = Mutex<Option<Arc<OwnedFd>>>;
+
+/// Bounds the `O_PATH` descriptors handle inodes keep open between operations: the last
+/// `cap` opened stay (first in, first out), so a busy file is not reopened by handle for
+/// each request while the daemon's descriptors stay bounded whatever the guest walks.
+#[derive(Debug)]
+pub(super) struct FdCache {
+    cap: usize,
+    order: Mutex<std::collections::VecDeque<std::sync::Weak<FdSlot>>>,
+}
+
+impl FdCache {
+    pub fn new(cap: usize) -> Self {
+        FdCache {
+            cap,
+            order: Mutex::new(std::collections::VecDeque::with_capacity(cap + 1)),
+        }
+    }
+
+    /// Records that `slot` now holds a descriptor; evicts the oldest beyond the bound.
+    fn note(&self, slot: &Arc<FdSlot>) {
+        let mut order = self.order.lock().unwrap_or_else(|p| p.into_inner());
+        order.push_back(Arc::downgrade(slot));
+        while order.len() > self.cap {
+            if let Some(old) = order.pop_front().and_then(|w| w.upgrade()) {
+                // A slot set twice has two entries: the older one empties it early, never
+                // late, so at most `cap` slots hold a descriptor.
+                old.lock().unwrap_or_else(|p| p.into_inner()).take();
+            }
+        }
+    }
 }
 
 /// One host file the guest holds a reference to.
@@ -54,14 +91,14 @@ pub(super) struct InodeData {
 /// duration of one operation.
 pub(super) enum InodeFd<'a> {
     Borrowed(BorrowedFd<'a>),
-    Owned(OwnedFd),
+    Shared(Arc<OwnedFd>),
 }
 
 impl AsFd for InodeFd<'_> {
     fn as_fd(&self) -> BorrowedFd<'_> {
         match self {
             InodeFd::Borrowed(fd) => *fd,
-            InodeFd::Owned(fd) => fd.as_fd(),
+            InodeFd::Shared(fd) => fd.as_fd(),
         }
     }
 }
@@ -73,23 +110,47 @@ impl InodeData {
     pub fn is_symlink(&self) -> bool {
         self.kind == libc::S_IFLNK
     }
-    /// An `O_PATH | O_NOFOLLOW` descriptor of the file (for a handle: opened now, closed
-    /// when the returned value goes; `ESTALE` once the file is gone).
+    /// An `O_PATH | O_NOFOLLOW` descriptor of the file (for a handle: the cached one, or
+    /// opened now and cached; `ESTALE` when the file is gone and none is cached).
     pub fn fd(&self) -> io::Result<InodeFd<'_>> {
         match &self.file {
             InodeFile::Fd(fd) => Ok(InodeFd::Borrowed(fd.as_fd())),
-            InodeFile::Handle { handle, mount } => Ok(InodeFd::Owned(open_handle(
-                mount.as_fd(),
+            InodeFile::Handle {
                 handle,
-                libc::O_PATH | libc::O_NOFOLLOW,
-            )?)),
+                mount,
+                open,
+                cache,
+            } => {
+                if let Some(fd) = open.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                    return Ok(InodeFd::Shared(fd.clone()));
+                }
+                let fd = Arc::new(open_handle(
+                    mount.as_fd(),
+                    handle,
+                    libc::O_PATH | libc::O_NOFOLLOW,
+                )?);
+                *open.lock().unwrap_or_else(|p| p.into_inner()) = Some(fd.clone());
+                cache.note(open);
+                Ok(InodeFd::Shared(fd))
+            }
         }
     }
     /// For a handle, opens it with `flags` directly; `None` for a descriptor inode.
     pub fn open_handle(&self, flags: libc::c_int) -> Option<io::Result<OwnedFd>> {
         match &self.file {
             InodeFile::Fd(_) => None,
-            InodeFile::Handle { handle, mount } => Some(open_handle(mount.as_fd(), handle, flags)),
+            InodeFile::Handle { handle, mount, .. } => {
+                Some(open_handle(mount.as_fd(), handle, flags))
+            }
+        }
+    }
+    /// Whether a handle inode holds its `O_PATH` descriptor right now.
+    pub fn fd_cached(&self) -> bool {
+        match &self.file {
+            InodeFile::Fd(_) => false,
+            InodeFile::Handle { open, .. } => {
+                open.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+            }
         }
     }
     /// The file handle, when the inode is kept as one.

@@ -209,7 +209,12 @@ pub struct PassthroughFs {
     mount_fds: fhandle::MountFds,
     /// The shared directory's mount descriptor, kept for the life of the filesystem.
     _root_mount: Option<Arc<OwnedFd>>,
+    /// Bound on the descriptors handle inodes keep open between operations.
+    fd_cache: Arc<inode::FdCache>,
 }
+
+/// How many handle inodes keep their `O_PATH` descriptor open between operations.
+pub const HANDLE_FD_CACHE: usize = 128;
 
 pub(crate) fn err(errno: i32) -> io::Error {
     io::Error::from_raw_os_error(errno)
@@ -347,6 +352,7 @@ impl PassthroughFs {
             fh_mode,
             mount_fds,
             _root_mount: root_mount,
+            fd_cache: Arc::new(inode::FdCache::new(HANDLE_FD_CACHE)),
             cfg,
         })
     }
@@ -371,11 +377,13 @@ impl PassthroughFs {
         self.fh_mode
     }
 
-    /// Inodes kept as file handles, and mount descriptors open for them.
-    pub fn file_handle_counts(&self) -> (usize, usize) {
+    /// Inodes kept as file handles, mount descriptors open for them, and handle inodes
+    /// holding a cached descriptor (at most [`HANDLE_FD_CACHE`]).
+    pub fn file_handle_counts(&self) -> (usize, usize, usize) {
         let (v, _) = self.inodes.export();
         let n = v.iter().filter(|(d, _)| d.handle().is_some()).count();
-        (n, self.mount_fds.len())
+        let cached = v.iter().filter(|(d, _)| d.fd_cached()).count();
+        (n, self.mount_fds.len(), cached)
     }
 
     /// How a newly found host file (`fd`, an `O_PATH` descriptor, and its `st`) is kept:
@@ -415,7 +423,12 @@ impl PassthroughFs {
                 return Err(err(libc::EOPNOTSUPP));
             }
         };
-        Ok(InodeFile::Handle { handle, mount })
+        Ok(InodeFile::Handle {
+            handle,
+            mount,
+            open: Default::default(),
+            cache: self.fd_cache.clone(),
+        })
     }
 
     /// The configuration this filesystem was built with.
