@@ -40,6 +40,26 @@ test-unit: build virtiofsd
 	$(CARGO) test --workspace
 	VUFS_DAEMON=daxfsd DAXFSD=$(abspath $(DAXFSD_BIN)) $(CARGO) test -p vufs-driver
 
+# --uid-map/--gid-map: a non-root daemon (user daxfsd-test, created with its /etc/subuid and
+# /etc/subgid ranges by scripts/uidmap-test-setup.sh) against daxfsd, then virtiofsd 1.14.
+test-uidmap: build virtiofsd
+	VUFS_DAEMON=daxfsd DAXFSD=$(abspath $(DAXFSD_BIN)) $(CARGO) test -p vufs-driver --test uidmap
+	VUFS_DAEMON=virtiofsd $(CARGO) test -p vufs-driver --test uidmap
+
+.PHONY: test-uidmap
+
+# POSIX ACLs (--posix-acl), --xattrmap and --translate-uid/gid checked in real guests and on
+# the host, against daxfsd, then virtiofsd 1.14.
+test-acl: kernel initramfs qemu virtiofsd build
+	tests/e2e/acl.sh
+	tests/e2e/acl.sh -d virtiofsd
+.PHONY: test-acl
+
+# Descriptors held after a guest walks 10,100 inodes: O_PATH fds vs file handles
+# (--inode-file-handles never/prefer/mandatory), daxfsd and virtiofsd 1.14 side by side.
+test-fhandles: kernel initramfs qemu virtiofsd build
+	tests/e2e/fhandles.sh
+.PHONY: test-fhandles
 fuzz test-fuzz:
 	FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh
 
@@ -111,6 +131,13 @@ uninstall:
 # lines), installed by the test itself, each also run against upstream virtiofsd 1.14.
 test-launchers: kernel initramfs virtiofsd build
 	tests/launchers/run.sh
+
+# lima (limactl 1.2.1 built from its Go module) starting a guest with a virtiofs mount: it
+# finds daxfsd through the installed vhost-user descriptor; then the same with virtiofsd.
+test-lima: kernel initramfs virtiofsd build
+	tests/launchers/lima.sh
+	tests/launchers/lima.sh -d virtiofsd
+.PHONY: test-lima
 
 clean:
 	$(CARGO) clean

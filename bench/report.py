@@ -10,6 +10,8 @@ import os
 import statistics
 import sys
 
+import host as host_report  # bench/host.py: the `host` section (daxfsd over /dev/fuse)
+
 CONFIGS = {
     "daxfsd-never": "daxfsd cache=never",
     "daxfsd-never-dax": "daxfsd cache=never + DAX",
@@ -439,6 +441,7 @@ def render_md(res):
         w(f"{len(boots)} guest boots, {sum(b['wall_s'] for b in boots) / 60:.1f} min of VM time; "
           f"boot to mount median {num(med(bt), '{:.1f}')} s. `scripts/bench.sh --estimate` prints the "
           "planned duration of a matrix without running it.\n")
+    host_report.render_md(res, w)
     return "\n".join(out) + "\n"
 
 
@@ -466,9 +469,14 @@ def render_png(res, path):
     jobs = [j for j in SEED_JOBS if any(s["job"] == j and s["section"] == "matrix" for s in S)]
     cfgs = [k for k in COLORS if any(s["config"] == k and s["section"] == "matrix" for s in S)]
     height = max(6.0, 0.42 * len(jobs) * max(1, len(cfgs)) / 3 + 2)
+    has_host = bool(res.get("host", {}).get("summary"))
+    if has_host:
+        height += 3.5
     fig = plt.figure(figsize=(16, height))
-    gs = fig.add_gridspec(3, 2, width_ratios=[1.6, 1], hspace=0.55, wspace=0.25)
-    ax = fig.add_subplot(gs[:, 0])
+    gs = fig.add_gridspec(4 if has_host else 3, 2, width_ratios=[1.6, 1], hspace=0.55, wspace=0.25)
+    ax = fig.add_subplot(gs[:3, 0])
+    if has_host:
+        host_report.render_png(res, [fig.add_subplot(gs[3, :])])
     n = max(1, len(cfgs))
     bh = 0.8 / n
     for i, k in enumerate(cfgs):

@@ -34,6 +34,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True  # no bench/__pycache__ in the work tree
 import report  # noqa: E402  (bench/report.py)
+import host  # noqa: E402  (bench/host.py: the host-mount section)
 
 T0 = time.time()
 
@@ -495,7 +496,7 @@ def run_proto(a, raw, results, save):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--only", default="proto,matrix,pressure,mq")
+    p.add_argument("--only", default="proto,matrix,pressure,mq,host")
     p.add_argument("--runtime", type=int)
     p.add_argument("--repeats", type=int)
     p.add_argument("--file-size")
@@ -511,7 +512,7 @@ def main():
     p.add_argument("--virtiofsd")
     a = p.parse_args()
     a.only = [s.strip() for s in a.only.split(",") if s.strip()]
-    bad = [s for s in a.only if s not in ("proto", "matrix", "pressure", "mq")]
+    bad = [s for s in a.only if s not in ("proto", "matrix", "pressure", "mq", "host")]
     if bad:
         sys.exit(f"bench: unknown section(s) {bad}")
     if a.quick:
@@ -533,6 +534,8 @@ def main():
 
     boots = build_plan(a)
     est = sum(estimate_boot(b) for b in boots) + estimate_proto(a)
+    if "host" in a.only:
+        est += host.estimate(a)
     ncells = sum(len(b["jobs"]) for b in boots)
     mode = "quick" if a.quick else "full"
     log(f"plan ({mode}): {len(boots)} guest boots, {ncells} fio cells ({a.runtime}s each, "
@@ -545,6 +548,8 @@ def main():
                     f"~{fmt_dur(sum(estimate_boot(b) for b in bs))}")
         if "proto" in a.only:
             log(f"  proto   : ~{fmt_dur(estimate_proto(a))}")
+        if "host" in a.only:
+            log(f"  host    : ~{fmt_dur(host.estimate(a))}")
         return 0
     for f, what in ((a.daxfsd, "daxfsd (make release)"), (a.virtiofsd, "virtiofsd (make virtiofsd)")):
         if not f or not os.access(f, os.X_OK):
@@ -619,6 +624,10 @@ def main():
             results["cells"].extend(cells)
             save()
         results["vm_wall_s"] = round(time.time() - t_vm0, 1)
+        if "host" in a.only:
+            t_h0 = time.time()
+            host.run_host(a, raw, results, save)
+            results["host_wall_s"] = round(time.time() - t_h0, 1)
     except KeyboardInterrupt:
         interrupted = True
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
@@ -641,9 +650,15 @@ def main():
             f"(console log {c.get('console_log')})")
     for r in proto_err:
         log(f"FAILED proto {r['what']}: {r['error'][-200:]}")
+    hres = results.get("host", {})
+    host_err = hres.get("errors", []) + [
+        f"{c['config']} r{c['repeat']} {c['row']}: {c.get('error')}"
+        for c in hres.get("cells", []) if c.get("status") == "failed"]
+    for e in host_err:
+        log(f"FAILED host {e}")
     if interrupted:
         return 130
-    return 1 if failed or proto_err else 0
+    return 1 if failed or proto_err or host_err else 0
 
 
 if __name__ == "__main__":

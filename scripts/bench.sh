@@ -5,11 +5,13 @@
 #   scripts/bench.sh [--quick] [options]
 #
 #   --quick             reduced matrix (6 jobs, 3 s, 1 repeat) for a fast look (< 10 min)
-#   --only LIST         sections to run, comma separated (default: proto,matrix,pressure,mq)
+#   --only LIST         sections to run, comma separated (default: proto,matrix,pressure,mq,host)
 #                         proto     requests/s and instructions per request, no VM (vufs-driver)
 #                         matrix    the seed's fio matrix x 5 configurations
 #                         pressure  randread over 4x the DAX window, DAX vs no DAX
 #                         mq        1, 2, 4 request queues, 4 vCPUs, daxfsd vs virtiofsd
+#                         host      daxfsd --mount on the host: /dev/fuse, passthrough,
+#                                   io-uring vs native and bindfs (etcfs table, fio); root
 #   --runtime SEC       seconds per fio job (default 5; quick 3)
 #   --repeats N         boots per configuration; medians reported (default 3; quick 1)
 #   --file-size SIZE    matrix data file size (default 128M; quick 64M)
@@ -31,7 +33,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$RIG_ROOT"
 
 for a in "$@"; do
-    case $a in -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+    case $a in -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 done
 estimate=0
 for a in "$@"; do [[ $a == --estimate ]] && estimate=1; done
@@ -47,6 +49,8 @@ if ((estimate == 0)); then
     missing=()
     "$py" -c 'import matplotlib' 2>/dev/null || missing+=(python3-matplotlib)
     command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
+    # The host section's traditional FUSE peer.
+    command -v bindfs >/dev/null 2>&1 || missing+=(bindfs)
     if ((${#missing[@]})); then
         log "installing ${missing[*]}"
         apt_get install -y --no-install-recommends "${missing[@]}" >/dev/null ||

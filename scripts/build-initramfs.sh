@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build the test guest's initramfs: busybox (static), fio with every library
-# it links and the loader, the static helper tests/e2e/guest/vfstest.c, the
+# Build the test guest's initramfs: busybox (static), fio, setfacl/getfacl
+# (acl) and setfattr/getfattr (attr) with every library they link and the
+# loader, the static helper tests/e2e/guest/vfstest.c, the
 # guest /init and the e2e suite. Uncompressed newc cpio (fastest to unpack
 # under TCG), reproducible, cached by a hash of all its inputs at
 #   $DAXFSD_CACHE/initramfs/<key>/initramfs.cpio
@@ -14,6 +15,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 GUEST="$RIG_ROOT/tests/e2e/guest"
 BUSYBOX=/bin/busybox
 FIO=/usr/bin/fio
+# ACL and xattr tools for the guest checks of --posix-acl and --xattrmap (tests/e2e/acl.sh).
+TOOLS=(/usr/bin/setfacl /usr/bin/getfacl /usr/bin/setfattr /usr/bin/getfattr)
 
 force=0
 case ${1:-} in
@@ -30,9 +33,12 @@ need_cmd ldd libc-bin
 [[ -x $BUSYBOX && $(ldd "$BUSYBOX" 2>&1 || true) == *"not a dynamic"* ]] ||
     die "$BUSYBOX is missing or not static; run 'make vm-deps' (package busybox-static)"
 [[ -r /usr/lib/x86_64-linux-gnu/libc.a ]] || die "static libc missing; run 'make vm-deps' (libc6-dev)"
+for t in "${TOOLS[@]}"; do
+    [[ -x $t ]] || die "$t missing; run 'make vm-deps' (packages acl and attr)"
+done
 
-# fio's libraries as "host-path" lines, plus the program interpreter.
-mapfile -t fio_libs < <(ldd "$FIO" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | LC_ALL=C sort -u)
+# The libraries of fio and the tools as "host-path" lines, plus the program interpreter.
+mapfile -t fio_libs < <(ldd "$FIO" "${TOOLS[@]}" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// && $1 !~ /:$/ { print $1 }' | LC_ALL=C sort -u)
 ((${#fio_libs[@]} > 1)) || die "ldd $FIO listed no libraries"
 for lib in "${fio_libs[@]}"; do [[ -r $lib ]] || die "fio library $lib is not readable"; done
 
@@ -40,7 +46,7 @@ sources=("$0" "$RIG_ROOT/scripts/mkcpio.py" "$GUEST/init" "$GUEST/suite.sh" "$GU
 key=$( {
     hash_inputs "${sources[@]}"
     gcc --version | head -n1
-    sha256sum "$BUSYBOX" "$FIO" "${fio_libs[@]}"
+    sha256sum "$BUSYBOX" "$FIO" "${TOOLS[@]}" "${fio_libs[@]}"
 } | sha256sum | cut -c1-16)
 out_dir="$DAXFSD_CACHE/initramfs/$key"
 cpio="$out_dir/initramfs.cpio"
@@ -72,6 +78,10 @@ done < <("$BUSYBOX" --list-full)
 
 log "fio $("$FIO" --version) with ${#fio_libs[@]} libraries"
 install -m 755 "$FIO" "$root/usr/bin/fio"
+for t in "${TOOLS[@]}"; do
+    rm -f -- "$root$t" # a busybox applet link of the same name
+    install -m 755 "$t" "$root$t"
+done
 for lib in "${fio_libs[@]}"; do
     # Merged /usr: /lib/... and /lib64/... live under usr/ in the image.
     dest=$lib
@@ -91,6 +101,11 @@ printf 'export PS1='"'"'daxfsd-guest:$PWD# '"'"'\ncd /mnt 2>/dev/null\n' >"$root
 missing=$("$root/usr/lib64/ld-linux-x86-64.so.2" --inhibit-cache \
     --library-path "$root/usr/lib/x86_64-linux-gnu" "$root/usr/bin/fio" --version 2>&1 >/dev/null || true)
 [[ -z $missing ]] || die "fio does not run inside the image: $missing"
+for t in "${TOOLS[@]}"; do
+    missing=$("$root/usr/lib64/ld-linux-x86-64.so.2" --inhibit-cache \
+        --library-path "$root/usr/lib/x86_64-linux-gnu" "$root$t" --version 2>&1 >/dev/null || true)
+    [[ -z $missing ]] || die "$t does not run inside the image: $missing"
+done
 
 log "writing uncompressed cpio"
 mkdir -p "$work/out"
@@ -98,8 +113,9 @@ SOURCE_DATE_EPOCH=0 python3 "$RIG_ROOT/scripts/mkcpio.py" "$work/out/initramfs.c
     --node dev/console:c:5:1:600 --node dev/null:c:1:3:666
 rm -rf -- "$out_dir"
 mv -T -- "$work/out" "$out_dir"
-# Keep the three newest images (each is ~85 MB); older ones are ours to drop.
+# Keep the five newest images (each is ~85 MB; several worktrees may be using different
+# ones at once); older ones are ours to drop.
 find "$DAXFSD_CACHE/initramfs" -mindepth 1 -maxdepth 1 -type d ! -name '.*' -printf '%T@ %p\n' |
-    sort -rn | tail -n +4 | cut -d' ' -f2- | while IFS= read -r old; do rm -rf -- "$old"; done
+    sort -rn | tail -n +6 | cut -d' ' -f2- | while IFS= read -r old; do rm -rf -- "$old"; done
 log "done: $cpio ($(du -h "$cpio" | cut -f1))"
 printf '%s\n' "$cpio"

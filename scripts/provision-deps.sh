@@ -15,7 +15,7 @@ PACKAGES=(
     # guest kernel
     linux-source-6.12 build-essential flex bison bc libelf-dev libssl-dev lz4 xz-utils patch perl
     # initramfs
-    busybox-static fio libc6-dev python3
+    busybox-static fio libc6-dev python3 acl attr
     # QEMU: Debian's (profiles pci, mmio) and the trixie tree for QEMU 11 (dax)
     qemu-system-x86 debootstrap debian-archive-keyring ca-certificates
     # upstream virtiofsd built with cargo (Rust itself comes from rustup)

@@ -56,6 +56,7 @@ const NAMES: [&str; 41] = [
 
 pub const CAP_CHOWN: u32 = 0;
 pub const CAP_DAC_OVERRIDE: u32 = 1;
+pub const CAP_DAC_READ_SEARCH: u32 = 2;
 pub const CAP_FOWNER: u32 = 3;
 pub const CAP_FSETID: u32 = 4;
 pub const CAP_SETGID: u32 = 6;

@@ -2,9 +2,7 @@
 //!
 //! `-o` takes exactly the keys virtiofsd 1.14 takes (and rejects what it rejects), plus
 //! `flock` and `posix_lock`, which the C virtiofsd accepted and daxfsd gives the same
-//! meaning (remote locks, off by default). The few virtiofsd options whose feature daxfsd
-//! does not implement yet are still parsed, so that a script passing them gets a clear
-//! "not supported yet: OPTION" error instead of a silent difference in behaviour.
+//! meaning (remote locks, off by default). Every virtiofsd 1.14 option is implemented.
 
 use std::path::PathBuf;
 
@@ -196,8 +194,10 @@ pub struct Cli {
     #[arg(long, overrides_with = "announce_submounts")]
     pub no_announce_submounts: bool,
 
-    /// When to reference inodes by file handles instead of O_PATH fds: never, prefer (try
-    /// handles, fall back to fds; daxfsd always falls back), mandatory (not supported yet).
+    /// When to reference inodes by file handles instead of O_PATH fds (far fewer open fds
+    /// on large trees; needs CAP_DAC_READ_SEARCH, kept for it): never; prefer (handles where
+    /// the file system makes them, fds elsewhere, fds for all when handles do not work at
+    /// start); mandatory (handles only: start fails when they do not work).
     #[arg(long, value_enum, value_name = "MODE", num_args = 0..=1, require_equals = true, default_missing_value = "prefer", default_value = "prefer")]
     pub inode_file_handles: InodeFileHandles,
 
@@ -302,12 +302,13 @@ pub struct Cli {
     pub preserve_noatime: bool,
 
     /// UID map `:inside:outside:count:` for the user namespace of a non-root daemon's
-    /// namespace sandbox (virtiofsd sets it with newuidmap; not supported yet; refused for
-    /// a root daemon, as virtiofsd refuses it).
+    /// namespace sandbox, set with newuidmap (package uidmap; the ranges must be granted in
+    /// /etc/subuid), e.g. `:0:1000:1:` then `:1:100000:65536:`; repeatable. Refused for a
+    /// root daemon, as virtiofsd refuses it.
     #[arg(long, value_name = "MAP")]
     pub uid_map: Vec<String>,
 
-    /// GID map, as --uid-map (not supported yet).
+    /// GID map, as --uid-map (newgidmap, /etc/subgid).
     #[arg(long, value_name = "MAP")]
     pub gid_map: Vec<String>,
 
@@ -348,8 +349,6 @@ pub struct Cli {
 /// A command-line problem, reported as one line.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
-    #[error("not supported yet: {0}")]
-    NotSupported(String),
     #[error("{0}")]
     Invalid(String),
 }
@@ -463,6 +462,19 @@ fn parse_passthrough(s: &str) -> Result<PassthroughPolicy, String> {
 }
 
 impl Cli {
+    /// `--uid-map`/`--gid-map`, parsed.
+    pub fn user_ns_maps(&self) -> Result<crate::sandbox::UserNsMaps, String> {
+        let parse = |opt: &str, v: &[String]| {
+            v.iter()
+                .map(|m| crate::sandbox::IdRange::parse(opt, m))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        Ok(crate::sandbox::UserNsMaps {
+            uid: parse("--uid-map", &self.uid_map)?,
+            gid: parse("--gid-map", &self.gid_map)?,
+        })
+    }
+
     /// Folds `-o` and `-d` into the long options and rejects what is not implemented.
     pub fn normalize(&mut self) -> Result<(), CliError> {
         for opts in std::mem::take(&mut self.compat_options) {
@@ -499,17 +511,19 @@ impl Cli {
                 "--uid-map/--gid-map are for a non-root daemon with --sandbox namespace; drop them (a root daemon maps nothing)".into(),
             ));
         }
-        let unsupported = [
-            (
-                self.inode_file_handles == InodeFileHandles::Mandatory,
-                "--inode-file-handles=mandatory",
-            ),
-            (!self.uid_map.is_empty(), "--uid-map"),
-            (!self.gid_map.is_empty(), "--gid-map"),
-        ];
-        if let Some((_, name)) = unsupported.iter().find(|(on, _)| *on) {
-            return Err(CliError::NotSupported((*name).to_string()));
+        if self.inode_file_handles == InodeFileHandles::Mandatory
+            && self.modcaps.as_deref().is_some_and(|m| {
+                m.split(':').any(|i| {
+                    i.eq_ignore_ascii_case("-dac_read_search")
+                        || i.eq_ignore_ascii_case("-cap_dac_read_search")
+                })
+            })
+        {
+            return Err(CliError::Invalid(
+                "--inode-file-handles=mandatory needs CAP_DAC_READ_SEARCH: drop -dac_read_search from --modcaps".into(),
+            ));
         }
+        self.user_ns_maps().map_err(CliError::Invalid)?;
         crate::passthrough::idmap::IdMap::parse("--translate-uid", &self.translate_uid)
             .map_err(CliError::Invalid)?;
         crate::passthrough::idmap::IdMap::parse("--translate-gid", &self.translate_gid)
@@ -870,10 +884,22 @@ mod tests {
     }
 
     #[test]
-    fn unimplemented_options_fail_loudly() {
-        let opt = "--inode-file-handles=mandatory";
-        let e = parse(&["--shared-dir=/tmp", "--socket-path=/tmp/s", opt]).unwrap_err();
-        assert!(e.starts_with("not supported yet: "), "{opt}: {e}");
+    fn formerly_unimplemented_options_parse() {
+        let c = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/tmp/s",
+            "--inode-file-handles=mandatory",
+        ])
+        .unwrap();
+        assert_eq!(c.inode_file_handles, InodeFileHandles::Mandatory);
+        let e = parse(&[
+            "--shared-dir=/tmp",
+            "--socket-path=/tmp/s",
+            "--inode-file-handles=mandatory",
+            "--modcaps=-dac_read_search",
+        ])
+        .unwrap_err();
+        assert!(e.contains("CAP_DAC_READ_SEARCH"), "{e}");
         // Implemented now; as in virtiofsd they imply --xattr.
         for opts in [
             &["--posix-acl"][..],

@@ -93,6 +93,11 @@ pub(crate) fn passthrough_config(cli: &Cli) -> io::Result<passthrough::Config> {
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
         gid_map: passthrough::idmap::IdMap::parse("--translate-gid", &cli.translate_gid)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+        inode_file_handles: match cli.inode_file_handles {
+            crate::cli::InodeFileHandles::Never => passthrough::FileHandleMode::Never,
+            crate::cli::InodeFileHandles::Prefer => passthrough::FileHandleMode::Prefer,
+            crate::cli::InodeFileHandles::Mandatory => passthrough::FileHandleMode::Mandatory,
+        },
     })
 }
 
@@ -344,11 +349,17 @@ impl Stopper {
 /// The capabilities to keep: virtiofsd's set changed by `--modcaps`, limited to what the
 /// process had before the sandbox (nothing, for a non-root daemon in its user namespace).
 pub(crate) fn capabilities_to_keep(cli: &Cli, had: CapSet) -> io::Result<CapSet> {
+    let mut base = CapSet::daemon_default();
+    if cli.inode_file_handles != crate::cli::InodeFileHandles::Never {
+        // Opening file handles needs CAP_DAC_READ_SEARCH (virtiofsd adds it the same way;
+        // `--modcaps=-dac_read_search` removes it again and `prefer` then keeps descriptors).
+        base = CapSet(base.0 | (1u64 << caps::CAP_DAC_READ_SEARCH));
+    }
     let want = match &cli.modcaps {
-        Some(spec) => CapSet::daemon_default()
+        Some(spec) => base
             .modify(spec)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
-        None => CapSet::daemon_default(),
+        None => base,
     };
     Ok(CapSet(want.0 & had.0))
 }
@@ -375,7 +386,10 @@ pub fn run(cli: &Cli) -> io::Result<()> {
 
     let (mut listener, mut run_files) = listen(cli)?;
 
-    let inside = match sandbox::enter(cli.sandbox, &shared_dir)? {
+    let maps = cli
+        .user_ns_maps()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let inside = match sandbox::enter(cli.sandbox, &shared_dir, &maps)? {
         Entered::Supervisor(mut sup) => {
             log::debug!("sandbox: serving process {} started", sup.child());
             let exit = sup.wait()?;
@@ -392,6 +406,14 @@ pub fn run(cli: &Cli) -> io::Result<()> {
             f.close_without_removing();
         }
     }
+    // With --uid-map/--gid-map the daemon is (typically) root of its own user namespace: it
+    // keeps the capabilities serving needs there (over that namespace only), to switch to
+    // the guest's ids and set owners within the mapped ranges.
+    let keep = if maps != sandbox::UserNsMaps::default() {
+        capabilities_to_keep(cli, caps::current()?.1)?
+    } else {
+        keep
+    };
     let stopper = Stopper::install()?;
     caps::drop_to(keep)?;
     let kept = keep.names();

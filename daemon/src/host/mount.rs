@@ -111,7 +111,14 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         }
     };
     let dev = mounted.dev;
-    let inside = match sandbox::enter(cli.sandbox, &shared_dir) {
+    let maps = match cli.user_ns_maps() {
+        Ok(m) => m,
+        Err(e) => {
+            report_unmount(&mut unmounter, &mountpoint);
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, e));
+        }
+    };
+    let inside = match sandbox::enter(cli.sandbox, &shared_dir, &maps) {
         Ok(Entered::Supervisor(mut sup)) => {
             // Only the serving child may hold the connection: if it dies, the mount must
             // fail (ENOTCONN), not hang.
@@ -130,6 +137,17 @@ pub fn run(cli: &Cli) -> io::Result<()> {
             return Err(e);
         }
     };
+    // With --uid-map/--gid-map the daemon is root of its own user namespace: it keeps the
+    // capabilities serving needs there (as the vhost-user path does).
+    if maps != sandbox::UserNsMaps::default() {
+        match caps::current().and_then(|c| capabilities_to_keep(cli, c.1)) {
+            Ok(k) => keep = k,
+            Err(e) => {
+                report_unmount(&mut unmounter, &mountpoint);
+                return Err(e);
+            }
+        }
+    }
     let result = serve(
         cli,
         dev,

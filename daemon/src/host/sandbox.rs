@@ -6,7 +6,11 @@
 //!   a fresh procfs is mounted on `/proc` and `/proc/self/fd` opened, the shared directory is
 //!   bind-mounted onto itself and becomes the root (`pivot_root`), and the old root is
 //!   detached: the daemon sees the share and nothing else. A non-root daemon first enters a
-//!   new user namespace mapping only its own uid and gid. The parent stays outside: it
+//!   new user namespace mapping only its own uid and gid, or, with `--uid-map`/`--gid-map`
+//!   (virtiofsd's syntax `:inside:outside:count:`), the ranges given: a helper process
+//!   forked before the namespace exists runs the setuid tools `newuidmap`/`newgidmap`
+//!   (Debian package `uidmap`, ranges granted in `/etc/subuid` and `/etc/subgid`) on the
+//!   daemon, as virtiofsd does; inside the namespace they would lose their setuid power. The parent stays outside: it
 //!   forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT and SIGUSR1 to the child, waits for it,
 //!   removes the socket and pid files and exits with the child's status (or dies of the
 //!   same signal). The child ends cleanly on SIGTERM, SIGINT and SIGHUP (exit status 0;
@@ -30,6 +34,52 @@ use std::path::{Path, PathBuf};
 
 use crate::cli::Sandbox;
 use crate::sys;
+
+/// One `--uid-map`/`--gid-map` range: ids `inside..inside+count` in the daemon's user
+/// namespace are `outside..outside+count` on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdRange {
+    pub inside: u32,
+    pub outside: u32,
+    pub count: u32,
+}
+
+impl IdRange {
+    /// Parses virtiofsd's `:inside:outside:count:` (any non-alphanumeric delimiter, the same
+    /// first and last). `opt` names the option in the error.
+    pub fn parse(opt: &str, s: &str) -> Result<IdRange, String> {
+        let bad =
+            || format!("{opt} {s:?}: expected :inside:outside:count: (e.g. :0:100000:65536:)");
+        let delim = s
+            .chars()
+            .last()
+            .filter(|c| !c.is_alphanumeric())
+            .ok_or_else(bad)?;
+        let inner = s
+            .strip_prefix(delim)
+            .and_then(|r| r.strip_suffix(delim))
+            .ok_or_else(bad)?;
+        let v: Vec<u32> = inner
+            .split(delim)
+            .map(|f| f.parse::<u32>().map_err(|_| bad()))
+            .collect::<Result<_, _>>()?;
+        match v[..] {
+            [inside, outside, count] if count > 0 => Ok(IdRange {
+                inside,
+                outside,
+                count,
+            }),
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// The id maps of a non-root daemon's user namespace; empty: its own uid/gid only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UserNsMaps {
+    pub uid: Vec<IdRange>,
+    pub gid: Vec<IdRange>,
+}
 
 /// The serving process, inside its sandbox.
 #[derive(Debug)]
@@ -87,7 +137,7 @@ fn thread_count() -> io::Result<usize> {
 
 /// Enters the sandbox `mode` around `shared_dir`. Call it single-threaded (namespace mode
 /// forks), after creating the listening socket and before opening anything in the share.
-pub fn enter(mode: Sandbox, shared_dir: &Path) -> io::Result<Entered> {
+pub fn enter(mode: Sandbox, shared_dir: &Path, maps: &UserNsMaps) -> io::Result<Entered> {
     match mode {
         Sandbox::None => Ok(Entered::Serving(Inside {
             shared_dir: shared_dir.to_path_buf(),
@@ -95,7 +145,7 @@ pub fn enter(mode: Sandbox, shared_dir: &Path) -> io::Result<Entered> {
             sees_host: true,
         })),
         Sandbox::Chroot => enter_chroot(shared_dir).map(Entered::Serving),
-        Sandbox::Namespace => enter_namespace(shared_dir),
+        Sandbox::Namespace => enter_namespace(shared_dir, maps),
     }
 }
 
@@ -148,7 +198,10 @@ fn write_proc(path: &str, content: &str) -> io::Result<()> {
 
 /// For a non-root daemon: a user namespace in which it keeps its own uid and gid (and holds
 /// the capabilities the namespace setup needs, over that namespace only).
-fn enter_user_namespace() -> io::Result<()> {
+fn enter_user_namespace(maps: &UserNsMaps) -> io::Result<()> {
+    if !maps.uid.is_empty() || !maps.gid.is_empty() {
+        return enter_mapped_user_namespace(maps);
+    }
     let (uid, gid) = (sys::geteuid(), sys::getegid());
     // SAFETY: unshare with a flag; the process is single-threaded (checked by the caller).
     let ret = unsafe { libc::unshare(libc::CLONE_NEWUSER) };
@@ -168,7 +221,98 @@ fn enter_user_namespace() -> io::Result<()> {
     Ok(())
 }
 
-fn enter_namespace(shared_dir: &Path) -> io::Result<Entered> {
+/// Runs `tool` (newuidmap or newgidmap) on process `pid` with `ranges`; its own error
+/// message goes to our stderr.
+fn run_map_tool(tool: &str, pid: libc::pid_t, ranges: &[IdRange]) -> bool {
+    let mut cmd = std::process::Command::new(tool);
+    cmd.arg(pid.to_string());
+    for r in ranges {
+        cmd.args([r.inside, r.outside, r.count].map(|v| v.to_string()));
+    }
+    match cmd.stdin(std::process::Stdio::null()).status() {
+        Ok(st) if st.success() => true,
+        Ok(st) => {
+            eprintln!("daxfsd: {tool} {pid} ... failed ({st})");
+            false
+        }
+        Err(e) => {
+            eprintln!("daxfsd: cannot run {tool}: {e} (install the uidmap package)");
+            false
+        }
+    }
+}
+
+/// The user namespace with `--uid-map`/`--gid-map`: a helper forked first (still outside,
+/// with our ids) waits until we have unshared, then maps our namespace; a side without a
+/// map gets our own id, written directly as in [`enter_user_namespace`].
+fn enter_mapped_user_namespace(maps: &UserNsMaps) -> io::Result<()> {
+    let (uid, gid) = (sys::geteuid(), sys::getegid());
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a writable array of two ints.
+    let ret = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    check(ret, "pipe2")?;
+    // SAFETY: pipe2 succeeded: both descriptors are new and owned by nobody else.
+    let (go_r, go_w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: the caller checked that the process is single-threaded, so the child is a
+    // complete copy and may allocate and run commands.
+    let helper = unsafe { libc::fork() };
+    if helper < 0 {
+        return Err(os_err("fork"));
+    }
+    if helper == 0 {
+        drop(go_w);
+        let mut b = [0u8; 1];
+        // SAFETY: `b` is a writable one-byte buffer.
+        let n = unsafe { libc::read(go_r.as_raw_fd(), b.as_mut_ptr().cast(), 1) };
+        let ok = n == 1
+            && if maps.uid.is_empty() {
+                std::fs::write(format!("/proc/{me}/uid_map"), format!("{uid} {uid} 1\n")).is_ok()
+            } else {
+                run_map_tool("newuidmap", me, &maps.uid)
+            }
+            && if maps.gid.is_empty() {
+                std::fs::write(format!("/proc/{me}/setgroups"), "deny").is_ok()
+                    && std::fs::write(format!("/proc/{me}/gid_map"), format!("{gid} {gid} 1\n"))
+                        .is_ok()
+            } else {
+                run_map_tool("newgidmap", me, &maps.gid)
+            };
+        // SAFETY: _exit has no preconditions; the helper must not run the parent's exit path.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    drop(go_r);
+    // SAFETY: unshare with a flag; the process is single-threaded (the helper is a process).
+    let ret = unsafe { libc::unshare(libc::CLONE_NEWUSER) };
+    let unshared = if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    };
+    if unshared.is_ok() {
+        // SAFETY: writes one byte from a valid buffer.
+        unsafe { libc::write(go_w.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+    }
+    drop(go_w);
+    let mut status = 0;
+    // SAFETY: waits for our own child; `status` is writable.
+    let waited = unsafe { libc::waitpid(helper, &mut status, 0) };
+    if let Err(e) = unshared {
+        return Err(io::Error::new(
+            e.kind(),
+            format!("--uid-map/--gid-map as uid {uid}: cannot create a user namespace ({e})"),
+        ));
+    }
+    if waited != helper || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        return Err(io::Error::other(format!(
+            "--uid-map/--gid-map: newuidmap/newgidmap could not map the user namespace (see above): /etc/subuid and /etc/subgid must grant these ranges to uid {uid} / gid {gid}, and the uidmap package must be installed"
+        )));
+    }
+    Ok(())
+}
+
+fn enter_namespace(shared_dir: &Path, maps: &UserNsMaps) -> io::Result<Entered> {
     let threads = thread_count()?;
     if threads != 1 {
         return Err(io::Error::other(format!(
@@ -182,7 +326,7 @@ fn enter_namespace(shared_dir: &Path) -> io::Result<Entered> {
         )
     })?;
     if sys::geteuid() != 0 {
-        enter_user_namespace()?;
+        enter_user_namespace(maps)?;
     }
     // The child checks this pipe to learn whether the parent died before PDEATHSIG was set.
     let mut fds = [0; 2];

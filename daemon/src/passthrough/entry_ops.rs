@@ -32,7 +32,7 @@ impl PassthroughFs {
 
     pub(super) fn do_getattr(&self, inode: Inode) -> io::Result<(Attr, Duration)> {
         let data = self.inode(inode)?;
-        let st = stat_fd(data.fd())?;
+        let st = stat_fd(data.fd()?.as_fd())?;
         Ok((self.guest_attr(&st), self.timeout))
     }
 
@@ -58,7 +58,11 @@ impl PassthroughFs {
             match &h {
                 Some(h) => sys::fchmod(h.fd(), mode)?,
                 // Through the magic link: lands on the inode itself, follows nothing.
-                None => sys::fchmodat(self.proc_self_fd.as_fd(), &fd_name(data.fd()), mode)?,
+                None => sys::fchmodat(
+                    self.proc_self_fd.as_fd(),
+                    &fd_name(data.fd()?.as_fd()),
+                    mode,
+                )?,
             }
         }
 
@@ -81,7 +85,7 @@ impl PassthroughFs {
                 u32::MAX
             };
             sys::fchownat(
-                data.fd(),
+                data.fd()?.as_fd(),
                 sys::EMPTY,
                 uid,
                 gid,
@@ -120,7 +124,12 @@ impl PassthroughFs {
             ];
             match &h {
                 Some(h) => sys::futimens(h.fd(), &times)?,
-                None => sys::utimensat(self.proc_self_fd.as_fd(), &fd_name(data.fd()), &times, 0)?,
+                None => sys::utimensat(
+                    self.proc_self_fd.as_fd(),
+                    &fd_name(data.fd()?.as_fd()),
+                    &times,
+                    0,
+                )?,
             }
         }
 
@@ -132,7 +141,7 @@ impl PassthroughFs {
         if !data.is_symlink() {
             return Err(err(libc::EINVAL));
         }
-        sys::readlinkat(data.fd(), sys::EMPTY)
+        sys::readlinkat(data.fd()?.as_fd(), sys::EMPTY)
     }
 
     pub(super) fn do_symlink(
@@ -145,9 +154,11 @@ impl PassthroughFs {
         self.check_writable()?;
         check_name(name)?;
         let p = self.dir_inode(parent)?;
+        // Before switching credentials: opening a file handle needs CAP_DAC_READ_SEARCH.
+        let pfd = p.fd()?;
         {
             let _creds = self.creds.switch_to(&self.host_ctx(ctx)?)?;
-            sys::symlinkat(target, p.fd(), name)?;
+            sys::symlinkat(target, pfd.as_fd(), name)?;
         }
         self.do_lookup(&p, name)
     }
@@ -166,9 +177,11 @@ impl PassthroughFs {
         let p = self.dir_inode(parent)?;
         let (perm, _umask) = self.create_mode(mode, umask)?;
         let mode = (mode & libc::S_IFMT) | perm;
+        // Before switching credentials: opening a file handle needs CAP_DAC_READ_SEARCH.
+        let pfd = p.fd()?;
         {
             let _creds = self.creds.switch_to(&self.host_ctx(ctx)?)?;
-            sys::mknodat(p.fd(), name, mode, decode_dev(rdev))?;
+            sys::mknodat(pfd.as_fd(), name, mode, decode_dev(rdev))?;
         }
         self.do_lookup(&p, name)
     }
@@ -184,10 +197,12 @@ impl PassthroughFs {
         self.check_writable()?;
         check_name(name)?;
         let p = self.dir_inode(parent)?;
+        // Before switching credentials: opening a file handle needs CAP_DAC_READ_SEARCH.
+        let pfd = p.fd()?;
         {
             let (mode, _umask) = self.create_mode(mode, umask)?;
             let _creds = self.creds.switch_to(&self.host_ctx(ctx)?)?;
-            sys::mkdirat(p.fd(), name, mode)?;
+            sys::mkdirat(pfd.as_fd(), name, mode)?;
         }
         self.do_lookup(&p, name)
     }
@@ -201,7 +216,7 @@ impl PassthroughFs {
         self.check_writable()?;
         check_name(name)?;
         let p = self.dir_inode(parent)?;
-        sys::unlinkat(p.fd(), name, flags)
+        sys::unlinkat(p.fd()?.as_fd(), name, flags)
     }
 
     pub(super) fn do_rename(
@@ -221,7 +236,13 @@ impl PassthroughFs {
         }
         let old = self.dir_inode(olddir)?;
         let new = self.dir_inode(newdir)?;
-        sys::renameat2(old.fd(), oldname, new.fd(), newname, flags)
+        sys::renameat2(
+            old.fd()?.as_fd(),
+            oldname,
+            new.fd()?.as_fd(),
+            newname,
+            flags,
+        )
     }
 
     pub(super) fn do_link(
@@ -241,8 +262,8 @@ impl PassthroughFs {
         // itself): needs no CAP_DAC_READ_SEARCH, unlike AT_EMPTY_PATH.
         sys::linkat(
             self.proc_self_fd.as_fd(),
-            &fd_name(data.fd()),
-            p.fd(),
+            &fd_name(data.fd()?.as_fd()),
+            p.fd()?.as_fd(),
             newname,
             libc::AT_SYMLINK_FOLLOW,
         )?;
@@ -251,7 +272,7 @@ impl PassthroughFs {
 
     pub(super) fn do_statfs(&self, inode: Inode) -> io::Result<Kstatfs> {
         let data = self.inode(inode)?;
-        let st = sys::fstatfs(data.fd())?;
+        let st = sys::fstatfs(data.fd()?.as_fd())?;
         Ok(Kstatfs {
             blocks: st.f_blocks,
             bfree: st.f_bfree,
@@ -272,7 +293,7 @@ impl PassthroughFs {
     pub(super) fn do_access(&self, ctx: &Context, inode: Inode, mask: u32) -> io::Result<()> {
         let ctx = &self.host_ctx(ctx)?;
         let data = self.inode(inode)?;
-        let st = stat_fd(data.fd())?;
+        let st = stat_fd(data.fd()?.as_fd())?;
         let mode = u32::from(st.stx_mode);
         let mask = mask & 0o7;
         if mask == libc::F_OK as u32 {

@@ -180,10 +180,12 @@ impl PassthroughFs {
         let (mode, umask_guard) = self.create_mode(mode, umask)?;
         // Always exclusive and never through a symlink: an existing name is opened only
         // below, after checking that it is a regular file (never a device or fifo).
+        // Before switching credentials: opening a file handle needs CAP_DAC_READ_SEARCH.
+        let pfd = p.fd()?;
         let created = {
             let _creds = self.creds.switch_to(&self.host_ctx(ctx)?)?;
             sys::openat(
-                p.fd(),
+                pfd.as_fd(),
                 name,
                 hflags | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
                 mode,
@@ -231,9 +233,11 @@ impl PassthroughFs {
         let p = self.dir_inode(parent)?;
         let hflags = self.host_flags(flags)?;
         let (mode, umask_guard) = self.create_mode(mode, umask)?;
+        // Before switching credentials: opening a file handle needs CAP_DAC_READ_SEARCH.
+        let pfd = p.fd()?;
         let fd = {
             let _creds = self.creds.switch_to(&self.host_ctx(ctx)?)?;
-            sys::openat(p.fd(), c".", hflags | libc::O_TMPFILE, mode)?
+            sys::openat(pfd.as_fd(), c".", hflags | libc::O_TMPFILE, mode)?
         };
         drop(umask_guard);
         self.finish_create(fd, hflags, p.key.mnt)

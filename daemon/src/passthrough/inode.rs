@@ -1,7 +1,9 @@
-//! The inode table: guest inode numbers to host `O_PATH` descriptors, with lookup counts.
+//! The inode table: guest inode numbers to host files, with lookup counts.
 //!
-//! Every inode the guest knows holds an `O_PATH | O_NOFOLLOW` descriptor of the host file,
-//! so later operations name the file by descriptor and never re-resolve a path. A host file
+//! Every inode the guest knows holds either an `O_PATH | O_NOFOLLOW` descriptor of the host
+//! file or, with `--inode-file-handles`, its file handle plus a shared mount descriptor (see
+//! [`super::fhandle`]); either way later operations name the file itself and never
+//! re-resolve a path. A host file
 //! is identified by `(st_dev, st_ino, mount id)`; looking it up again returns the same guest
 //! inode and bumps its count. FORGET drops counts; at zero the entry and its descriptor go.
 //! The guest's numbers are our own counter, never pointers, and the root (id 1) stays for
@@ -12,8 +14,10 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::fhandle::open_handle;
 use crate::abi::ROOT_ID;
 use crate::filesystem::Inode;
+use crate::migration::FileHandleBytes;
 
 /// Identity of a host file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -24,15 +28,79 @@ pub(super) struct InodeKey {
     pub mnt: u64,
 }
 
+/// How an inode reaches its host file.
+#[derive(Debug)]
+pub(super) enum InodeFile {
+    /// `O_PATH | O_NOFOLLOW` descriptor of the file itself (a symlink stays a symlink).
+    Fd(OwnedFd),
+    /// A file handle, opened on `mount` (a descriptor of the same mount) when an operation
+    /// needs it; the `O_PATH` descriptor then stays in `open` until [`FdCache`] evicts it.
+    Handle {
+        handle: FileHandleBytes,
+        mount: Arc<OwnedFd>,
+        open: Arc<FdSlot>,
+        cache: Arc<FdCache>,
+    },
+}
+
+/// The cached `O_PATH` descriptor of a handle inode.
+pub(super) type FdSlot = Mutex<Option<Arc<OwnedFd>>>;
+
+/// Bounds the `O_PATH` descriptors handle inodes keep open between operations: the last
+/// `cap` opened stay (first in, first out), so a busy file is not reopened by handle for
+/// each request while the daemon's descriptors stay bounded whatever the guest walks.
+#[derive(Debug)]
+pub(super) struct FdCache {
+    cap: usize,
+    order: Mutex<std::collections::VecDeque<std::sync::Weak<FdSlot>>>,
+}
+
+impl FdCache {
+    pub fn new(cap: usize) -> Self {
+        FdCache {
+            cap,
+            order: Mutex::new(std::collections::VecDeque::with_capacity(cap + 1)),
+        }
+    }
+
+    /// Records that `slot` now holds a descriptor; evicts the oldest beyond the bound.
+    fn note(&self, slot: &Arc<FdSlot>) {
+        let mut order = self.order.lock().unwrap_or_else(|p| p.into_inner());
+        order.push_back(Arc::downgrade(slot));
+        while order.len() > self.cap {
+            if let Some(old) = order.pop_front().and_then(|w| w.upgrade()) {
+                // A slot set twice has two entries: the older one empties it early, never
+                // late, so at most `cap` slots hold a descriptor.
+                old.lock().unwrap_or_else(|p| p.into_inner()).take();
+            }
+        }
+    }
+}
+
 /// One host file the guest holds a reference to.
 #[derive(Debug)]
 pub(super) struct InodeData {
     pub id: Inode,
     pub key: InodeKey,
-    /// `O_PATH | O_NOFOLLOW` descriptor of the file itself (a symlink stays a symlink).
-    pub fd: OwnedFd,
-    /// `S_IFMT` bits of the mode; fixed for the life of the descriptor.
+    pub file: InodeFile,
+    /// `S_IFMT` bits of the mode; fixed for the life of the file.
     pub kind: u32,
+}
+
+/// An `O_PATH` descriptor of an inode: its own, or one opened from its handle for the
+/// duration of one operation.
+pub(super) enum InodeFd<'a> {
+    Borrowed(BorrowedFd<'a>),
+    Shared(Arc<OwnedFd>),
+}
+
+impl AsFd for InodeFd<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            InodeFd::Borrowed(fd) => *fd,
+            InodeFd::Shared(fd) => fd.as_fd(),
+        }
+    }
 }
 
 impl InodeData {
@@ -42,8 +110,55 @@ impl InodeData {
     pub fn is_symlink(&self) -> bool {
         self.kind == libc::S_IFLNK
     }
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+    /// An `O_PATH | O_NOFOLLOW` descriptor of the file (for a handle: the cached one, or
+    /// opened now and cached; `ESTALE` when the file is gone and none is cached).
+    pub fn fd(&self) -> io::Result<InodeFd<'_>> {
+        match &self.file {
+            InodeFile::Fd(fd) => Ok(InodeFd::Borrowed(fd.as_fd())),
+            InodeFile::Handle {
+                handle,
+                mount,
+                open,
+                cache,
+            } => {
+                if let Some(fd) = open.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                    return Ok(InodeFd::Shared(fd.clone()));
+                }
+                let fd = Arc::new(open_handle(
+                    mount.as_fd(),
+                    handle,
+                    libc::O_PATH | libc::O_NOFOLLOW,
+                )?);
+                *open.lock().unwrap_or_else(|p| p.into_inner()) = Some(fd.clone());
+                cache.note(open);
+                Ok(InodeFd::Shared(fd))
+            }
+        }
+    }
+    /// For a handle, opens it with `flags` directly; `None` for a descriptor inode.
+    pub fn open_handle(&self, flags: libc::c_int) -> Option<io::Result<OwnedFd>> {
+        match &self.file {
+            InodeFile::Fd(_) => None,
+            InodeFile::Handle { handle, mount, .. } => {
+                Some(open_handle(mount.as_fd(), handle, flags))
+            }
+        }
+    }
+    /// Whether a handle inode holds its `O_PATH` descriptor right now.
+    pub fn fd_cached(&self) -> bool {
+        match &self.file {
+            InodeFile::Fd(_) => false,
+            InodeFile::Handle { open, .. } => {
+                open.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+            }
+        }
+    }
+    /// The file handle, when the inode is kept as one.
+    pub fn handle(&self) -> Option<&FileHandleBytes> {
+        match &self.file {
+            InodeFile::Fd(_) => None,
+            InodeFile::Handle { handle, .. } => Some(handle),
+        }
     }
 }
 
@@ -75,7 +190,7 @@ impl InodeStore {
         let root = Arc::new(InodeData {
             id: ROOT_ID,
             key,
-            fd,
+            file: InodeFile::Fd(fd),
             kind: libc::S_IFDIR,
         });
         let mut by_id = HashMap::new();
@@ -120,26 +235,49 @@ impl InodeStore {
         Ok(slot.data.clone())
     }
 
+    /// The existing inode of host file `key`, with one more reference, if there is one.
+    pub fn ref_existing(&self, key: &InodeKey) -> Option<Arc<InodeData>> {
+        let mut t = self.lock();
+        let id = *t.by_key.get(key)?;
+        let slot = t.by_id.get_mut(&id)?;
+        slot.refs = slot.refs.saturating_add(1);
+        Some(slot.data.clone())
+    }
+
     /// Takes a reference to the host file `key`: the existing inode if there is one (and
-    /// `fd` is dropped), else a new inode holding `fd`.
+    /// `file` is dropped), else a new inode holding `file`. An existing handle inode whose
+    /// handle differs from `file`'s is another file that had the same inode number (freed
+    /// and reused): `key` then names the new inode; the old one lives on until forgotten.
     pub fn insert_or_ref(
         &self,
         key: InodeKey,
-        fd: OwnedFd,
+        file: InodeFile,
         kind: u32,
     ) -> io::Result<Arc<InodeData>> {
         let mut t = self.lock();
         if let Some(&id) = t.by_key.get(&key) {
             if let Some(slot) = t.by_id.get_mut(&id) {
-                slot.refs = slot.refs.saturating_add(1);
-                return Ok(slot.data.clone());
+                let same = match (slot.data.handle(), &file) {
+                    (None, _) => true,
+                    (Some(a), InodeFile::Handle { handle: b, .. }) => a == b,
+                    (Some(_), InodeFile::Fd(_)) => false,
+                };
+                if same {
+                    slot.refs = slot.refs.saturating_add(1);
+                    return Ok(slot.data.clone());
+                }
             }
         }
         let id = t.next_id;
         t.next_id = id
             .checked_add(1)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENFILE))?;
-        let data = Arc::new(InodeData { id, key, fd, kind });
+        let data = Arc::new(InodeData {
+            id,
+            key,
+            file,
+            kind,
+        });
         t.by_id.insert(
             id,
             Slot {

@@ -4,10 +4,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::fhandle;
 use super::handle::{HandleData, HandleKind};
 use super::inode::{InodeData, InodeKey};
 use super::{err, fd_name, key_of, stat_fd, PassthroughFs, STATX_MASK};
@@ -15,7 +16,7 @@ use crate::abi::ROOT_ID;
 use crate::filesystem::Inode;
 use crate::migration::{
     check_relative_path, FileHandleBytes, FsState, HandleState, InodeState, Location,
-    MigrationMode, MigrationOptions, OnError, MAX_FILE_HANDLE, MAX_PATH,
+    MigrationMode, MigrationOptions, OnError, MAX_PATH,
 };
 use crate::sys;
 
@@ -36,69 +37,22 @@ const HANDLE_FLAGS: i32 = libc::O_ACCMODE
     | libc::O_SYNC
     | libc::O_DSYNC;
 
-/// `struct file_handle` with room for the largest handle.
-#[repr(C)]
-struct RawHandle {
-    handle_bytes: u32,
-    handle_type: i32,
-    f_handle: [u8; MAX_FILE_HANDLE],
-}
-
 /// The file handle of the file behind `fd` (not following a symlink).
 fn file_handle(fd: BorrowedFd) -> io::Result<FileHandleBytes> {
-    let mut h = RawHandle {
-        handle_bytes: MAX_FILE_HANDLE as u32,
-        handle_type: 0,
-        f_handle: [0; MAX_FILE_HANDLE],
-    };
-    let mut mount_id: libc::c_int = 0;
-    // SAFETY: `h` is a file_handle header followed by MAX_FILE_HANDLE bytes, as announced in
-    // handle_bytes; the empty path with AT_EMPTY_PATH names `fd` itself; the kernel writes
-    // at most handle_bytes bytes and the mount id.
-    let r = unsafe {
-        libc::name_to_handle_at(
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            (&mut h as *mut RawHandle).cast::<libc::file_handle>(),
-            &mut mount_id,
-            libc::AT_EMPTY_PATH,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
+    fhandle::name_to_handle(fd).map(|(h, _)| h)
+}
+
+/// The file handle of inode `data`: the one it is kept as, or a new one.
+fn inode_handle(data: &InodeData) -> io::Result<FileHandleBytes> {
+    match data.handle() {
+        Some(h) => Ok(h.clone()),
+        None => file_handle(data.fd()?.as_fd()),
     }
-    let n = (h.handle_bytes as usize).min(MAX_FILE_HANDLE);
-    Ok(FileHandleBytes {
-        handle_type: h.handle_type,
-        bytes: h.f_handle[..n].to_vec(),
-    })
 }
 
 /// Opens a file handle (`O_PATH`) on the file system of `mount_fd`.
 fn open_handle(mount_fd: BorrowedFd, fh: &FileHandleBytes) -> io::Result<OwnedFd> {
-    if fh.bytes.is_empty() || fh.bytes.len() > MAX_FILE_HANDLE {
-        return Err(err(libc::EINVAL));
-    }
-    let mut h = RawHandle {
-        handle_bytes: fh.bytes.len() as u32,
-        handle_type: fh.handle_type,
-        f_handle: [0; MAX_FILE_HANDLE],
-    };
-    h.f_handle[..fh.bytes.len()].copy_from_slice(&fh.bytes);
-    // SAFETY: `h` is a valid file_handle of handle_bytes (<= MAX_FILE_HANDLE) bytes; the
-    // kernel only reads it. A non-negative result is a new descriptor we own.
-    let fd = unsafe {
-        libc::open_by_handle_at(
-            mount_fd.as_raw_fd(),
-            (&mut h as *mut RawHandle).cast::<libc::file_handle>(),
-            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just returned by open_by_handle_at and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    fhandle::open_handle(mount_fd, fh, libc::O_PATH | libc::O_NOFOLLOW)
 }
 
 /// `fcntl(F_GETFL)` of `fd`.
@@ -126,7 +80,7 @@ impl PassthroughFs {
         data: &InodeData,
         opts: &MigrationOptions,
     ) -> Option<Vec<u8>> {
-        let p = self.proc_path(data.fd())?;
+        let p = self.proc_path(data.fd().ok()?.as_fd())?;
         let rel = if root == b"/" {
             p.get(1..)?
         } else {
@@ -154,9 +108,9 @@ impl PassthroughFs {
         let mut buf = vec![0u8; 16 * 1024];
         while let Some(prefix) = queue.pop_front() {
             let dir = if prefix.is_empty() {
-                self.inodes
-                    .get(ROOT_ID)
-                    .and_then(|r| sys::openat(r.fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0))
+                self.inodes.get(ROOT_ID).and_then(|r| {
+                    sys::openat(r.fd()?.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
+                })
             } else {
                 self.open_path(&prefix).and_then(|p| {
                     sys::openat(p.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
@@ -224,10 +178,11 @@ impl PassthroughFs {
     fn open_path(&self, rel: &[u8]) -> io::Result<OwnedFd> {
         check_relative_path(rel)?;
         let root = self.inodes.get(ROOT_ID)?;
+        let root = root.fd()?;
         let mut cur: Option<OwnedFd> = None;
         for comp in rel.split(|&b| b == b'/') {
             let name = CString::new(comp).map_err(|_| err(libc::EINVAL))?;
-            let dir = cur.as_ref().map_or(root.fd(), |f| f.as_fd());
+            let dir = cur.as_ref().map_or(root.as_fd(), |f| f.as_fd());
             cur = Some(sys::openat(dir, &name, libc::O_PATH | libc::O_NOFOLLOW, 0)?);
         }
         cur.ok_or_else(|| err(libc::EINVAL))
@@ -237,7 +192,7 @@ impl PassthroughFs {
     pub fn export_state(&self, opts: &MigrationOptions) -> io::Result<FsState> {
         let (inodes, next_inode) = self.inodes.export();
         let root = self.inodes.get(ROOT_ID)?;
-        let root_path = self.proc_path(root.fd());
+        let root_path = self.proc_path(root.fd()?.as_fd());
         let mut out = Vec::with_capacity(inodes.len());
         // find-paths: inodes /proc/self/fd gave no usable path for, by host identity.
         let mut unnamed: HashMap<InodeKey, Inode> = HashMap::new();
@@ -256,7 +211,7 @@ impl PassthroughFs {
                             Location::Lost
                         }
                     },
-                    MigrationMode::FileHandles => match file_handle(data.fd()) {
+                    MigrationMode::FileHandles => match inode_handle(data) {
                         Ok(h) => Location::Handle(h),
                         Err(e) => {
                             log::warn!("migration: no file handle for inode {}: {e}", data.id);
@@ -303,7 +258,7 @@ impl PassthroughFs {
                 }
                 Location::Path(_) if opts.verify_handles => {
                     if let Some(data) = by_id.get(&i.id) {
-                        i.verify = file_handle(data.fd())
+                        i.verify = inode_handle(data)
                             .inspect_err(|e| {
                                 log::warn!("migration: no file handle for inode {}: {e}", i.id)
                             })
@@ -362,7 +317,12 @@ impl PassthroughFs {
             Location::Path(p) => self.open_path(p)?,
             Location::Handle(h) => {
                 // open_by_handle_at refuses an O_PATH descriptor as the mount descriptor.
-                let mount = sys::openat(root.fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+                let mount = sys::openat(
+                    root.fd()?.as_fd(),
+                    c".",
+                    libc::O_RDONLY | libc::O_DIRECTORY,
+                    0,
+                )?;
                 open_handle(mount.as_fd(), h).map_err(|e| {
                     if e.raw_os_error() == Some(libc::EPERM) {
                         io::Error::new(
@@ -401,7 +361,7 @@ impl PassthroughFs {
         Ok(Arc::new(InodeData {
             id: i.id,
             key: key_of(&st),
-            fd,
+            file: self.inode_file(fd, &st)?,
             kind,
         }))
     }

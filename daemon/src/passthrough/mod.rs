@@ -2,7 +2,7 @@
 //!
 //! # Containment
 //! Nothing the guest sends is ever resolved as a host path. Each guest inode holds an
-//! `O_PATH | O_NOFOLLOW` descriptor ([`inode`]); operations take a directory descriptor and
+//! `O_PATH | O_NOFOLLOW` descriptor or a file handle ([`inode`], [`fhandle`]); operations take a directory descriptor and
 //! a single name component (`*at()` calls with `AT_SYMLINK_NOFOLLOW` / `O_NOFOLLOW`), or
 //! reach the inode itself through its magic link `N` in `/proc/self/fd`, which lands on the
 //! inode without re-resolving anything. That directory is a descriptor opened at start-up
@@ -37,6 +37,7 @@
 mod creds;
 mod dir_ops;
 mod entry_ops;
+mod fhandle;
 mod file_ops;
 mod fs_impl;
 mod handle;
@@ -62,7 +63,7 @@ use crate::sys;
 
 use creds::Creds;
 use handle::HandleStore;
-use inode::{InodeData, InodeKey, InodeStore};
+use inode::{InodeData, InodeFile, InodeKey, InodeStore};
 
 /// How much the guest may cache (virtiofsd's `--cache`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -91,6 +92,21 @@ impl FromStr for CachePolicy {
             )),
         }
     }
+}
+
+/// When inodes are kept as file handles instead of `O_PATH` descriptors (virtiofsd's
+/// `--inode-file-handles`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FileHandleMode {
+    /// Always descriptors.
+    #[default]
+    Never,
+    /// Handles where the file system makes them, descriptors elsewhere; descriptors for
+    /// everything when handles do not work on the shared directory at start.
+    Prefer,
+    /// Handles only: start fails when they do not work; an inode on a file system without
+    /// them fails its lookup with `EOPNOTSUPP`.
+    Mandatory,
 }
 
 /// Passthrough options, with virtiofsd's meanings and defaults.
@@ -135,6 +151,8 @@ pub struct Config {
     /// `--translate-gid`); identity by default.
     pub uid_map: idmap::IdMap,
     pub gid_map: idmap::IdMap,
+    /// Keep inodes as file handles (see [`FileHandleMode`]).
+    pub inode_file_handles: FileHandleMode,
 }
 
 impl Default for Config {
@@ -158,6 +176,7 @@ impl Default for Config {
             xattrmap: None,
             uid_map: idmap::IdMap::default(),
             gid_map: idmap::IdMap::default(),
+            inode_file_handles: FileHandleMode::Never,
         }
     }
 }
@@ -184,7 +203,18 @@ pub struct PassthroughFs {
     timeout: Duration,
     /// Bumped by `interrupt_waits`: a waiting SETLKW that sees it change gives up (EINTR).
     wait_generation: std::sync::atomic::AtomicU64,
+    /// The file-handle mode in effect (`Prefer` becomes `Never` when handles do not work).
+    fh_mode: FileHandleMode,
+    /// Mount descriptors for inodes kept as handles.
+    mount_fds: fhandle::MountFds,
+    /// The shared directory's mount descriptor, kept for the life of the filesystem.
+    _root_mount: Option<Arc<OwnedFd>>,
+    /// Bound on the descriptors handle inodes keep open between operations.
+    fd_cache: Arc<inode::FdCache>,
 }
+
+/// How many handle inodes keep their `O_PATH` descriptor open between operations.
+pub const HANDLE_FD_CACHE: usize = 128;
 
 pub(crate) fn err(errno: i32) -> io::Error {
     io::Error::from_raw_os_error(errno)
@@ -286,6 +316,25 @@ impl PassthroughFs {
         })?;
         let root = sys::open(&path, libc::O_PATH | libc::O_DIRECTORY, 0)?;
         let st = stat_fd(root.as_fd())?;
+        let mount_fds = fhandle::MountFds::default();
+        let (fh_mode, root_mount) = match cfg.inode_file_handles {
+            FileHandleMode::Never => (FileHandleMode::Never, None),
+            mode => match Self::check_file_handles(root.as_fd(), &mount_fds) {
+                Ok(m) => (mode, Some(m)),
+                Err(e) if mode == FileHandleMode::Prefer => {
+                    log::warn!(
+                        "file handles do not work on the shared directory ({e}): inodes are kept as O_PATH descriptors"
+                    );
+                    (FileHandleMode::Never, None)
+                }
+                Err(e) => {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("--inode-file-handles=mandatory: file handles do not work on the shared directory: {e} (they need CAP_DAC_READ_SEARCH, i.e. a root daemon, and a file system that can export handles); use --inode-file-handles=prefer or never"),
+                    ))
+                }
+            },
+        };
         sys::umask(0);
         let timeout = match cfg.cache {
             CachePolicy::Never => Duration::ZERO,
@@ -300,7 +349,85 @@ impl PassthroughFs {
             negotiated: Negotiated::default(),
             timeout,
             wait_generation: Default::default(),
+            fh_mode,
+            mount_fds,
+            _root_mount: root_mount,
+            fd_cache: Arc::new(inode::FdCache::new(HANDLE_FD_CACHE)),
             cfg,
+        })
+    }
+
+    /// Makes the shared directory's handle and opens it again, as every later inode will
+    /// be: returns its mount descriptor when that works.
+    fn check_file_handles(
+        root: BorrowedFd,
+        mounts: &fhandle::MountFds,
+    ) -> io::Result<Arc<OwnedFd>> {
+        let (handle, mnt) = fhandle::name_to_handle(root)?;
+        let mount = mounts.insert(
+            mnt,
+            sys::openat(root, c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?,
+        );
+        fhandle::open_handle(mount.as_fd(), &handle, libc::O_PATH | libc::O_NOFOLLOW)?;
+        Ok(mount)
+    }
+
+    /// The file-handle mode in effect.
+    pub fn file_handle_mode(&self) -> FileHandleMode {
+        self.fh_mode
+    }
+
+    /// Inodes kept as file handles, mount descriptors open for them, and handle inodes
+    /// holding a cached descriptor (at most [`HANDLE_FD_CACHE`]).
+    pub fn file_handle_counts(&self) -> (usize, usize, usize) {
+        let (v, _) = self.inodes.export();
+        let n = v.iter().filter(|(d, _)| d.handle().is_some()).count();
+        let cached = v.iter().filter(|(d, _)| d.fd_cached()).count();
+        (n, self.mount_fds.len(), cached)
+    }
+
+    /// How a newly found host file (`fd`, an `O_PATH` descriptor, and its `st`) is kept:
+    /// its descriptor, or its file handle (see [`FileHandleMode`]).
+    fn inode_file(&self, fd: OwnedFd, st: &libc::statx) -> io::Result<InodeFile> {
+        let mode = self.fh_mode;
+        // An unlinked file (O_TMPFILE) keeps its descriptor in prefer mode: nothing could
+        // open its handle once the guest closes it, and it has no name to look up again.
+        if mode == FileHandleMode::Never || (mode == FileHandleMode::Prefer && st.stx_nlink == 0) {
+            return Ok(InodeFile::Fd(fd));
+        }
+        let (handle, mnt) = match fhandle::name_to_handle(fd.as_fd()) {
+            Ok(h) => h,
+            Err(e) if mode == FileHandleMode::Prefer && fhandle::unsupported(&e) => {
+                log::debug!("no file handle ({e}): keeping a descriptor");
+                return Ok(InodeFile::Fd(fd));
+            }
+            Err(e) => {
+                log::warn!("no file handle for a file on mount {}: {e}", key_of(st).mnt);
+                return Err(e);
+            }
+        };
+        let mount = match self.mount_fds.get(mnt) {
+            Some(m) => m,
+            // A new mount: its first inode the guest reaches is normally its root
+            // directory, which becomes the mount descriptor. Other files are never opened
+            // for that (a device node must not be).
+            None if u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFDIR => {
+                self.mount_fds.insert(
+                    mnt,
+                    sys::openat(fd.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?,
+                )
+            }
+            None if mode == FileHandleMode::Prefer => return Ok(InodeFile::Fd(fd)),
+            None => {
+                log::warn!("no mount descriptor for mount {mnt} (a file bind mount?)");
+                return Err(err(libc::EOPNOTSUPP));
+            }
+        };
+        Ok(InodeFile::Handle {
+            handle,
+            mount,
+            open: Default::default(),
+            cache: self.fd_cache.clone(),
         })
     }
 
@@ -369,8 +496,20 @@ impl PassthroughFs {
     fn reopen(&self, data: &InodeData, flags: libc::c_int) -> io::Result<OwnedFd> {
         let flags = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_NOCTTY);
         match data.kind {
-            libc::S_IFDIR => sys::openat(data.fd(), c".", flags | libc::O_DIRECTORY, 0),
-            libc::S_IFREG => sys::openat(self.proc_self_fd.as_fd(), &fd_name(data.fd()), flags, 0),
+            libc::S_IFDIR | libc::S_IFREG if data.handle().is_some() => {
+                let dir = if data.is_dir() { libc::O_DIRECTORY } else { 0 };
+                match data.open_handle(flags | dir) {
+                    Some(r) => r,
+                    None => Err(err(libc::EBADF)),
+                }
+            }
+            libc::S_IFDIR => sys::openat(data.fd()?.as_fd(), c".", flags | libc::O_DIRECTORY, 0),
+            libc::S_IFREG => sys::openat(
+                self.proc_self_fd.as_fd(),
+                &fd_name(data.fd()?.as_fd()),
+                flags,
+                0,
+            ),
             libc::S_IFLNK => Err(err(libc::ELOOP)),
             _ => Err(err(libc::EPERM)),
         }
@@ -387,7 +526,21 @@ impl PassthroughFs {
         let st = stat_fd(path_fd.as_fd())?;
         let key = key_of(&st);
         let kind = u32::from(st.stx_mode) & libc::S_IFMT;
-        let data = self.inodes.insert_or_ref(key, path_fd, kind)?;
+        if let Some(data) = self.inodes.ref_existing(&key) {
+            // A descriptor inode pins its file, so the key names it. A handle inode does
+            // not: its inode number may have been reused by a new file since, which the
+            // handle (it holds the generation) tells apart.
+            let same = match data.handle() {
+                None => true,
+                Some(h) => fhandle::name_to_handle(path_fd.as_fd()).is_ok_and(|(now, _)| now == *h),
+            };
+            if same {
+                return Ok(self.entry_of(&data, &st, parent_mnt));
+            }
+            self.inodes.forget(data.id, 1);
+        }
+        let file = self.inode_file(path_fd, &st)?;
+        let data = self.inodes.insert_or_ref(key, file, kind)?;
         Ok(self.entry_of(&data, &st, parent_mnt))
     }
 
@@ -443,10 +596,15 @@ impl PassthroughFs {
         if b == b"." || (b == b".." && parent.id == crate::abi::ROOT_ID) {
             // The directory itself: never the root's host parent.
             let data = self.inodes.add_ref(parent.id)?;
-            let st = stat_fd(data.fd())?;
+            let st = stat_fd(data.fd()?.as_fd())?;
             return Ok(self.entry_of(&data, &st, parent.key.mnt));
         }
-        let fd = sys::openat(parent.fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        let fd = sys::openat(
+            parent.fd()?.as_fd(),
+            name,
+            libc::O_PATH | libc::O_NOFOLLOW,
+            0,
+        )?;
         self.register(fd, parent.key.mnt)
     }
 

@@ -130,14 +130,18 @@ impl PassthroughFs {
             && name.to_bytes() == b"system.posix_acl_access";
         let name = self.host_xattr_name(name)?;
         let data = self.inode(inode)?;
-        self.at_proc_fd(data.fd(), |p| {
+        self.at_proc_fd(data.fd()?.as_fd(), |p| {
             sys::setxattr(p, &name, value, flags as libc::c_int)
         })?;
         if kill_sgid {
-            let st = sys::fstat(data.fd())?;
+            let st = sys::fstat(data.fd()?.as_fd())?;
             if st.st_mode & libc::S_ISGID != 0 {
                 let mode = st.st_mode & 0o7777 & !libc::S_ISGID;
-                sys::fchmodat(self.proc_self_fd.as_fd(), &fd_name(data.fd()), mode)?;
+                sys::fchmodat(
+                    self.proc_self_fd.as_fd(),
+                    &fd_name(data.fd()?.as_fd()),
+                    mode,
+                )?;
             }
         }
         Ok(())
@@ -154,7 +158,7 @@ impl PassthroughFs {
         let data = self.inode(inode)?;
         // The guest picks `size`: never allocate more than an attribute can hold.
         let buf = (size as usize).min(XATTR_SIZE_MAX);
-        let got = self.at_proc_fd(data.fd(), |p| sys::getxattr(p, &name, buf))?;
+        let got = self.at_proc_fd(data.fd()?.as_fd(), |p| sys::getxattr(p, &name, buf))?;
         reply(got, size)
     }
 
@@ -163,12 +167,13 @@ impl PassthroughFs {
         let data = self.inode(inode)?;
         let Some(map) = &self.cfg.xattrmap else {
             let buf = (size as usize).min(XATTR_LIST_MAX);
-            let got = self.at_proc_fd(data.fd(), |p| sys::listxattr(p, buf))?;
+            let got = self.at_proc_fd(data.fd()?.as_fd(), |p| sys::listxattr(p, buf))?;
             return reply(got, size);
         };
         // The guest's list differs from the host's: fetch the whole host list (bounded by
         // XATTR_LIST_MAX), translate it, then answer the size or the list.
-        let (host, _) = self.at_proc_fd(data.fd(), |p| sys::listxattr(p, XATTR_LIST_MAX))?;
+        let (host, _) =
+            self.at_proc_fd(data.fd()?.as_fd(), |p| sys::listxattr(p, XATTR_LIST_MAX))?;
         let list = map.server_list(&host);
         if size != 0 && list.len() > size as usize {
             return Err(err(libc::ERANGE));
@@ -182,6 +187,6 @@ impl PassthroughFs {
         self.check_writable()?;
         let name = self.host_xattr_name(name)?;
         let data = self.inode(inode)?;
-        self.at_proc_fd(data.fd(), |p| sys::removexattr(p, &name))
+        self.at_proc_fd(data.fd()?.as_fd(), |p| sys::removexattr(p, &name))
     }
 }

@@ -34,22 +34,58 @@ fn advance(bufs: &mut VecDeque<VolatileSlice<'_>>, mut count: usize) {
     }
 }
 
+/// iovecs kept on the stack: a request's data usually spans a few guest buffers.
+const INLINE_IOVECS: usize = 8;
+
+/// The iovecs of one `preadv`/`pwritev`: inline up to [`INLINE_IOVECS`] (no allocation per
+/// request), else on the heap.
+enum Iovecs {
+    Inline([libc::iovec; INLINE_IOVECS], usize),
+    Heap(Vec<libc::iovec>),
+}
+
+impl Iovecs {
+    fn as_slice(&self) -> &[libc::iovec] {
+        match self {
+            Iovecs::Inline(a, n) => &a[..*n],
+            Iovecs::Heap(v) => v,
+        }
+    }
+}
+
 /// Builds at most `MAX_IOVECS` iovecs covering at most `count` bytes of `bufs`.
-fn iovecs(bufs: &VecDeque<VolatileSlice<'_>>, count: usize) -> Vec<libc::iovec> {
+fn iovecs(bufs: &VecDeque<VolatileSlice<'_>>, count: usize) -> Iovecs {
     let mut left = count;
-    let mut iov = Vec::new();
+    let empty = libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    };
+    let mut out = Iovecs::Inline([empty; INLINE_IOVECS], 0);
     for b in bufs.iter().filter(|b| !b.is_empty()) {
-        if left == 0 || iov.len() == MAX_IOVECS {
+        if left == 0 || out.as_slice().len() == MAX_IOVECS {
             break;
         }
         let len = b.len().min(left);
-        iov.push(libc::iovec {
+        let iov = libc::iovec {
             iov_base: b.ptr_guard_mut().as_ptr().cast(),
             iov_len: len,
-        });
+        };
+        match &mut out {
+            Iovecs::Inline(a, n) if *n < INLINE_IOVECS => {
+                a[*n] = iov;
+                *n += 1;
+            }
+            Iovecs::Inline(a, n) => {
+                let mut v = Vec::with_capacity(bufs.len().min(MAX_IOVECS));
+                v.extend_from_slice(&a[..*n]);
+                v.push(iov);
+                out = Iovecs::Heap(v);
+            }
+            Iovecs::Heap(v) => v.push(iov),
+        }
         left -= len;
     }
-    iov
+    out
 }
 
 fn total_len(bufs: &VecDeque<VolatileSlice<'_>>) -> usize {
@@ -86,7 +122,7 @@ impl<'a> Reader<'a> {
     /// Drops everything past the next `len` bytes.
     pub fn truncate(&mut self, len: usize) {
         let mut left = len;
-        let mut keep = VecDeque::new();
+        let mut keep = VecDeque::with_capacity(self.bufs.len());
         while let Some(b) = self.bufs.pop_front() {
             if left == 0 {
                 break;
@@ -152,6 +188,7 @@ impl<'a> Reader<'a> {
             return Ok(0);
         }
         let iov = iovecs(&self.bufs, count);
+        let iov = iov.as_slice();
         let off = match off {
             Some(o) => i64::try_from(o).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?,
             None => -1,
@@ -201,7 +238,7 @@ impl<'a> Writer<'a> {
         if offset > self.available() {
             return Err(io::Error::from_raw_os_error(libc::ENOBUFS));
         }
-        let mut head = VecDeque::new();
+        let mut head = VecDeque::with_capacity(self.bufs.len());
         let mut left = offset;
         while left > 0 {
             let Some(b) = self.bufs.pop_front() else {
@@ -258,6 +295,7 @@ impl<'a> Writer<'a> {
             return Ok(0);
         }
         let iov = iovecs(&self.bufs, count);
+        let iov = iov.as_slice();
         let off = match off {
             Some(o) => i64::try_from(o).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?,
             None => -1,

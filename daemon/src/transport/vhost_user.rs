@@ -618,8 +618,9 @@ pub fn split_chain<
     mem: &GuestMemoryMmap<B>,
     chain: DescriptorChain<M>,
 ) -> Result<(Vec<VolatileSlice<'_>>, Vec<VolatileSlice<'_>>), String> {
-    let mut readable = Vec::new();
-    let mut writable = Vec::new();
+    // A FUSE request is typically 2-4 buffers each way: one allocation per side.
+    let mut readable = Vec::with_capacity(4);
+    let mut writable = Vec::with_capacity(4);
     for desc in chain {
         if !desc.is_write_only() && !writable.is_empty() {
             return Err("readable descriptor after a writable one".into());

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use daxfsd::abi::{opcode as op, *};
 use daxfsd::iobuf::{Reader, Writer};
 use daxfsd::mapper::{Mapper, NoMapper};
-use daxfsd::passthrough::{Config, PassthroughFs};
+use daxfsd::passthrough::{Config, FileHandleMode, PassthroughFs};
 use daxfsd::server::{Handled, Server, ServerOptions};
 use daxfsd::testing::recording::{MapCall, RecordingMapper};
 use vm_memory::{ByteValued, VolatileSlice};
@@ -145,6 +145,14 @@ impl Harness {
             xattr: true,
             ..Default::default()
         };
+        // DAXFSD_TEST_FILE_HANDLES=prefer|mandatory runs a suite with inodes kept as file
+        // handles (needs root: CAP_DAC_READ_SEARCH).
+        match std::env::var("DAXFSD_TEST_FILE_HANDLES").as_deref() {
+            Ok("prefer") => cfg.inode_file_handles = FileHandleMode::Prefer,
+            Ok("mandatory") => cfg.inode_file_handles = FileHandleMode::Mandatory,
+            Ok("") | Ok("never") | Err(_) => {}
+            Ok(other) => panic!("DAXFSD_TEST_FILE_HANDLES={other:?}: never, prefer or mandatory"),
+        }
         tweak(&mut cfg);
         let recorder = Arc::new(RecordingMapper::new(WINDOW));
         let mapper: Box<dyn Mapper> = match mapper {

@@ -324,6 +324,18 @@ fn blocked_lock(t: &Target, share: &Path) -> io::Result<(File, vufs_driver::queu
     Ok((f, p))
 }
 
+/// CPU time (user + system, every thread) process `pid` has used, in seconds.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may contain spaces) start at state (field 3).
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| ticks / hz as f64)
+}
+
 fn rate(o: &Opts, name: &str, share: &Path, op: Op, out: &mut Out) -> io::Result<()> {
     let seccomp = o.seccomp.as_deref().unwrap_or("kill");
     let (bin, args) = daemon_spec(name)?;
@@ -341,6 +353,8 @@ fn rate(o: &Opts, name: &str, share: &Path, op: Op, out: &mut Out) -> io::Result
         None
     };
     run(&t, op, 2000, None, o.depth)?; // warm-up: page cache, allocations, branch predictors
+    let pid = t.daemon.pid();
+    let cpu0 = pid.and_then(cpu_seconds);
     let t0 = Instant::now();
     let n = run(
         &t,
@@ -350,6 +364,12 @@ fn rate(o: &Opts, name: &str, share: &Path, op: Op, out: &mut Out) -> io::Result
         o.depth,
     )?;
     let secs = t0.elapsed().as_secs_f64();
+    // The daemon's CPU per request: what it costs whoever sends the requests (the rate is
+    // bounded by this driver on a small machine, the CPU per request is not).
+    let cpu = match (cpu0, pid.and_then(cpu_seconds)) {
+        (Some(a), Some(b)) if n > 0 => format!("{:.2}", (b - a) * 1e6 / n as f64),
+        _ => "null".to_string(),
+    };
     if let Some((f, p)) = lock {
         drop(f);
         p.wait(Duration::from_secs(10))?;
@@ -365,7 +385,7 @@ fn rate(o: &Opts, name: &str, share: &Path, op: Op, out: &mut Out) -> io::Result
     out.emit(format!(
         "{{\"kind\":\"rate\",\"daemon\":\"{name}\",\"op\":\"{}\",\"depth\":{},\"queues\":{},\
          \"blocked_lock\":{},\"requests\":{n},\"seconds\":{secs:.3},\"req_per_s\":{rps:.0},\
-         \"usec_per_req\":{:.2},\"seccomp\":\"{seccomp}\"}}",
+         \"usec_per_req\":{:.2},\"daemon_cpu_usec_per_req\":{cpu},\"seccomp\":\"{seccomp}\"}}",
         op.name(),
         o.depth,
         o.queues,

@@ -117,6 +117,7 @@ pub struct DaemonBuilder {
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
     start_timeout: Duration,
+    user: Option<(u32, u32)>,
 }
 
 impl DaemonBuilder {
@@ -150,6 +151,14 @@ impl DaemonBuilder {
         self
     }
 
+    /// Runs the daemon as `uid`/`gid` (the caller must be root): its temporary directory
+    /// (socket, log) and a shared directory made here are given to that user. The binary
+    /// must be one that user can execute.
+    pub fn user(mut self, uid: u32, gid: u32) -> Self {
+        self.user = Some((uid, gid));
+        self
+    }
+
     /// How long to wait for the socket to appear (default 10 s).
     pub fn start_timeout(mut self, t: Duration) -> Self {
         self.start_timeout = t;
@@ -166,10 +175,17 @@ impl DaemonBuilder {
             None => {
                 let d = dir.path().join("shared");
                 std::fs::create_dir(&d)?;
+                if let Some((uid, gid)) = self.user {
+                    std::os::unix::fs::chown(&d, Some(uid), Some(gid))?;
+                }
                 d
             }
         };
         let logf = File::create(&log)?;
+        if let Some((uid, gid)) = self.user {
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))?;
+            std::os::unix::fs::chown(&log, Some(uid), Some(gid))?;
+        }
         let mut cmd = Command::new(&self.binary);
         cmd.arg(format!("--socket-path={}", socket.display()))
             .arg(format!("--shared-dir={}", shared.display()))
@@ -180,6 +196,11 @@ impl DaemonBuilder {
             .stdin(Stdio::null())
             .stdout(logf.try_clone()?)
             .stderr(logf);
+        if let Some((uid, gid)) = self.user {
+            // std also drops the supplementary groups when root sets a uid.
+            std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+            std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+        }
         let child = cmd.spawn().map_err(|e| {
             io::Error::new(e.kind(), format!("spawning {}: {e}", self.binary.display()))
         })?;
@@ -219,6 +240,7 @@ impl Daemon {
             args: Vec::new(),
             env: Vec::new(),
             start_timeout: Duration::from_secs(10),
+            user: None,
         })
     }
 
