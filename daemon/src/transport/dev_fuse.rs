@@ -7,7 +7,9 @@
 //! with one write(2). Unmounting is done by a small helper process forked before the
 //! sandbox ([`Unmounter`]), which stays in the host's mount namespace with the rights to
 //! unmount, so the serving process needs neither `umount2` in its seccomp list nor a path
-//! to the mount point inside its sandbox.
+//! to the mount point inside its sandbox. A SETLKW runs on a thread of its own (a lock wait
+//! must not hold a worker); FUSE passthrough registers backing files on the connection
+//! ([`DevFuseBacking`]).
 
 use std::ffi::CString;
 use std::fs::File;
