@@ -27,8 +27,9 @@ while (($#)); do
 done
 (($(id -u) == 0)) || die "run as root (pjdfstest switches users, mknod)"
 [[ -x $daxfsd ]] || die "no daxfsd at $daxfsd (cargo build, or -d PATH)"
-getent passwd nobody >/dev/null && getent passwd daemon >/dev/null ||
+if ! getent passwd nobody >/dev/null || ! getent passwd daemon >/dev/null; then
     die "pjdfstest needs the users nobody and daemon"
+fi
 
 version=0.2.2
 root=${XDG_CACHE_HOME:-$HOME/.cache}/daxfsd/pjdfstest

@@ -145,7 +145,7 @@ escape_checks() { # T SHARE MNT OUTSIDE
     if ((links)) && [[ $(readlink "$share/esc/hostside") == "$outside" && ! -e $share/esc/hard-host ]]; then
         ok "$t:escape_links_stay_links"
     else
-        bad "$t:escape_links_stay_links" "$(ls -la "$share/esc" | head -n 8)"
+        bad "$t:escape_links_stay_links" "$(find "$share/esc" -maxdepth 1 -printf '%y %p -> %l\n' | head -n 8)"
     fi
     # An unprivileged user through the root daemon: modes hold, creations are theirs.
     printf 'root only\n' >"$m/esc/private"; chmod 0600 "$m/esc/private"
