@@ -134,4 +134,11 @@ fn a_dead_connection_is_reported_as_a_stale_mount() {
         .unwrap_err()
         .to_string()
         .contains("inside --shared-dir"));
+    // Over the share, or above it, would hide it.
+    for over in [&share, dir.path()] {
+        assert!(dev_fuse::check_mountpoint(over, &share)
+            .unwrap_err()
+            .to_string()
+            .contains("would cover --shared-dir"));
+    }
 }

@@ -93,6 +93,18 @@ pub fn check_mountpoint(mountpoint: &Path, shared_dir: &Path) -> io::Result<Path
     }
     let mp = std::fs::canonicalize(mountpoint)?;
     let shared = std::fs::canonicalize(shared_dir)?;
+    if shared.starts_with(&mp) {
+        // Mounting over the share (or a directory above it) would hide it: the daemon would
+        // look its own files up through its own mount.
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "--mount {}: the mount would cover --shared-dir {}; choose a mount point outside it",
+                mp.display(),
+                shared.display()
+            ),
+        ));
+    }
     if mp.starts_with(&shared) {
         // Serving a directory that contains its own mount point would loop into itself.
         return Err(io::Error::new(
