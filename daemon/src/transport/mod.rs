@@ -1,3 +1,4 @@
 //! Transports: each turns its own framing into the server's `Reader`/`Writer` pairs.
 
+pub mod fuse_uring;
 pub mod vhost_user;
