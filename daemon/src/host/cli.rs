@@ -132,8 +132,21 @@ pub struct Cli {
     #[arg(long, value_name = "FD", conflicts_with = "socket_path")]
     pub fd: Option<i32>,
 
+    /// Serve the shared directory on this host directory through /dev/fuse instead of to a
+    /// VM (mount(2) as root; `fusermount3` for other users). Unmounted on SIGTERM, SIGINT
+    /// and SIGHUP. Excludes --socket-path and --fd.
+    #[arg(long, value_name = "MOUNTPOINT")]
+    pub mount: Option<PathBuf>,
+
+    /// With --mount: FUSE passthrough (the kernel reads and writes the host file itself):
+    /// auto (where the kernel has it), off, or size:N (only files of at least N bytes, with
+    /// an optional k/m/g suffix).
+    #[arg(long, value_name = "POLICY", default_value = "auto", value_parser = parse_passthrough)]
+    pub passthrough: PassthroughPolicy,
+
     /// Maximum thread pool size. A value of "0" disables the pool (each request queue is
-    /// served on its own thread).
+    /// served on its own thread). With --mount: the number of threads reading /dev/fuse
+    /// (0 = the default, 4).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub thread_pool_size: usize,
 
@@ -411,6 +424,44 @@ pub fn parse_dax_policy(s: &str) -> Result<crate::server::DaxPolicy, String> {
     }
 }
 
+/// `--passthrough`: which regular files the kernel reads and writes itself on a host mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PassthroughPolicy {
+    /// Every regular file, where the kernel supports FUSE passthrough.
+    #[default]
+    Auto,
+    /// None: every READ and WRITE goes through the daemon.
+    Off,
+    /// Regular files of at least this many bytes when opened.
+    MinSize(u64),
+}
+
+fn parse_passthrough(s: &str) -> Result<PassthroughPolicy, String> {
+    match s {
+        "auto" | "on" => Ok(PassthroughPolicy::Auto),
+        "off" | "never" => Ok(PassthroughPolicy::Off),
+        _ => {
+            let Some(n) = s.strip_prefix("size:") else {
+                return Err(format!(
+                    "{s:?}: use auto, off or size:N (N bytes, k/m/g suffix allowed)"
+                ));
+            };
+            let (digits, mult) = match n.as_bytes().last().map(u8::to_ascii_lowercase) {
+                Some(b'k') => (&n[..n.len() - 1], 1u64 << 10),
+                Some(b'm') => (&n[..n.len() - 1], 1 << 20),
+                Some(b'g') => (&n[..n.len() - 1], 1 << 30),
+                _ => (n, 1),
+            };
+            digits
+                .parse::<u64>()
+                .ok()
+                .and_then(|v| v.checked_mul(mult))
+                .map(PassthroughPolicy::MinSize)
+                .ok_or_else(|| format!("size:{n}: not a byte count (e.g. size:1m)"))
+        }
+    }
+}
+
 impl Cli {
     /// Folds `-o` and `-d` into the long options and rejects what is not implemented.
     pub fn normalize(&mut self) -> Result<(), CliError> {
@@ -497,9 +548,28 @@ impl Cli {
                 dir.display()
             )));
         }
-        if self.socket_path.is_none() && self.fd.is_none() {
+        if let Some(mp) = &self.mount {
+            if self.socket_path.is_some() || self.fd.is_some() {
+                return Err(CliError::Invalid(
+                    "--mount serves the host, --socket-path/--fd a VM: give only one".into(),
+                ));
+            }
+            if self.dax_window != 0 || self.tag.is_some() {
+                return Err(CliError::Invalid(
+                    "--dax-window and --tag are for a VM; drop them with --mount".into(),
+                ));
+            }
+            if mp.as_os_str().is_empty() {
+                return Err(CliError::Invalid("--mount needs a directory".into()));
+            }
+        } else if self.passthrough != PassthroughPolicy::Auto {
             return Err(CliError::Invalid(
-                "missing --socket-path PATH (or --fd FD): where QEMU connects".into(),
+                "--passthrough only applies to --mount (a VM has no host page cache to pass through); drop it".into(),
+            ));
+        }
+        if self.mount.is_none() && self.socket_path.is_none() && self.fd.is_none() {
+            return Err(CliError::Invalid(
+                "missing --socket-path PATH (or --fd FD): where QEMU connects (or --mount MOUNTPOINT to serve the host)".into(),
             ));
         }
         if self

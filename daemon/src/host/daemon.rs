@@ -56,7 +56,7 @@ pub fn init_logging(level: LogLevel, syslog: bool) {
     }
 }
 
-fn passthrough_config(cli: &Cli) -> io::Result<passthrough::Config> {
+pub(crate) fn passthrough_config(cli: &Cli) -> io::Result<passthrough::Config> {
     let root_dir = cli
         .shared_dir
         .clone()
@@ -98,7 +98,7 @@ fn passthrough_config(cli: &Cli) -> io::Result<passthrough::Config> {
 
 /// Sets RLIMIT_NOFILE to `want` (0: leave it), by default min(1000000, fs.nr_open) like
 /// virtiofsd.
-fn raise_nofile(want: Option<u64>) -> io::Result<()> {
+pub(crate) fn raise_nofile(want: Option<u64>) -> io::Result<()> {
     let target = match want {
         Some(0) => return Ok(()),
         Some(n) => n,
@@ -171,7 +171,7 @@ fn chown_socket_group(path: &std::path::Path, group: &str) -> io::Result<()> {
 }
 
 /// Blocks SIGUSR1 (so every thread inherits the mask) and logs `report()` whenever it arrives.
-fn spawn_sigusr1_reporter(report: impl Fn() + Send + 'static) {
+pub(crate) fn spawn_sigusr1_reporter(report: impl Fn() + Send + 'static) {
     // SAFETY: `set` is a valid sigset_t, initialised by sigemptyset before use; the calls only
     // change this thread's signal mask.
     let set = unsafe {
@@ -343,7 +343,7 @@ impl Stopper {
 
 /// The capabilities to keep: virtiofsd's set changed by `--modcaps`, limited to what the
 /// process had before the sandbox (nothing, for a non-root daemon in its user namespace).
-fn capabilities_to_keep(cli: &Cli, had: CapSet) -> io::Result<CapSet> {
+pub(crate) fn capabilities_to_keep(cli: &Cli, had: CapSet) -> io::Result<CapSet> {
     let want = match &cli.modcaps {
         Some(spec) => CapSet::daemon_default()
             .modify(spec)
@@ -359,6 +359,9 @@ fn capabilities_to_keep(cli: &Cli, had: CapSet) -> io::Result<CapSet> {
 /// here; the parent only supervises), capabilities, filesystem and vhost-user machinery,
 /// seccomp filter, then the frontend is accepted and served.
 pub fn run(cli: &Cli) -> io::Result<()> {
+    if cli.mount.is_some() {
+        return crate::host::mount::run(cli);
+    }
     match raise_nofile(cli.rlimit_nofile) {
         Err(e) if cli.rlimit_nofile.is_none() => log::warn!("{e}; keeping the current limit"),
         r => r?,

@@ -90,6 +90,13 @@ pub struct ServerOptions {
     pub max_pages: u16,
     /// Per-inode DAX policy (used when the client offers `FUSE_HAS_INODE_DAX` and a window exists).
     pub dax_policy: DaxPolicy,
+    /// Extra INIT flags the transport offers (e.g. `FUSE_PASSTHROUGH` on /dev/fuse,
+    /// `FUSE_OVER_IO_URING` for io-uring), agreed only where the client offers them too.
+    /// 0 for vhost-user.
+    pub transport_flags: u64,
+    /// `max_stack_depth` answered when `FUSE_PASSTHROUGH` is agreed (stacking depth of
+    /// the backing files' filesystems; Linux accepts 1..=FILESYSTEM_MAX_STACK_DEPTH = 2).
+    pub max_stack_depth: u32,
 }
 
 /// A FUSE server over a filesystem `F` and a DAX mapper.
@@ -99,6 +106,8 @@ pub struct Server<F: FileSystem> {
     session: Session,
     max_pages: u16,
     dax_policy: DaxPolicy,
+    transport_flags: u64,
+    max_stack_depth: u32,
 }
 
 /// Parsed request header plus the caller's identity.
@@ -123,12 +132,20 @@ impl<F: FileSystem> Server<F> {
             session: Session::default(),
             max_pages,
             dax_policy: opts.dax_policy,
+            transport_flags: opts.transport_flags,
+            max_stack_depth: opts.max_stack_depth,
         }
     }
 
     /// The filesystem being served.
     pub fn fs(&self) -> &F {
         &self.fs
+    }
+
+    /// The largest READ/WRITE payload this server can agree to (before INIT lowers it):
+    /// what a transport sizes its request buffers for.
+    pub fn max_write(&self) -> u32 {
+        u32::from(self.max_pages) * PAGE_SIZE
     }
 
     /// The DAX mapper.
@@ -745,6 +762,7 @@ impl<F: FileSystem> Server<F> {
             }
         }
         want |= self.fs.init(InitCaps { flags: offered })?;
+        want |= self.transport_flags;
         let agreed = want & offered;
         let max_pages = if agreed & init_flags::MAX_PAGES != 0 {
             self.max_pages
@@ -762,6 +780,9 @@ impl<F: FileSystem> Server<F> {
         out.max_pages = max_pages;
         if agreed & init_flags::MAP_ALIGNMENT != 0 {
             out.map_alignment = MAP_ALIGNMENT_LOG2;
+        }
+        if agreed & init_flags::PASSTHROUGH != 0 {
+            out.max_stack_depth = self.max_stack_depth;
         }
         self.session.minor.store(a.minor, Ordering::Relaxed);
         self.session.max_io.store(max_io, Ordering::Relaxed);

@@ -1,0 +1,290 @@
+//! `daxfsd --mount MOUNTPOINT`: the same server on a host mount through /dev/fuse.
+//!
+//! Start-up order: open-file limit, mount-point checks (a stale mount is reported, never
+//! unmounted), mount (before the sandbox: the sandbox cannot see the mount point), the
+//! unmount helper (forked while single-threaded), sandbox, capabilities (CAP_SYS_ADMIN kept
+//! only for FUSE passthrough), filesystem and server, seccomp, worker threads.
+//!
+//! Stop: SIGTERM, SIGINT or SIGHUP ask the helper to unmount (lazily when busy); the
+//! workers see ENODEV once the kernel lets the connection go and the daemon exits 0. A
+//! lazily detached mount that stays busy is given [`GRACE`]; then the daemon exits anyway
+//! and processes still inside get ENOTCONN (nothing is cached in the daemon: replies are
+//! written before a request counts as done, so there is nothing of theirs to lose).
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::caps::{self, CapSet};
+use crate::cli::{Cli, PassthroughPolicy, Seccomp};
+use crate::daemon::{capabilities_to_keep, passthrough_config, raise_nofile};
+use crate::dev_fuse::{self, Counters, MountOptions, Unmounter};
+use crate::mapper::{Mapper, NoMapper};
+use crate::passthrough::PassthroughFs;
+use crate::sandbox::{self, Entered};
+use crate::seccomp;
+use crate::server::{Server, ServerOptions};
+
+/// How long a lazily unmounted, still busy mount is served after a stop signal.
+pub const GRACE: Duration = Duration::from_secs(2);
+
+const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+
+enum Event {
+    Worker(io::Result<()>),
+    Stop(libc::c_int),
+}
+
+fn signal_name(sig: libc::c_int) -> &'static str {
+    match sig {
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGINT => "SIGINT",
+        libc::SIGHUP => "SIGHUP",
+        _ => "signal",
+    }
+}
+
+/// Runs `daxfsd --mount` until the mount goes away or a stop signal came.
+pub fn run(cli: &Cli) -> io::Result<()> {
+    match raise_nofile(cli.rlimit_nofile) {
+        Err(e) if cli.rlimit_nofile.is_none() => log::warn!("{e}; keeping the current limit"),
+        r => r?,
+    }
+    let shared_dir = cli
+        .shared_dir
+        .clone()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "missing --shared-dir"))?;
+    let requested = cli
+        .mount
+        .clone()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "missing --mount"))?;
+    let mountpoint = dev_fuse::check_mountpoint(&requested, &shared_dir)?;
+    let (_, caps_before, _) = caps::current()?;
+    let mut keep = capabilities_to_keep(cli, caps_before)?;
+    if cli.passthrough != PassthroughPolicy::Off {
+        // FUSE_DEV_IOC_BACKING_OPEN needs CAP_SYS_ADMIN in the initial user namespace.
+        keep = CapSet(keep.0 | (caps_before.0 & CapSet::of(&[caps::CAP_SYS_ADMIN]).0));
+    }
+
+    let mounted = dev_fuse::mount(
+        &mountpoint,
+        &shared_dir,
+        MountOptions {
+            readonly: cli.readonly,
+        },
+    )?;
+    log::info!(
+        "mounted {} on {} ({:?})",
+        shared_dir.display(),
+        mountpoint.display(),
+        mounted.by
+    );
+    let mut unmounter = match Unmounter::spawn(&mountpoint, mounted.by, &[mounted.dev.as_raw_fd()])
+    {
+        Ok(u) => u,
+        Err(e) => {
+            let _ = unmount_here(&mountpoint, mounted);
+            return Err(e);
+        }
+    };
+    let dev = mounted.dev;
+    let inside = match sandbox::enter(cli.sandbox, &shared_dir) {
+        Ok(Entered::Supervisor(mut sup)) => {
+            // Only the serving child may hold the connection: if it dies, the mount must
+            // fail (ENOTCONN), not hang.
+            drop(dev);
+            log::debug!("sandbox: serving process {} started", sup.child());
+            let exit = sup.wait();
+            match unmounter.unmount() {
+                Ok(m) if !m.is_empty() => log::info!("{}: {m}", mountpoint.display()),
+                _ => {}
+            }
+            exit?.exit_process()
+        }
+        Ok(Entered::Serving(inside)) => inside,
+        Err(e) => {
+            report_unmount(&mut unmounter, &mountpoint);
+            return Err(e);
+        }
+    };
+    let result = serve(cli, dev, inside, keep, &mut unmounter, &mountpoint);
+    if result.is_err() {
+        report_unmount(&mut unmounter, &mountpoint);
+    }
+    result
+}
+
+/// Without a helper (it could not be forked): unmount from this process.
+fn unmount_here(mountpoint: &std::path::Path, m: dev_fuse::Mounted) -> io::Result<()> {
+    drop(m.dev);
+    let c = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: `c` is NUL-terminated.
+    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    Ok(())
+}
+
+fn report_unmount(u: &mut Unmounter, mountpoint: &std::path::Path) {
+    match u.unmount() {
+        Ok(m) if !m.is_empty() => log::info!("{}: {m}", mountpoint.display()),
+        Ok(_) => {}
+        Err(e) => log::warn!("{}: unmount helper: {e}", mountpoint.display()),
+    }
+}
+
+fn serve(
+    cli: &Cli,
+    dev: std::fs::File,
+    inside: sandbox::Inside,
+    keep: CapSet,
+    unmounter: &mut Unmounter,
+    mountpoint: &std::path::Path,
+) -> io::Result<()> {
+    // The stop signals (and SIGUSR1, the report) are taken with sigwait by their threads;
+    // every thread spawned from here on inherits the mask.
+    let mut block = STOP_SIGNALS.to_vec();
+    block.push(libc::SIGUSR1);
+    let blocked = sandbox::sigset(&block);
+    // SAFETY: `blocked` is a valid signal set; this changes only this thread's mask.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &blocked, std::ptr::null_mut()) };
+
+    caps::drop_to(keep)?;
+    let mut cfg = passthrough_config(cli)?;
+    cfg.root_dir = inside.shared_dir.clone();
+    let fs = PassthroughFs::with_proc_self_fd(cfg, inside.proc_self_fd)?;
+    let mapper: Arc<dyn Mapper> = Arc::new(NoMapper);
+    // No DAX window here: the decorator only forwards.
+    let fs = crate::dax::coherent::Coherent::new(fs, mapper.clone());
+    let server = Arc::new(Server::new(
+        fs,
+        Box::new(mapper),
+        ServerOptions {
+            ..Default::default()
+        },
+    ));
+    let counters = Arc::new(Counters::default());
+    {
+        let c = counters.clone();
+        crate::daemon::spawn_sigusr1_reporter(move || log::info!("{}", report(&c)));
+    }
+
+    match cli.seccomp {
+        Seccomp::None => {}
+        Seccomp::Kill => seccomp::install(seccomp::Action::Kill)?,
+        Seccomp::Log => seccomp::install(seccomp::Action::Log)?,
+        Seccomp::Trap => seccomp::install(seccomp::Action::Trap)?,
+    }
+
+    let (tx, rx) = mpsc::channel();
+    let threads = match cli.thread_pool_size {
+        0 => dev_fuse::DEFAULT_THREADS,
+        n => n,
+    };
+    let dev = Arc::new(dev);
+    let workers = dev_fuse::spawn_workers(dev, server.clone(), threads, counters.clone())?;
+    let n_workers = workers.len();
+    for (i, h) in workers.into_iter().enumerate() {
+        let tx = tx.clone();
+        std::thread::Builder::new()
+            .name(format!("join-{i}"))
+            .spawn(move || {
+                let r = h
+                    .join()
+                    .unwrap_or_else(|_| Err(io::Error::other("worker panicked")));
+                let _ = tx.send(Event::Worker(r));
+            })?;
+    }
+    {
+        let tx = tx.clone();
+        let set = sandbox::sigset(&STOP_SIGNALS);
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || loop {
+                let mut sig = 0;
+                // SAFETY: `set` is a valid signal set and `sig` a valid output location.
+                if unsafe { libc::sigwait(&set, &mut sig) } == 0
+                    && tx.send(Event::Stop(sig)).is_err()
+                {
+                    return;
+                }
+            })?;
+    }
+    log::info!(
+        "serving {} on {} ({threads} thread(s), cache {:?}, sandbox {:?}, seccomp {:?})",
+        cli.shared_dir
+            .as_deref()
+            .unwrap_or(std::path::Path::new("?"))
+            .display(),
+        mountpoint.display(),
+        cli.cache,
+        cli.sandbox,
+        cli.seccomp,
+    );
+
+    let mut done = 0;
+    let mut deadline: Option<Instant> = None;
+    let mut first_err = None;
+    let mut stopped_by = None;
+    while done < n_workers {
+        let ev = match deadline {
+            None => rx.recv().ok(),
+            Some(d) => match rx.recv_timeout(d.saturating_duration_since(Instant::now())) {
+                Ok(ev) => Some(ev),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    log::warn!(
+                        "{}: still in use {} s after the lazy unmount; closing the connection (processes still inside get ENOTCONN)",
+                        mountpoint.display(),
+                        GRACE.as_secs()
+                    );
+                    break;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => None,
+            },
+        };
+        match ev {
+            None => break,
+            Some(Event::Worker(r)) => {
+                done += 1;
+                if let Err(e) = r {
+                    log::error!("{e}");
+                    first_err.get_or_insert(e);
+                }
+            }
+            Some(Event::Stop(sig)) => {
+                if stopped_by.is_some() {
+                    log::info!("{}: already stopping", signal_name(sig));
+                    continue;
+                }
+                log::info!("{}: unmounting {}", signal_name(sig), mountpoint.display());
+                stopped_by = Some(sig);
+                report_unmount(unmounter, mountpoint);
+                deadline = Some(Instant::now() + GRACE);
+            }
+        }
+    }
+    if stopped_by.is_none() && first_err.is_none() {
+        log::info!("{}: unmounted, exiting", mountpoint.display());
+    }
+    server.reset();
+    log::info!("{}", report(&counters));
+    match (stopped_by, first_err) {
+        (Some(sig), _) => {
+            log::info!("{}: session ended, exiting", signal_name(sig));
+            Ok(())
+        }
+        (None, Some(e)) => Err(e),
+        (None, None) => Ok(()),
+    }
+}
+
+fn report(c: &Counters) -> String {
+    format!(
+        "/dev/fuse: {} requests, {} interrupted replies, {} reply write errors",
+        c.requests.load(Ordering::Relaxed),
+        c.interrupted.load(Ordering::Relaxed),
+        c.write_errors.load(Ordering::Relaxed)
+    )
+}

@@ -1,0 +1,517 @@
+//! The /dev/fuse transport: the same [`Server`] serving a host mount point.
+//!
+//! `daxfsd --mount MOUNTPOINT` opens `/dev/fuse` and mounts it ([`mount`]: mount(2) as
+//! root, `fusermount3` with `_FUSE_COMMFD` descriptor passing for other users). Worker
+//! threads ([`spawn_workers`]) each read one request with one read(2) into their own buffer,
+//! hand a [`Reader`]/[`Writer`] over plain memory to [`Server::handle`] and write the reply
+//! with one write(2). Unmounting is done by a small helper process forked before the
+//! sandbox ([`Unmounter`]), which stays in the host's mount namespace with the rights to
+//! unmount, so the serving process needs neither `umount2` in its seccomp list nor a path
+//! to the mount point inside its sandbox.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use vm_memory::VolatileSlice;
+
+use crate::filesystem::FileSystem;
+use crate::iobuf::{Reader, Writer};
+use crate::server::Server;
+
+/// Linux refuses reads of /dev/fuse into buffers smaller than this (`FUSE_MIN_READ_BUFFER`).
+pub const MIN_READ_BUFFER: usize = 8192;
+/// Worker threads when `--thread-pool-size` is 0: enough that a slow request (fsync, a
+/// blocking lock) does not hold up the others, few enough for small machines.
+pub const DEFAULT_THREADS: usize = 4;
+/// The filesystem type shown in /proc/mounts (`fuse.daxfsd`).
+const SUBTYPE: &str = "daxfsd";
+
+fn os_err(what: &str) -> io::Error {
+    let e = io::Error::last_os_error();
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+fn cpath(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{}: path contains a NUL byte", p.display()),
+        )
+    })
+}
+
+/// Checks the mount point before mounting: a directory, outside the shared directory, and
+/// not a dead FUSE mount left behind by a daemon that crashed ("Transport endpoint is not
+/// connected"), which is reported with the fix and never unmounted on the user's behalf.
+pub fn check_mountpoint(mountpoint: &Path, shared_dir: &Path) -> io::Result<PathBuf> {
+    let md = match std::fs::metadata(mountpoint) {
+        Ok(md) => md,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            let p = mountpoint.display();
+            return Err(io::Error::other(
+                format!(
+                    "--mount {p}: a stale FUSE mount is there (Transport endpoint is not connected; its daemon died); unmount it with `umount -l {p}` (or `fusermount3 -u {p}`) and start again"
+                ),
+            ));
+        }
+        Err(e) => {
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "--mount {}: {e} (create the directory first)",
+                    mountpoint.display()
+                ),
+            ))
+        }
+    };
+    if !md.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("--mount {}: not a directory", mountpoint.display()),
+        ));
+    }
+    let mp = std::fs::canonicalize(mountpoint)?;
+    let shared = std::fs::canonicalize(shared_dir)?;
+    if mp.starts_with(&shared) {
+        // Serving a directory that contains its own mount point would loop into itself.
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "--mount {}: inside --shared-dir {}; choose a mount point outside the shared directory",
+                mp.display(),
+                shared.display()
+            ),
+        ));
+    }
+    Ok(mp)
+}
+
+/// How the mount was made (and so how it is undone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MountedBy {
+    /// mount(2) by this (root) process: umount2.
+    Kernel,
+    /// `fusermount3` for a non-root user: `fusermount3 -u`.
+    Fusermount,
+}
+
+/// A mounted FUSE connection.
+#[derive(Debug)]
+pub struct Mounted {
+    /// The /dev/fuse descriptor of the connection.
+    pub dev: File,
+    pub mountpoint: PathBuf,
+    pub by: MountedBy,
+}
+
+/// What the mount looks like.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MountOptions {
+    pub readonly: bool,
+}
+
+/// The options both mount paths pass: as a virtio-fs guest mount has them
+/// (`fs/fuse/virtio_fs.c` sets `default_permissions` and `allow_other`), so the same server
+/// sees the same requests. `default_permissions`: the kernel checks mode bits and ACLs
+/// against the attributes the server returns, as a local filesystem does (the server's
+/// credential switch checks again on the host). `allow_other`: every user of the host sees
+/// the share, not just the one who mounted it.
+fn common_options(allow_other: bool) -> String {
+    let mut o = String::from("default_permissions");
+    if allow_other {
+        o.push_str(",allow_other");
+    }
+    o
+}
+
+/// Mounts /dev/fuse on `mountpoint`: mount(2) when running as root, else `fusermount3`
+/// (installed by Debian's `fuse3`), else a one-line error.
+pub fn mount(mountpoint: &Path, source: &Path, opts: MountOptions) -> io::Result<Mounted> {
+    if crate::sys::geteuid() == 0 {
+        mount_kernel(mountpoint, source, opts)
+    } else {
+        mount_fusermount(mountpoint, opts)
+    }
+}
+
+fn mount_kernel(mountpoint: &Path, source: &Path, opts: MountOptions) -> io::Result<Mounted> {
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot open /dev/fuse: {e} (load the fuse module: modprobe fuse)"),
+            )
+        })?;
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let data = format!(
+        "fd={},rootmode=40000,user_id={uid},group_id={gid},{}",
+        dev.as_raw_fd(),
+        common_options(true)
+    );
+    let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
+    if opts.readonly {
+        flags |= libc::MS_RDONLY;
+    }
+    let src = cpath(source)?;
+    let target = cpath(mountpoint)?;
+    let fstype =
+        CString::new(format!("fuse.{SUBTYPE}")).map_err(|_| io::ErrorKind::InvalidInput)?;
+    let cdata = CString::new(data).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: every pointer is a NUL-terminated string that outlives the call.
+    let ret = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            flags,
+            cdata.as_ptr().cast(),
+        )
+    };
+    if ret < 0 {
+        return Err(os_err(&format!(
+            "cannot mount FUSE on {}",
+            mountpoint.display()
+        )));
+    }
+    Ok(Mounted {
+        dev,
+        mountpoint: mountpoint.to_path_buf(),
+        by: MountedBy::Kernel,
+    })
+}
+
+/// Finds `name` on PATH (or the usual system directories when PATH is unset).
+fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Whether /etc/fuse.conf lets non-root users mount with `allow_other`.
+fn user_allow_other() -> bool {
+    std::fs::read_to_string("/etc/fuse.conf").is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.split('#').next().unwrap_or("").trim() == "user_allow_other")
+    })
+}
+
+fn mount_fusermount(mountpoint: &Path, opts: MountOptions) -> io::Result<Mounted> {
+    let Some(fusermount) = which("fusermount3") else {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "--mount as a non-root user needs fusermount3: install it (apt install fuse3) or run as root",
+        ));
+    };
+    let allow_other = user_allow_other();
+    if !allow_other {
+        log::warn!(
+            "/etc/fuse.conf has no user_allow_other: the mount is visible to this user only"
+        );
+    }
+    let mut o = format!(
+        "{},fsname={SUBTYPE},subtype={SUBTYPE}",
+        common_options(allow_other)
+    );
+    o.push_str(if opts.readonly { ",ro" } else { ",rw" });
+    let (ours, theirs) = UnixStream::pair()?;
+    // The child end must survive exec: clear its close-on-exec flag in the child only.
+    let their_fd = theirs.as_raw_fd();
+    let mut cmd = std::process::Command::new(&fusermount);
+    cmd.arg("-o")
+        .arg(&o)
+        .arg("--")
+        .arg(mountpoint)
+        .env("_FUSE_COMMFD", their_fd.to_string());
+    // SAFETY: the closure only calls fcntl, which is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            if libc::fcntl(their_fd, libc::F_SETFD, 0) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let status = cmd.status().map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot run {}: {e}", fusermount.display()),
+        )
+    })?;
+    drop(theirs);
+    if !status.success() {
+        return Err(io::Error::other(format!(
+            "fusermount3 could not mount {} ({status}; see its message above)",
+            mountpoint.display()
+        )));
+    }
+    let fd = recv_fd(&ours)?;
+    Ok(Mounted {
+        dev: File::from(fd),
+        mountpoint: mountpoint.to_path_buf(),
+        by: MountedBy::Fusermount,
+    })
+}
+
+/// Receives one descriptor sent with SCM_RIGHTS (fusermount3's answer).
+fn recv_fd(sock: &UnixStream) -> io::Result<OwnedFd> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // Room for one descriptor's control message, aligned for cmsghdr.
+    let mut cbuf = [0u64; 8];
+    // SAFETY: a zeroed msghdr is a valid empty header; the fields set below point to live
+    // buffers of the stated sizes.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    // SAFETY: `msg` describes valid buffers owned by this frame.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(os_err(
+            "receiving the /dev/fuse descriptor from fusermount3",
+        ));
+    }
+    // SAFETY: `msg` was filled by recvmsg; CMSG_FIRSTHDR stays inside msg_control.
+    let cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    let rights = !cmsg.is_null() && {
+        // SAFETY: `cmsg` is non-null and points to a control header inside `cbuf`.
+        let h = unsafe { &*cmsg };
+        h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS
+    };
+    if !rights {
+        return Err(io::Error::other("fusermount3 sent no /dev/fuse descriptor"));
+    }
+    // SAFETY: an SCM_RIGHTS message carries at least one int; read unaligned from its data.
+    let fd: RawFd = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast()) };
+    // SAFETY: the kernel just installed `fd` in this process for us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A helper process forked before the sandbox that unmounts on request. It stays in the
+/// host's mount namespace with the daemon's original privileges; it exits when asked, or
+/// (without unmounting: a crashed daemon leaves a stale mount, reported at the next start)
+/// when the daemon's end of the socket closes.
+#[derive(Debug)]
+pub struct Unmounter {
+    /// A socket, used through read(2)/write(2) (the serving process's seccomp list has no
+    /// recvfrom/sendto for it).
+    sock: Option<File>,
+    pid: libc::pid_t,
+}
+
+/// Unmounts `m`: a plain unmount, and a lazy one (MNT_DETACH, `fusermount3 -u -z`) when the
+/// mount is busy. Returns how it went, for the log.
+fn do_unmount(mountpoint: &Path, by: MountedBy) -> String {
+    match by {
+        MountedBy::Kernel => {
+            let Ok(target) = cpath(mountpoint) else {
+                return "bad path".into();
+            };
+            // SAFETY: `target` is NUL-terminated.
+            if unsafe { libc::umount2(target.as_ptr(), 0) } == 0 {
+                return "unmounted".into();
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EBUSY) {
+                return format!("umount failed: {e}");
+            }
+            // SAFETY: as above.
+            if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } == 0 {
+                "busy: detached (lazy unmount)".into()
+            } else {
+                format!("lazy umount failed: {}", io::Error::last_os_error())
+            }
+        }
+        MountedBy::Fusermount => {
+            let run = |lazy: bool| {
+                let mut c = std::process::Command::new("fusermount3");
+                c.arg("-u").arg("-q");
+                if lazy {
+                    c.arg("-z");
+                }
+                c.arg("--").arg(mountpoint).status()
+            };
+            match run(false) {
+                Ok(s) if s.success() => "unmounted".into(),
+                _ => match run(true) {
+                    Ok(s) if s.success() => "busy: detached (lazy unmount)".into(),
+                    Ok(s) => format!("fusermount3 -u -z failed ({s})"),
+                    Err(e) => format!("cannot run fusermount3: {e}"),
+                },
+            }
+        }
+    }
+}
+
+impl Unmounter {
+    /// Forks the helper. Call while the process is single-threaded.
+    pub fn spawn(mountpoint: &Path, by: MountedBy, close: &[RawFd]) -> io::Result<Self> {
+        let (ours, theirs) = UnixStream::pair()?;
+        let mp = mountpoint.to_path_buf();
+        // SAFETY: fork in a single-threaded process (the caller's contract); the child only
+        // runs the loop below and exits with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(os_err("fork of the unmount helper"));
+        }
+        if pid == 0 {
+            drop(ours);
+            for &fd in close {
+                // SAFETY: closing descriptors this child must not keep (the /dev/fuse
+                // connection: a helper holding it would keep a dead daemon's mount
+                // answering nothing instead of failing with ENOTCONN).
+                unsafe { libc::close(fd) };
+            }
+            // SAFETY: ignoring terminal signals and naming the process are plain calls.
+            unsafe {
+                for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+                    libc::signal(s, libc::SIG_IGN);
+                }
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+                libc::prctl(libc::PR_SET_NAME, c"daxfsd-umount".as_ptr());
+            }
+            let mut s = File::from(OwnedFd::from(theirs));
+            let mut req = [0u8; 1];
+            let code = match s.read(&mut req) {
+                Ok(1) => {
+                    let msg = do_unmount(&mp, by);
+                    let _ = s.write_all(msg.as_bytes());
+                    0
+                }
+                _ => 0,
+            };
+            // SAFETY: leaves the child without running the parent's atexit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        drop(theirs);
+        Ok(Unmounter {
+            sock: Some(File::from(OwnedFd::from(ours))),
+            pid,
+        })
+    }
+
+    /// Asks the helper to unmount; returns its report.
+    pub fn unmount(&mut self) -> io::Result<String> {
+        let Some(mut s) = self.sock.take() else {
+            return Ok("already unmounted".into());
+        };
+        s.write_all(b"u")?;
+        let mut msg = String::new();
+        s.read_to_string(&mut msg)?;
+        Ok(msg)
+    }
+
+    /// The helper's process id (it is reaped by whoever outlives it: the serving process
+    /// may not call wait4 under its seccomp filter).
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
+    }
+}
+
+/// Reply-write outcomes and the like, for the exit report.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub requests: AtomicU64,
+    /// Replies the kernel refused with ENOENT: the request was interrupted meanwhile.
+    pub interrupted: AtomicU64,
+    pub write_errors: AtomicU64,
+}
+
+/// Per-thread buffer size: the largest request (`max_write` of payload plus its headers),
+/// never below what the kernel accepts.
+pub fn buffer_size(max_write: u32) -> usize {
+    (max_write as usize + 4096).max(MIN_READ_BUFFER)
+}
+
+/// Reads requests from `dev` and answers them until the connection ends (ENODEV: unmounted,
+/// or aborted). Returns Ok on a clean end.
+pub fn serve_one_thread<F: FileSystem>(
+    dev: &File,
+    server: &Server<F>,
+    buf_size: usize,
+    counters: &Counters,
+) -> io::Result<()> {
+    let mut inbuf = vec![0u8; buf_size];
+    let mut outbuf = vec![0u8; buf_size];
+    let fd = dev.as_fd();
+    loop {
+        // SAFETY: reads into `inbuf`, which is valid for `buf_size` bytes.
+        let n = unsafe { libc::read(fd.as_raw_fd(), inbuf.as_mut_ptr().cast(), inbuf.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR | libc::EAGAIN) => continue,
+                Some(libc::ENODEV) => return Ok(()),
+                _ => return Err(io::Error::new(e.kind(), format!("read /dev/fuse: {e}"))),
+            }
+        }
+        let n = n as usize;
+        counters.requests.fetch_add(1, Ordering::Relaxed);
+        let r = Reader::new(vec![VolatileSlice::from(&mut inbuf[..n])]);
+        let w = Writer::new(vec![VolatileSlice::from(&mut outbuf[..])]);
+        let handled = match server.handle(r, Some(w)) {
+            Ok(h) => h,
+            // Already logged by the server; an unreadable request gets no reply.
+            Err(_) => continue,
+        };
+        if handled.written == 0 {
+            continue;
+        }
+        // SAFETY: writes `written` bytes of `outbuf`, which the server filled.
+        let m = unsafe { libc::write(fd.as_raw_fd(), outbuf.as_ptr().cast(), handled.written) };
+        if m < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::ENOENT) => {
+                    counters.interrupted.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(libc::ENODEV) => return Ok(()),
+                _ => {
+                    counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                    log::warn!(
+                        "reply to {} ({} bytes): write /dev/fuse: {e}",
+                        crate::abi::opcode::name(handled.opcode),
+                        handled.written
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Starts `threads` workers on `dev`. Each ends when the connection does.
+pub fn spawn_workers<F: FileSystem + Send + Sync + 'static>(
+    dev: Arc<File>,
+    server: Arc<Server<F>>,
+    threads: usize,
+    counters: Arc<Counters>,
+) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
+    let buf_size = buffer_size(server.max_write());
+    (0..threads.max(1))
+        .map(|i| {
+            let (dev, server, counters) = (dev.clone(), server.clone(), counters.clone());
+            std::thread::Builder::new()
+                .name(format!("fuse-{i}"))
+                .spawn(move || serve_one_thread(&dev, &server, buf_size, &counters))
+        })
+        .collect()
+}
