@@ -154,6 +154,8 @@ fn serve(
     caps::drop_to(keep)?;
     let mut cfg = passthrough_config(cli)?;
     cfg.root_dir = inside.shared_dir.clone();
+    // Linux offers FUSE_SUBMOUNTS to virtio-fs only: nothing to announce on a host mount.
+    cfg.announce_submounts = false;
     let fs = PassthroughFs::with_proc_self_fd(cfg, inside.proc_self_fd)?;
     let mapper: Arc<dyn Mapper> = Arc::new(NoMapper);
     // No DAX window here: the decorator only forwards.

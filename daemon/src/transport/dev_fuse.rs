@@ -200,6 +200,12 @@ fn which(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// The setuid mount helper: libfuse 3's `fusermount3`, else libfuse 2's `fusermount`
+/// (the same `_FUSE_COMMFD` protocol; Debian 12 installs one or the other).
+fn fusermount() -> Option<PathBuf> {
+    which("fusermount3").or_else(|| which("fusermount"))
+}
+
 /// Whether /etc/fuse.conf lets non-root users mount with `allow_other`.
 fn user_allow_other() -> bool {
     std::fs::read_to_string("/etc/fuse.conf").is_ok_and(|s| {
@@ -209,7 +215,7 @@ fn user_allow_other() -> bool {
 }
 
 fn mount_fusermount(mountpoint: &Path, opts: MountOptions) -> io::Result<Mounted> {
-    let Some(fusermount) = which("fusermount3") else {
+    let Some(fusermount) = fusermount() else {
         return Err(io::Error::new(
             io::ErrorKind::NotFound,
             "--mount as a non-root user needs fusermount3: install it (apt install fuse3) or run as root",
@@ -253,7 +259,8 @@ fn mount_fusermount(mountpoint: &Path, opts: MountOptions) -> io::Result<Mounted
     drop(theirs);
     if !status.success() {
         return Err(io::Error::other(format!(
-            "fusermount3 could not mount {} ({status}; see its message above)",
+            "{} could not mount {} ({status}; see its message above)",
+            fusermount.display(),
             mountpoint.display()
         )));
     }
@@ -340,8 +347,11 @@ fn do_unmount(mountpoint: &Path, by: MountedBy) -> String {
             }
         }
         MountedBy::Fusermount => {
+            let Some(bin) = fusermount() else {
+                return "no fusermount3 to unmount with".into();
+            };
             let run = |lazy: bool| {
-                let mut c = std::process::Command::new("fusermount3");
+                let mut c = std::process::Command::new(&bin);
                 c.arg("-u").arg("-q");
                 if lazy {
                     c.arg("-z");
@@ -352,8 +362,8 @@ fn do_unmount(mountpoint: &Path, by: MountedBy) -> String {
                 Ok(s) if s.success() => "unmounted".into(),
                 _ => match run(true) {
                     Ok(s) if s.success() => "busy: detached (lazy unmount)".into(),
-                    Ok(s) => format!("fusermount3 -u -z failed ({s})"),
-                    Err(e) => format!("cannot run fusermount3: {e}"),
+                    Ok(s) => format!("{} -u -z failed ({s})", bin.display()),
+                    Err(e) => format!("cannot run {}: {e}", bin.display()),
                 },
             }
         }
