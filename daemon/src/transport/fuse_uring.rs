@@ -103,9 +103,11 @@ pub fn availability() -> Availability {
     if let Ok(s) = fs::read_to_string(SYSCTL) {
         match s.trim() {
             "0" => {}
-            "2" => return Availability::Unavailable(format!(
+            "2" => {
+                return Availability::Unavailable(format!(
                 "io_uring is disabled ({SYSCTL} = 2; as root: sysctl kernel.io_uring_disabled=0)"
-            )),
+            ))
+            }
             v => {
                 // 1: only members of kernel.io_uring_group (and CAP_SYS_ADMIN) may create rings;
                 // the probe below tells.
@@ -217,7 +219,12 @@ fn eventfd() -> io::Result<OwnedFd> {
 /// thread each. Returns once every queue has registered its entries, or the first error (the
 /// kernel then turns io_uring off for the connection and requests keep coming through
 /// `read(2)`).
-pub fn start<F>(dev: RawFd, server: Arc<Server<F>>, depth: usize) -> io::Result<Rings>
+pub fn start<F>(
+    dev: RawFd,
+    server: Arc<Server<F>>,
+    depth: usize,
+    stats: Arc<Stats>,
+) -> io::Result<Rings>
 where
     F: FileSystem + Send + Sync + 'static,
 {
@@ -232,7 +239,6 @@ where
     }
     let depth = depth.clamp(1, 1024);
     let queues = possible_cpus();
-    let stats = Arc::new(Stats::default());
     stats.depth.store(depth, Ordering::Relaxed);
     let mut rings = Rings {
         threads: Vec::new(),
@@ -286,6 +292,84 @@ where
          requests are served from the rings"
     );
     Ok(rings)
+}
+
+/// After INIT: starts the rings when INIT agreed `FUSE_OVER_IO_URING`. Returns `Ok(None)`
+/// when requests stay on `/dev/fuse` (logged, with the reason), and an error only when
+/// `required` (`--io-uring=on`). When the rings cannot start after INIT agreed on them, the
+/// kernel would hold every request until they do: a REGISTER for a queue that does not exist
+/// makes it turn io_uring off for the connection, and requests come through `read(2)`.
+pub fn start_after_init<F>(
+    dev: RawFd,
+    server: Arc<Server<F>>,
+    depth: usize,
+    stats: Arc<Stats>,
+    required: bool,
+) -> io::Result<Option<Rings>>
+where
+    F: FileSystem + Send + Sync + 'static,
+{
+    let fail = |why: String| {
+        if required {
+            Err(io::Error::other(format!("--io-uring=on: {why}")))
+        } else {
+            log::warn!("io-uring: not used: {why}; requests come through read(2) on /dev/fuse");
+            Ok(None)
+        }
+    };
+    if server.negotiated_flags() & crate::abi::init_flags::OVER_IO_URING == 0 {
+        return fail(
+            "the kernel did not offer FUSE_OVER_IO_URING at INIT (fuse.enable_uring set to N after the start?)"
+                .into(),
+        );
+    }
+    match start(dev, server, depth, stats) {
+        Ok(r) => Ok(Some(r)),
+        Err(e) => {
+            if let Err(p) = turn_off(dev) {
+                log::error!(
+                    "io-uring: cannot start the rings ({e}) nor turn io_uring off for the connection ({p}): \
+                     the mount would hang"
+                );
+                return Err(io::Error::other(format!("io-uring: {e}")));
+            }
+            fail(format!("cannot start the rings: {e}"))
+        }
+    }
+}
+
+/// Makes the kernel give up io_uring on this connection: a REGISTER that it refuses.
+fn turn_off(dev: RawFd) -> io::Result<()> {
+    let mut ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(2)?;
+    let mut hdr = vec![0u8; REQ_HEADER_SZ];
+    let mut payload = vec![0u8; MIN_PAYLOAD];
+    let iov = [
+        libc::iovec {
+            iov_base: hdr.as_mut_ptr().cast(),
+            iov_len: hdr.len(),
+        },
+        libc::iovec {
+            iov_base: payload.as_mut_ptr().cast(),
+            iov_len: payload.len(),
+        },
+    ];
+    // No CPU has this number: the kernel answers EINVAL and turns io_uring off.
+    let e = ring_cmd(dev, CMD_REGISTER, u16::MAX, 0, Some(iov.as_ptr())).user_data(0);
+    // SAFETY: the iovecs and their buffers outlive the wait below, and the kernel refuses the
+    // command before keeping any address.
+    unsafe { ring.submission().push(&e) }.map_err(|_| io::Error::other("SQ full"))?;
+    ring.submit_and_wait(1)?;
+    let res = ring.completion().next().map_or(0, |c| c.result());
+    if res >= 0 {
+        return Err(io::Error::other(
+            "the kernel accepted a REGISTER for queue 65535",
+        ));
+    }
+    log::info!(
+        "io-uring: turned off for this connection (REGISTER answered {})",
+        io::Error::from_raw_os_error(-res)
+    );
+    Ok(())
 }
 
 /// One anonymous mapping, never unmapped (see the module documentation).
