@@ -71,6 +71,8 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         // FUSE_DEV_IOC_BACKING_OPEN needs CAP_SYS_ADMIN in the initial user namespace.
         keep = CapSet(keep.0 | (caps_before.0 & CapSet::of(&[caps::CAP_SYS_ADMIN]).0));
     }
+    // Before mounting (a refusal leaves nothing behind) and the sandbox (it may hide /sys).
+    let uring = io_uring_wanted(cli.io_uring)?;
 
     let mounted = dev_fuse::mount(
         &mountpoint,
@@ -94,8 +96,6 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         }
     };
     let dev = mounted.dev;
-    // Before the sandbox: it may hide /sys.
-    let uring = io_uring_wanted(cli.io_uring)?;
     let inside = match sandbox::enter(cli.sandbox, &shared_dir) {
         Ok(Entered::Supervisor(mut sup)) => {
             // Only the serving child may hold the connection: if it dies, the mount must
