@@ -27,7 +27,7 @@ pub mod transport;
 // The layers' modules under their short names, as the rest of the crate and its users name
 // them.
 pub use host::{caps, cli, daemon, runfiles, sandbox, seccomp, syslog};
-pub use protocol::{abi, filesystem, iobuf, mapper, secctx, server};
+pub use protocol::{abi, backing, filesystem, iobuf, mapper, secctx, server};
 #[cfg(feature = "testing")]
 pub use testing::{fuzzing, memfs};
 pub use transport::{dev_fuse, fuse_uring, vhost_user};

@@ -14,6 +14,7 @@
 
 use std::ffi::CStr;
 use std::io;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -263,6 +264,14 @@ impl<F: FileSystem> FileSystem for Coherent<F> {
         lock_owner: u64,
     ) -> io::Result<()> {
         self.synced(inode, || self.inner.flush(ctx, inode, handle, lock_owner))
+    }
+    fn backing_fd(&self, inode: Inode, handle: Handle) -> io::Result<Box<dyn AsFd + Send + Sync>> {
+        // With a DAX window every READ and WRITE must pass here (shadow tails, mapped
+        // ranges): no passthrough. Without one (/dev/fuse) there is nothing to keep coherent.
+        if self.mapper.window_size() > 0 {
+            return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+        }
+        self.inner.backing_fd(inode, handle)
     }
     fn opendir(&self, ctx: &Context, inode: Inode, flags: u32) -> io::Result<(Handle, OpenFlags)> {
         self.inner.opendir(ctx, inode, flags)

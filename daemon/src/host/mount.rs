@@ -18,6 +18,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::abi::init_flags;
+use crate::backing;
 use crate::caps::{self, CapSet};
 use crate::cli::{Cli, IoUringMode, PassthroughPolicy, Seccomp};
 use crate::daemon::{capabilities_to_keep, passthrough_config, raise_nofile};
@@ -187,23 +189,33 @@ fn serve(
     let mapper: Arc<dyn Mapper> = Arc::new(NoMapper);
     // No DAX window here: the decorator only forwards.
     let fs = crate::dax::coherent::Coherent::new(fs, mapper.clone());
-    let server = Arc::new(Server::new(
-        fs,
-        Box::new(mapper),
-        ServerOptions {
-            transport_flags: if uring {
-                crate::abi::init_flags::OVER_IO_URING
-            } else {
-                0
-            },
-            ..Default::default()
-        },
-    ));
+    let dev = Arc::new(dev);
+    let policy = passthrough_policy(cli);
+    let mut opts = ServerOptions::default();
+    if uring {
+        opts.transport_flags |= init_flags::OVER_IO_URING;
+    }
+    if policy != backing::Policy::Off {
+        opts.transport_flags |= init_flags::PASSTHROUGH;
+        // Backing files on a plain filesystem; our mount may itself be a lower layer of
+        // overlayfs (Linux allows a total stacking depth of 2).
+        opts.max_stack_depth = 1;
+    }
+    let mut server = Server::new(fs, Box::new(mapper), opts);
+    if policy != backing::Policy::Off {
+        server = server.with_passthrough(backing::Passthrough::new(
+            Box::new(dev_fuse::DevFuseBacking::new(dev.clone())),
+            policy,
+        ));
+    }
+    let server = Arc::new(server);
     let counters = Arc::new(Counters::default());
     let ring_stats = Arc::new(fuse_uring::Stats::default());
     {
-        let (c, r) = (counters.clone(), ring_stats.clone());
-        crate::daemon::spawn_sigusr1_reporter(move || log::info!("{}", report(&c, &r)));
+        let (c, s, r) = (counters.clone(), server.clone(), ring_stats.clone());
+        crate::daemon::spawn_sigusr1_reporter(move || {
+            log::info!("{}", report(&c, s.passthrough_stats(), &r))
+        });
     }
     let extra = if uring { seccomp::IO_URING } else { &[] };
 
@@ -249,7 +261,6 @@ fn serve(
         0 => dev_fuse::DEFAULT_THREADS,
         n => n,
     };
-    let dev = Arc::new(dev);
     let workers = dev_fuse::spawn_workers(dev, server.clone(), threads, counters.clone())?;
     let n_workers = workers.len();
     for (i, h) in workers.into_iter().enumerate() {
@@ -345,8 +356,9 @@ fn serve(
     if let Some(r) = rings.lock().unwrap_or_else(|e| e.into_inner()).take() {
         r.shutdown();
     }
+    let pt = server.passthrough_stats();
     server.reset();
-    log::info!("{}", report(&counters, &ring_stats));
+    log::info!("{}", report(&counters, pt, &ring_stats));
     match (stopped_by, first_err) {
         (Some(sig), _) => {
             log::info!("{}: session ended, exiting", signal_name(sig));
@@ -357,13 +369,17 @@ fn serve(
     }
 }
 
-fn report(c: &Counters, r: &fuse_uring::Stats) -> String {
+fn report(c: &Counters, pt: Option<backing::Stats>, r: &fuse_uring::Stats) -> String {
     let mut s = format!(
         "/dev/fuse: {} requests, {} interrupted replies, {} reply write errors",
         c.requests.load(Ordering::Relaxed),
         c.interrupted.load(Ordering::Relaxed),
         c.write_errors.load(Ordering::Relaxed)
     );
+    if let Some(p) = pt {
+        s.push_str("; ");
+        s.push_str(&p.to_string());
+    }
     let queues = r.queues.load(Ordering::Relaxed);
     if queues > 0 {
         s.push_str(&format!(
@@ -375,4 +391,19 @@ fn report(c: &Counters, r: &fuse_uring::Stats) -> String {
         ));
     }
     s
+}
+
+/// `--passthrough` as the server applies it. The writeback cache excludes passthrough
+/// (Linux agrees to FUSE_PASSTHROUGH only without FUSE_WRITEBACK_CACHE).
+fn passthrough_policy(cli: &Cli) -> backing::Policy {
+    let p = match cli.passthrough {
+        PassthroughPolicy::Off => backing::Policy::Off,
+        PassthroughPolicy::Auto => backing::Policy::All,
+        PassthroughPolicy::MinSize(n) => backing::Policy::MinSize(n),
+    };
+    if p != backing::Policy::Off && cli.writeback {
+        log::warn!("--writeback: Linux does not combine FUSE passthrough with the writeback cache; passthrough off");
+        return backing::Policy::Off;
+    }
+    p
 }

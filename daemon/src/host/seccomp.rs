@@ -213,6 +213,25 @@ fn conditional_rules() -> Result<Vec<(libc::c_long, Vec<SeccompRule>)>, seccompi
                 libc::CLONE_FS as u64,
             )?])?],
         ),
+        // FUSE passthrough on a host mount (--mount): registering and dropping backing
+        // files on the /dev/fuse connection; no other ioctl.
+        (
+            libc::SYS_ioctl,
+            vec![
+                rule(vec![SeccompCondition::new(
+                    1,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::Eq,
+                    crate::dev_fuse::FUSE_DEV_IOC_BACKING_OPEN.into(),
+                )?])?,
+                rule(vec![SeccompCondition::new(
+                    1,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::Eq,
+                    crate::dev_fuse::FUSE_DEV_IOC_BACKING_CLOSE.into(),
+                )?])?,
+            ],
+        ),
         // Thread names.
         (
             libc::SYS_prctl,

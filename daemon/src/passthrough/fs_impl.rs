@@ -3,6 +3,7 @@
 
 use std::ffi::CStr;
 use std::io;
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -221,6 +222,10 @@ impl FileSystem for PassthroughFs {
 
     fn statfs(&self, _: &Context, inode: Inode) -> io::Result<Kstatfs> {
         self.do_statfs(inode)
+    }
+
+    fn backing_fd(&self, inode: Inode, handle: Handle) -> io::Result<Box<dyn AsFd + Send + Sync>> {
+        Ok(Box::new(self.handles.get_file(inode, handle)?))
     }
 
     fn release(

@@ -45,6 +45,12 @@ pub(super) struct LockOwner {
 /// Orders POSIX lock acquisitions across handles.
 static LOCK_SEQ: AtomicU64 = AtomicU64::new(1);
 
+impl AsFd for HandleData {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 impl HandleData {
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()

@@ -8,6 +8,7 @@
 
 use std::ffi::CStr;
 use std::io;
+use std::os::fd::AsFd;
 use std::time::Duration;
 
 use crate::abi::{Attr, FileLock, Kstatfs, SetattrIn};
@@ -370,6 +371,12 @@ pub trait FileSystem: Send + Sync {
     }
     fn syncfs(&self, ctx: &Context, inode: Inode) -> io::Result<()> {
         enosys()
+    }
+    /// The host descriptor behind an open file handle, for FUSE passthrough (the kernel
+    /// then reads and writes it itself). Filesystems that cannot, or must see every READ
+    /// and WRITE, refuse (the default).
+    fn backing_fd(&self, inode: Inode, handle: Handle) -> io::Result<Box<dyn AsFd + Send + Sync>> {
+        Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
     }
     /// Maps `len` bytes of the file at `foffset` into the DAX window at `moffset` through
     /// `mapper`. `writable` asks for a writable mapping.

@@ -8,12 +8,14 @@
 
 use std::ffi::CStr;
 use std::io;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use vm_memory::ByteValued;
 
 use crate::abi::{self, opcode as op, *};
+use crate::backing::{Passthrough, Stats as PassthroughStats};
 use crate::filesystem::{Context, DirEntry, Entry, FileSystem, InitCaps, XattrReply};
 use crate::iobuf::{Reader, Writer};
 use crate::mapper::Mapper;
@@ -108,6 +110,8 @@ pub struct Server<F: FileSystem> {
     dax_policy: DaxPolicy,
     transport_flags: u64,
     max_stack_depth: u32,
+    /// FUSE passthrough, when the transport can register backing files.
+    passthrough: Option<Passthrough>,
 }
 
 /// Parsed request header plus the caller's identity.
@@ -134,7 +138,71 @@ impl<F: FileSystem> Server<F> {
             dax_policy: opts.dax_policy,
             transport_flags: opts.transport_flags,
             max_stack_depth: opts.max_stack_depth,
+            passthrough: None,
         }
+    }
+
+    /// Serves regular files with FUSE passthrough where `p`'s policy and the client agree
+    /// (`FUSE_PASSTHROUGH` must also be in `transport_flags`).
+    pub fn with_passthrough(mut self, p: Passthrough) -> Self {
+        self.passthrough = Some(p);
+        self
+    }
+
+    /// Passthrough counters, when passthrough is configured.
+    pub fn passthrough_stats(&self) -> Option<PassthroughStats> {
+        self.passthrough.as_ref().map(|p| p.stats())
+    }
+
+    /// The backing id to open `fh` of `inode` with, if it is to be passed through.
+    fn pass_through(&self, inode: u64, fh: u64) -> Option<i32> {
+        let p = self.passthrough.as_ref()?;
+        if self.session.flags.load(Ordering::Relaxed) & init_flags::PASSTHROUGH == 0 {
+            return None;
+        }
+        let fd = self.fs.backing_fd(inode, fh).ok();
+        p.opened(inode, fh, fd.as_ref().map(|f| f.as_fd()))
+    }
+
+    /// The reply to `request` never reached the client (/dev/fuse answered ENOENT: the
+    /// request was interrupted). An OPEN or CREATE handle it carried is released here, as
+    /// the client will never release it.
+    pub fn reply_lost(&self, request: &[u8], reply: &[u8]) {
+        let Some(hdr) = InHeader::from_slice(request.get(..IN_HEADER_LEN).unwrap_or(&[])) else {
+            return;
+        };
+        let out = reply.get(OUT_HEADER_LEN..).unwrap_or(&[]);
+        let (ino, open) = match hdr.opcode {
+            op::OPEN => (hdr.nodeid, out),
+            op::CREATE => {
+                let n = std::mem::size_of::<EntryOut>();
+                let Some(e) = out.get(..n).and_then(EntryOut::from_slice) else {
+                    return;
+                };
+                (e.nodeid, out.get(n..).unwrap_or(&[]))
+            }
+            _ => return,
+        };
+        let Some(o) = open
+            .get(..std::mem::size_of::<OpenOut>())
+            .and_then(OpenOut::from_slice)
+        else {
+            return;
+        };
+        let ctx = Context {
+            uid: hdr.uid,
+            gid: hdr.gid,
+            pid: hdr.pid,
+        };
+        log::debug!(
+            "{} interrupted: releasing handle {}",
+            op::name(hdr.opcode),
+            o.fh
+        );
+        if let Some(p) = &self.passthrough {
+            p.released(o.fh);
+        }
+        let _ = self.fs.release(&ctx, ino, o.fh, false, 0);
     }
 
     /// The filesystem being served.
@@ -158,6 +226,9 @@ impl<F: FileSystem> Server<F> {
         self.session.initialized.store(false, Ordering::SeqCst);
         self.session.flags.store(0, Ordering::SeqCst);
         self.mapper.end_session();
+        if let Some(p) = &self.passthrough {
+            p.close_all();
+        }
         self.fs.destroy();
     }
 
@@ -477,12 +548,13 @@ impl<F: FileSystem> Server<F> {
             op::OPEN => {
                 let a: OpenIn = r.read_obj()?;
                 let (fh, flags) = fs.open(ctx, ino, a.flags, a.open_flags)?;
-                obj(w, &open_out(fh, flags))
+                let out = open_out(fh, flags, self.pass_through(ino, fh));
+                obj(w, &out)
             }
             op::OPENDIR => {
                 let a: OpenIn = r.read_obj()?;
                 let (fh, flags) = fs.opendir(ctx, ino, a.flags)?;
-                obj(w, &open_out(fh, flags))
+                obj(w, &open_out(fh, flags, None))
             }
             op::CREATE => {
                 let a: CreateIn = r.read_obj()?;
@@ -507,7 +579,7 @@ impl<F: FileSystem> Server<F> {
                     let _ = fs.unlink(ctx, ino, &name);
                 })?;
                 w.write_obj(&self.entry_out(&e))?;
-                obj(w, &open_out(fh, flags))
+                obj(w, &open_out(fh, flags, self.pass_through(e.inode, fh)))
             }
             op::TMPFILE => {
                 let a: CreateIn = r.read_obj()?;
@@ -520,7 +592,7 @@ impl<F: FileSystem> Server<F> {
                     let _ = fs.release(ctx, e.inode, fh, false, 0);
                 })?;
                 w.write_obj(&self.entry_out(&e))?;
-                obj(w, &open_out(fh, flags))
+                obj(w, &open_out(fh, flags, self.pass_through(e.inode, fh)))
             }
             op::READ => {
                 let a: ReadIn = r.read_obj()?;
@@ -561,6 +633,9 @@ impl<F: FileSystem> Server<F> {
             op::RELEASE => {
                 let a: ReleaseIn = r.read_obj()?;
                 let flock = a.release_flags & RELEASE_FLOCK_UNLOCK != 0;
+                if let Some(p) = &self.passthrough {
+                    p.released(a.fh);
+                }
                 empty(fs.release(ctx, ino, a.fh, flock, a.lock_owner))
             }
             op::RELEASEDIR => {
@@ -783,6 +858,10 @@ impl<F: FileSystem> Server<F> {
         }
         if agreed & init_flags::PASSTHROUGH != 0 {
             out.max_stack_depth = self.max_stack_depth;
+        } else if self.passthrough.is_some() {
+            log::warn!(
+                "the client does not offer FUSE_PASSTHROUGH (kernel without CONFIG_FUSE_PASSTHROUGH or older than 6.9): files are served through READ/WRITE"
+            );
         }
         self.session.minor.store(a.minor, Ordering::Relaxed);
         self.session.max_io.store(max_io, Ordering::Relaxed);
@@ -994,11 +1073,18 @@ pub fn entry_out(e: &Entry) -> EntryOut {
     }
 }
 
-fn open_out(fh: u64, open_flags: u32) -> OpenOut {
-    OpenOut {
-        fh,
-        open_flags,
-        backing_id: 0,
+fn open_out(fh: u64, open_flags: u32, backing: Option<i32>) -> OpenOut {
+    match backing {
+        Some(id) => OpenOut {
+            fh,
+            open_flags: open_flags | fopen::PASSTHROUGH,
+            backing_id: id,
+        },
+        None => OpenOut {
+            fh,
+            open_flags,
+            backing_id: 0,
+        },
     }
 }
 

@@ -537,6 +537,7 @@ pub fn serve_one_thread<F: FileSystem>(
             match e.raw_os_error() {
                 Some(libc::ENOENT) => {
                     counters.interrupted.fetch_add(1, Ordering::Relaxed);
+                    server.reply_lost(&inbuf[..n], &outbuf[..handled.written]);
                 }
                 Some(libc::ENODEV) => return Ok(()),
                 _ => {
@@ -568,4 +569,67 @@ pub fn spawn_workers<F: FileSystem + Send + Sync + 'static>(
                 .spawn(move || serve_one_thread(&dev, &server, buf_size, &counters))
         })
         .collect()
+}
+
+/// `FUSE_DEV_IOC_BACKING_OPEN` = `_IOW(229, 1, struct fuse_backing_map)`.
+pub const FUSE_DEV_IOC_BACKING_OPEN: u32 = 0x4010_e501;
+/// `FUSE_DEV_IOC_BACKING_CLOSE` = `_IOW(229, 2, uint32_t)`.
+pub const FUSE_DEV_IOC_BACKING_CLOSE: u32 = 0x4004_e502;
+
+/// `struct fuse_backing_map` (include/uapi/linux/fuse.h; flags and padding must be 0).
+#[repr(C)]
+struct BackingMap {
+    fd: i32,
+    flags: u32,
+    padding: u64,
+}
+
+/// Backing files registered on a /dev/fuse connection (needs CAP_SYS_ADMIN).
+pub struct DevFuseBacking {
+    dev: Arc<File>,
+}
+
+impl DevFuseBacking {
+    pub fn new(dev: Arc<File>) -> Self {
+        DevFuseBacking { dev }
+    }
+}
+
+impl crate::backing::Backing for DevFuseBacking {
+    fn open(&self, fd: std::os::fd::BorrowedFd) -> io::Result<i32> {
+        let map = BackingMap {
+            fd: fd.as_raw_fd(),
+            flags: 0,
+            padding: 0,
+        };
+        // SAFETY: the ioctl reads one `struct fuse_backing_map`, which `map` is, and the
+        // descriptor it names stays open for the call.
+        let ret = unsafe {
+            libc::ioctl(
+                self.dev.as_raw_fd(),
+                FUSE_DEV_IOC_BACKING_OPEN as libc::c_ulong,
+                &map,
+            )
+        };
+        if ret < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(ret)
+    }
+
+    fn close(&self, id: i32) -> io::Result<()> {
+        let id = id as u32;
+        // SAFETY: the ioctl reads one u32.
+        let ret = unsafe {
+            libc::ioctl(
+                self.dev.as_raw_fd(),
+                FUSE_DEV_IOC_BACKING_CLOSE as libc::c_ulong,
+                &id,
+            )
+        };
+        if ret < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
 }
