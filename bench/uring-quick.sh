@@ -43,7 +43,7 @@ fio --name=prep --filename="$W/src/fio.dat" --size="$SIZE" --rw=write --bs=1M \
 
 start() { # start MODE CACHE
     RUST_LOG=info "$DAXFSD" --shared-dir "$W/src" --mount "$W/mnt" --io-uring="$1" \
-        --cache "$2" >"$W/log.$1" 2>&1 &
+        --cache "$2" --passthrough=off >"$W/log.$1" 2>&1 &
     PID=$!
     for _ in $(seq 100); do
         mountpoint -q "$W/mnt" && return 0

@@ -16,7 +16,9 @@
 #   clean_stop               SIGTERM with the mount busy: the daemon exits 0 within the grace
 #                            period, nothing stays mounted, no thread is left
 # Output: "CHECK PASS|FAIL name" lines, then "IO-URING RESULT passed=N failed=M"; exit 0 only
-# when every check passed. Usage: tests/host/io-uring.sh [DAXFSD] (default target/debug/daxfsd)
+# when every check passed. The daemon runs with --passthrough=off so that file data, too,
+# travels through the ring payloads (passthrough has its own variant).
+# Usage: tests/host/io-uring.sh [DAXFSD] (default target/debug/daxfsd)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -52,7 +54,7 @@ bad() { echo "CHECK FAIL $1: $2"; fail=$((fail + 1)); failed="$failed $1"; }
 
 start() { # start LOG ARGS...: daemon in the background, waits for the mount
     local log=$1; shift
-    RUST_LOG=info "$DAXFSD" --shared-dir "$W/src" --mount "$W/mnt" --xattr "$@" >"$log" 2>&1 &
+    RUST_LOG=info "$DAXFSD" --shared-dir "$W/src" --mount "$W/mnt" --xattr --passthrough=off "$@" >"$log" 2>&1 &
     PID=$!
     for _ in $(seq 150); do
         mountpoint -q "$W/mnt" && return 0
