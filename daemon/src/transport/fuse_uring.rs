@@ -812,6 +812,82 @@ mod tests {
         assert_eq!(parse_cpu_list("3-1"), 0);
     }
 
+    /// Fills entry `i` as the kernel does: in-header, first argument in `op_in`, the rest in
+    /// the payload, `ent_in_out` with the commit id and payload size (node id 1, the root).
+    fn put_request(
+        q: &Queue,
+        i: usize,
+        opcode: u32,
+        unique: u64,
+        op_in: &[u8],
+        payload: &[u8],
+        len: u32,
+    ) {
+        let h = InHeader {
+            len,
+            opcode,
+            unique,
+            nodeid: 1,
+            ..Default::default()
+        };
+        q.bufs
+            .header_slice(i, 0, IN_HEADER_LEN)
+            .copy_from(vm_memory::ByteValued::as_slice(&h));
+        q.bufs
+            .header_slice(i, IN_OUT_HEADER_SZ, op_in.len())
+            .copy_from(op_in);
+        q.bufs.payload_slice(i, payload.len()).copy_from(payload);
+        q.bufs
+            .header_slice(i, ENT_IN_OUT_OFF + 8, 8)
+            .copy_from(&unique.to_ne_bytes()[..]);
+        q.bufs
+            .header_slice(i, ENT_IN_OUT_OFF + 16, 4)
+            .copy_from(&(payload.len() as u32).to_ne_bytes()[..]);
+    }
+
+    /// (error, unique, payload_sz) of the reply in entry `i`.
+    fn reply(q: &Queue, i: usize) -> (i32, u64, u32) {
+        let h = q.bufs.header_slice(i, 0, REQ_HEADER_SZ);
+        (
+            read_u32(&h, 4) as i32,
+            read_u64(&h, 8),
+            read_u32(&h, ENT_IN_OUT_OFF + 16),
+        )
+    }
+
+    #[test]
+    fn entries_decode_into_the_server() {
+        use crate::abi::{AttrOut, GetattrIn};
+        let server = crate::fuzzing::server(crate::memfs::MemFs::new().unwrap());
+        let stats = Stats::default();
+        let stop = eventfd().unwrap();
+        let mut q = Queue::new(-1, 0, 2, MIN_PAYLOAD, stop.as_raw_fd()).unwrap();
+        let hl = IN_HEADER_LEN as u32;
+
+        // GETATTR of the root: its argument struct in op_in, no payload.
+        let ga = GetattrIn::default();
+        let ga = vm_memory::ByteValued::as_slice(&ga);
+        put_request(&q, 0, op::GETATTR, 42, ga, &[], hl + ga.len() as u32);
+        assert_eq!(q.serve_entry(0, &server, &stats), 42, "commit id");
+        assert_eq!(reply(&q, 0), (0, 42, std::mem::size_of::<AttrOut>() as u32));
+
+        // LOOKUP: no argument struct, the name in the payload; memfs has no such name.
+        put_request(&q, 1, op::LOOKUP, 44, &[], b"nope\0", hl + 5);
+        assert_eq!(q.serve_entry(1, &server, &stats), 44);
+        assert_eq!(reply(&q, 1), (-libc::ENOENT, 44, 0));
+
+        // A length that puts more than 128 bytes in op_in: EIO, counted, no panic.
+        put_request(&q, 0, op::GETATTR, 46, ga, &[], hl + 300);
+        assert_eq!(q.serve_entry(0, &server, &stats), 46);
+        assert_eq!(reply(&q, 0), (-libc::EIO, 46, 0));
+        // A length shorter than the header and payload: EIO too.
+        put_request(&q, 1, op::LOOKUP, 48, &[], b"nope\0", 3);
+        assert_eq!(q.serve_entry(1, &server, &stats), 48);
+        assert_eq!(reply(&q, 1), (-libc::EIO, 48, 0));
+        assert_eq!(stats.malformed.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.served.load(Ordering::Relaxed), 2);
+    }
+
     #[test]
     fn register_sqe_layout() {
         let iov = [libc::iovec {
