@@ -30,7 +30,7 @@ use std::fs;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, OnceLock};
 use std::thread::JoinHandle;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
@@ -85,6 +85,7 @@ pub enum Availability {
 /// io_uring sysctl, and whether this process can create an `SQE128` ring at all (seccomp,
 /// containers).
 pub fn availability() -> Availability {
+    possible_cpus();
     let param = match fs::read_to_string(PARAM) {
         Ok(s) => s,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -108,11 +109,15 @@ pub fn availability() -> Availability {
                 "io_uring is disabled ({SYSCTL} = 2; as root: sysctl kernel.io_uring_disabled=0)"
             ))
             }
-            v => {
-                // 1: only members of kernel.io_uring_group (and CAP_SYS_ADMIN) may create rings;
-                // the probe below tells.
-                log::debug!("{SYSCTL} = {v}");
+            "1" => {
+                // Only CAP_SYS_ADMIN and members of kernel.io_uring_group may create rings. The
+                // probe below runs before the capability drop, so it cannot tell: the queue
+                // threads, after the drop, would be refused.
+                return Availability::Unavailable(format!(
+                    "io_uring is restricted ({SYSCTL} = 1; as root: sysctl kernel.io_uring_disabled=0)"
+                ));
             }
+            v => log::debug!("{SYSCTL} = {v}"),
         }
     }
     match IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(2) {
@@ -122,14 +127,23 @@ pub fn availability() -> Availability {
 }
 
 /// Number of ring queues the kernel expects: one per possible CPU (`num_possible_cpus()`).
+/// Read once, by [`availability`] before the sandbox hides /sys: a queue too few and the
+/// kernel never uses the ring (it waits for every queue).
 fn possible_cpus() -> usize {
-    let s = fs::read_to_string("/sys/devices/system/cpu/possible").unwrap_or_default();
-    let n = parse_cpu_list(s.trim());
-    if n == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        n
-    }
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| {
+        let s = fs::read_to_string("/sys/devices/system/cpu/possible").unwrap_or_default();
+        match parse_cpu_list(s.trim()) {
+            0 => {
+                let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+                log::warn!(
+                    "io-uring: cannot read /sys/devices/system/cpu/possible; assuming {n} queues"
+                );
+                n
+            }
+            n => n,
+        }
+    })
 }
 
 /// Counts the CPUs in a kernel CPU list such as `0-3,8-11` (0 when it cannot be parsed).
@@ -338,8 +352,9 @@ where
     }
 }
 
-/// Makes the kernel give up io_uring on this connection: a REGISTER that it refuses.
-fn turn_off(dev: RawFd) -> io::Result<()> {
+/// Makes the kernel give up io_uring on the FUSE connection `dev` (past INIT): a REGISTER
+/// that it refuses. Requests then come through `read(2)`.
+pub fn turn_off(dev: RawFd) -> io::Result<()> {
     let mut ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(2)?;
     let mut hdr = vec![0u8; REQ_HEADER_SZ];
     let mut payload = vec![0u8; MIN_PAYLOAD];
