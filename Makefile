@@ -71,6 +71,14 @@ test-migrate: kernel initramfs qemu virtiofsd build
 	tests/e2e/migrate.sh
 	tests/e2e/migrate.sh -d virtiofsd
 
+# FUSE-over-io-uring on a host mount (root; sets fuse.enable_uring for the run and restores
+# it): --io-uring=on/auto with the transport off and on, the rings proven to serve, a clean
+# stop on a busy mount, and the guest suite through tests/host/run.sh -t io-uring.
+# (daemon/tests/fuse_uring.rs, in test-unit, covers the fallback when rings cannot start.)
+.PHONY: test-io-uring
+test-io-uring: build
+	tests/host/io-uring.sh $(DAXFSD_BIN)
+
 test: lint test-unit test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-escape test-lifecycle test-migrate test-launchers
 	@echo "make test: all suites passed"
 
