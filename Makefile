@@ -71,6 +71,13 @@ test-migrate: kernel initramfs qemu virtiofsd build
 	tests/e2e/migrate.sh
 	tests/e2e/migrate.sh -d virtiofsd
 
+# The same server on a host mount (daxfsd --mount, /dev/fuse): the guest suite, host checks
+# and escape checks for /dev/fuse and /dev/fuse + FUSE passthrough (counters > 0), bindfs as
+# the peer (reported, not failing), a stale mount after SIGKILL. Root; a few minutes.
+.PHONY: test-host
+test-host: build
+	tests/host/run.sh -d $(abspath $(DAXFSD_BIN))
+
 # FUSE-over-io-uring on a host mount (root; sets fuse.enable_uring for the run and restores
 # it): --io-uring=on/auto with the transport off and on, the rings proven to serve, a clean
 # stop on a busy mount, and the guest suite through tests/host/run.sh -t io-uring.

@@ -67,6 +67,15 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         .clone()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "missing --mount"))?;
     let mountpoint = dev_fuse::check_mountpoint(&requested, &shared_dir)?;
+    match dev_fuse::kernel_has_uring_zero_copy() {
+        Some(true) => log::info!(
+            "this kernel has FUSE-over-io-uring zero copy (FUSE_URING_ZERO_COPY); daxfsd does not use it yet"
+        ),
+        Some(false) => log::info!(
+            "this kernel lacks FUSE-over-io-uring zero copy (the 2026 FUSE_URING_ZERO_COPY series): data is copied between the kernel and the daemon"
+        ),
+        None => log::info!("FUSE-over-io-uring zero copy: cannot tell from /proc/kallsyms"),
+    }
     let (_, caps_before, _) = caps::current()?;
     let mut keep = capabilities_to_keep(cli, caps_before)?;
     if cli.passthrough != PassthroughPolicy::Off {

@@ -52,7 +52,18 @@ fn cpath(p: &Path) -> io::Result<CString> {
 /// not a dead FUSE mount left behind by a daemon that crashed ("Transport endpoint is not
 /// connected"), which is reported with the fix and never unmounted on the user's behalf.
 pub fn check_mountpoint(mountpoint: &Path, shared_dir: &Path) -> io::Result<PathBuf> {
-    let md = match std::fs::metadata(mountpoint) {
+    // stat may answer from cached attributes of a dead connection; statfs always asks the
+    // filesystem, so a dead FUSE mount answers ENOTCONN.
+    let statfs = cpath(mountpoint).and_then(|c| {
+        // SAFETY: `c` is NUL-terminated and `buf` a writable statfs struct.
+        let mut buf: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        match unsafe { libc::statfs(c.as_ptr(), &mut buf) } {
+            0 => Ok(()),
+            _ => Err(io::Error::last_os_error()),
+        }
+    });
+    let md = match statfs.and_then(|()| std::fs::metadata(mountpoint)) {
         Ok(md) => md,
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
             let p = mountpoint.display();
@@ -632,4 +643,21 @@ impl crate::backing::Backing for DevFuseBacking {
         }
         Ok(())
     }
+}
+
+/// Whether the running kernel has FUSE-over-io-uring zero copy (`FUSE_URING_ZERO_COPY`, the
+/// 2026 series "fuse: add zero-copy over io-uring"): its page-release callback
+/// `fuse_zero_copy_release` (address-taken, so never inlined away) is then among the
+/// kernel's symbols next to the io-uring transport's `fuse_uring_*`. None when
+/// /proc/kallsyms cannot tell (unreadable, or no FUSE-over-io-uring at all).
+pub fn kernel_has_uring_zero_copy() -> Option<bool> {
+    let syms = std::fs::read_to_string("/proc/kallsyms").ok()?;
+    let mut uring = false;
+    for name in syms.lines().filter_map(|l| l.split_whitespace().nth(2)) {
+        if name.starts_with("fuse_zero_copy_release") {
+            return Some(true);
+        }
+        uring |= name.starts_with("fuse_uring_");
+    }
+    uring.then_some(false)
 }

@@ -12,16 +12,20 @@
 #                         seek_data_hole needs sparse_large_file before it
 #   daxfsd.skip=a,b       skip these checks (printed as CHECK SKIP)
 #   daxfsd.check_timeout=S  seconds before a hung check is killed (default 90)
+# On a host mount (tests/host/run.sh) the environment replaces the guest's pieces:
+#   E2E_VFSTEST (the helper), E2E_CMDLINE (instead of /proc/cmdline), E2E_FSTYPE
+#   (instead of virtiofs), E2E_REMOUNT (a command that unmounts and mounts again),
+#   E2E_HOST=1 (leave the host's console log level alone).
 # (ls in pipes is deliberate: listing directories is what is under test.)
 # shellcheck disable=SC2012,SC2010,SC2015 # "A && B || die" dies if either fails
 M=${1:-/mnt}
 W=$M/e2e
-VT=/e2e/vfstest
+VT=${E2E_VFSTEST:-/e2e/vfstest}
 
 param() {
     v=$2
     # shellcheck disable=SC2013 # words, not lines
-    for w in $(cat /proc/cmdline); do
+    for w in ${E2E_CMDLINE-$(cat /proc/cmdline)}; do
         case $w in "daxfsd.$1="*) v=${w#daxfsd."$1"=} ;; esac
     done
     printf '%s\n' "$v"
@@ -101,7 +105,8 @@ dropc() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 must_fail() { w=$1; shift; if "$@" 2>/dev/null; then die "$w: '$*' succeeded"; fi; }
 
 t_mount() {
-    grep -q " $M virtiofs " /proc/mounts || die "$M is not a virtiofs mount: $(grep " $M " /proc/mounts)"
+    fst=${E2E_FSTYPE:-virtiofs}
+    grep -q " $M $fst " /proc/mounts || die "$M is not a $fst mount: $(grep " $M " /proc/mounts)"
     rm -rf "$W"
     mkdir "$W" || die "mkdir $W"
     [ -d "$W" ] || die "$W missing after mkdir"
@@ -334,13 +339,17 @@ t_remount() {
     sum=$(sha256sum "$W/remount.bin" | cut -d' ' -f1)
     opts=$(param mountopts "")
     tag=$(param tag daxfsd)
-    cd / && umount "$M" || die "umount"
-    mount -t virtiofs ${opts:+-o "$opts"} "$tag" "$M" || die "mount again"
+    if [ -n "${E2E_REMOUNT:-}" ]; then
+        cd / && sh -c "$E2E_REMOUNT" || die "remount ($E2E_REMOUNT)"
+    else
+        cd / && umount "$M" || die "umount"
+        mount -t virtiofs ${opts:+-o "$opts"} "$tag" "$M" || die "mount again"
+    fi
     eq "$(sha256sum "$W/remount.bin" | cut -d' ' -f1)" "$sum" "content after remount"
 }
 
 # Keep KERN_INFO (e.g. every drop_caches) off the console.
-dmesg -n 6 2>/dev/null
+[ -n "${E2E_HOST:-}" ] || dmesg -n 6 2>/dev/null
 echo "E2E suite on $M (xattr=$XATTR)"
 ONLY_SAVED=$ONLY SKIP_SAVED=$SKIP
 ONLY="" SKIP=""

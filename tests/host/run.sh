@@ -1,0 +1,319 @@
+#!/usr/bin/env bash
+# The project's guest suite on a HOST mount: daxfsd --mount over /dev/fuse (with and without
+# FUSE passthrough) and bindfs (Debian's FUSE mirror, the traditional peer), as root.
+#
+# For each transport: mount the share, run tests/e2e/guest/suite.sh on the mount (with the
+# host's vfstest and fio; `remount` stops and restarts the daemon), the host-side checks of
+# tests/e2e/host-check.sh on the share, the host escape checks below, and for daxfsd the
+# SIGUSR1 report (passthrough: backing files opened > 0; devfuse: no passthrough at all) and
+# a clean SIGTERM (exit 0, unmounted). Then a SIGKILLed daemon's stale mount must be
+# refused at the next start with the fix named, and nothing unmounted.
+#
+#   tests/host/run.sh [-t devfuse,passthrough,bindfs] [-d DAXFSD] [--skip a,b] [-v]
+#
+# Ends with "host: N passed, M failed".
+set -euo pipefail
+RIG_TAG=host
+# shellcheck source=../../scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+cd "$RIG_ROOT"
+
+transports="devfuse passthrough bindfs" daxfsd=$RIG_ROOT/target/debug/daxfsd skip="" verbose=0
+while (($#)); do
+    case $1 in
+        -t) (($# >= 2)) || die "-t needs a value"; transports=${2//,/ }; shift 2 ;;
+        -d) (($# >= 2)) || die "-d needs a value"; daxfsd=$2; shift 2 ;;
+        --skip) (($# >= 2)) || die "--skip needs a value"; skip=$2; shift 2 ;;
+        -v) verbose=1; shift ;;
+        -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown option '$1' (see --help)" ;;
+    esac
+done
+(($(id -u) == 0)) || die "run as root (mount(2), drop_caches, mknod)"
+[[ -e /dev/fuse ]] || die "no /dev/fuse (modprobe fuse)"
+[[ -x $daxfsd ]] || die "no daxfsd at $daxfsd (cargo build, or -d PATH)"
+need_cmd gcc
+need_cmd fio
+need_cmd setpriv
+need_cmd python3
+if [[ " $transports " == *" bindfs "* ]] && ! command -v bindfs >/dev/null; then
+    die "bindfs is not installed: apt-get install bindfs (or leave it out with -t)"
+fi
+
+pass=0 fail=0 failures=() peer=0 peer_pass=0 peer_fail=0 peer_failures=()
+# A peer's (bindfs) results are reported side by side but do not fail the run: they show
+# what the traditional FUSE mirror passes of the same suite.
+ok() {
+    if ((peer)); then peer_pass=$((peer_pass + 1)); printf 'PEER PASS %s\n' "$1"; return; fi
+    pass=$((pass + 1)); printf 'CHECK PASS %s\n' "$1"
+}
+bad() {
+    if ((peer)); then
+        peer_fail=$((peer_fail + 1)); peer_failures+=("$1"); printf 'PEER FAIL %s: %s\n' "$1" "$2"; return
+    fi
+    fail=$((fail + 1)); failures+=("$1"); printf 'CHECK FAIL %s: %s\n' "$1" "$2"
+}
+
+run=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-host.XXXXXX")
+chmod 0755 "$run"
+RIG_CLEANUP+=("cleanup_mounts")
+cleanup_mounts() {
+    local m
+    for m in "$run"/*/mnt; do
+        if grep -q " $m " /proc/mounts; then umount -l "$m" 2>/dev/null || true; fi
+    done
+    [[ -f $run/pid ]] && kill -KILL "$(cat "$run/pid")" 2>/dev/null
+    rm -rf -- "$run"
+}
+
+log "compiling tests/e2e/guest/vfstest.c for the host"
+gcc -O2 -Wall -Wextra -Werror -o "$run/vfstest" tests/e2e/guest/vfstest.c
+
+# start_daxfsd T SHARE MNT LOG: mounts and records the pid in $run/pid.
+start_daxfsd() {
+    local pt=off
+    [[ $1 == passthrough ]] && pt=auto
+    setsid "$daxfsd" --shared-dir "$2" --mount "$3" --xattr --passthrough=$pt \
+        --log-level info </dev/null >>"$4" 2>&1 &
+    echo $! >"$run/pid"
+    wait_mounted "$3" || { cat "$4" >&2; return 1; }
+}
+start_bindfs() {
+    bindfs -o allow_other,dev,suid "$2" "$3" >>"$4" 2>&1 || return 1
+    pidof bindfs | tr ' ' '\n' | sort -n | tail -n 1 >"$run/pid"
+    wait_mounted "$3"
+}
+wait_mounted() {
+    local i
+    for ((i = 0; i < 100; i++)); do
+        grep -q " $1 " /proc/mounts && stat "$1" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    return 1
+}
+# stop T MNT: SIGTERM (daxfsd) or umount (bindfs); waits for the process.
+stop() {
+    local pid rc=0
+    pid=$(cat "$run/pid")
+    if [[ $1 == bindfs ]]; then
+        umount "$2" || rc=$?
+    else
+        kill -TERM "$pid"
+    fi
+    for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && { kill -KILL "$pid"; return 1; }
+    rm -f "$run/pid"
+    return $rc
+}
+
+# Escapes attempted through a host mount. The host kernel resolves every path (symlinks,
+# `..`) itself, so what the daemon must hold is: names stay names (a symlink it is asked to
+# rename, link, chown or set xattrs on is not followed), no hard link or rename reaches
+# outside the share, and its own privileges never serve an unprivileged user more than the
+# files' modes allow (mode bits and ownership of what that user creates are the user's).
+escape_checks() { # T SHARE MNT OUTSIDE
+    local t=$1 share=$2 m=$3 outside=$4 before after
+    before=$(snapshot "$outside")
+    mkdir "$m/esc"
+    ln -s / "$m/esc/root"; ln -s "$outside" "$m/esc/hostside"; ln -s "$outside/secret" "$m/esc/hostsecret"
+    ln -s ../../.. "$m/esc/up"
+    (
+        cd "$m/esc"
+        # Name operations on the links themselves (no following).
+        mv hostside hostside2 && mv hostside2 hostside
+        ln -P hostsecret hostsecret-link 2>/dev/null || true
+        chown -h 65534:65534 hostsecret; chown -h 0:0 hostsecret
+        touch -h -d @1 hostside
+        setfattr -h -n trusted.esc -v 1 hostsecret 2>/dev/null || true
+        rm -f hostsecret-link
+        # Hard links and renames across the mount boundary.
+        ln "$outside/secret" hard-host 2>/dev/null && echo "ESC: hard link from outside"
+        python3 -c 'import os, sys; os.rename(sys.argv[1], "moved")' "$outside/secret" 2>/dev/null &&
+            { mv moved "$outside/secret"; echo "ESC: rename(2) from outside"; }
+        python3 -c 'import os, sys; os.rename("hostsecret", sys.argv[1])' "$outside/renamed" 2>/dev/null &&
+            echo "ESC: rename(2) to outside"
+        true
+    ) >"$run/esc.out" 2>&1
+    after=$(snapshot "$outside")
+    if [[ $before == "$after" ]] && ! grep -q '^ESC:' "$run/esc.out"; then
+        ok "$t:escape_outside_untouched"
+    else
+        bad "$t:escape_outside_untouched" "$(grep '^ESC:' "$run/esc.out"; diff <(printf '%s\n' "$before") <(printf '%s\n' "$after") | head -n 6)"
+    fi
+    local links=1 l
+    for l in root hostside hostsecret up; do [[ -L $share/esc/$l ]] || links=0; done
+    if ((links)) && [[ $(readlink "$share/esc/hostside") == "$outside" && ! -e $share/esc/hard-host ]]; then
+        ok "$t:escape_links_stay_links"
+    else
+        bad "$t:escape_links_stay_links" "$(ls -la "$share/esc" | head -n 8)"
+    fi
+    # An unprivileged user through the root daemon: modes hold, creations are theirs.
+    printf 'root only\n' >"$m/esc/private"; chmod 0600 "$m/esc/private"
+    mkdir "$m/esc/rootdir"; chmod 0755 "$m/esc/rootdir"
+    mkdir "$m/esc/tmp"; chmod 1777 "$m/esc/tmp"
+    local as=(setpriv --reuid=65534 --regid=65534 --clear-groups --)
+    local leaks=()
+    "${as[@]}" cat "$m/esc/private" >/dev/null 2>&1 && leaks+=("read a 0600 root file")
+    "${as[@]}" sh -c "echo x >'$m/esc/rootdir/f'" 2>/dev/null && leaks+=("created in a 0755 root dir")
+    "${as[@]}" chmod 0666 "$m/esc/private" 2>/dev/null && leaks+=("chmod of a root file")
+    "${as[@]}" sh -c "echo mine >'$m/esc/tmp/mine'" || leaks+=("cannot create in a 1777 dir")
+    [[ $(stat -c %u:%g "$share/esc/tmp/mine" 2>/dev/null) == 65534:65534 ]] || leaks+=("file of uid 65534 is owned by $(stat -c %u:%g "$share/esc/tmp/mine" 2>/dev/null) on the host")
+    "${as[@]}" rm -f "$m/esc/private" 2>/dev/null && leaks+=("removed a root file in a root dir")
+    if ((${#leaks[@]} == 0)); then
+        ok "$t:escape_unprivileged_user"
+    else
+        bad "$t:escape_unprivileged_user" "$(IFS=';'; echo "${leaks[*]}")"
+    fi
+    rm -rf "$m/esc"
+}
+
+snapshot() {
+    python3 - "$@" <<'PY'
+import hashlib, os, sys
+for root in sys.argv[1:]:
+    for d, dirs, files in os.walk(root):
+        dirs.sort()
+        for n in sorted(dirs + files):
+            p = os.path.join(d, n)
+            st = os.lstat(p)
+            h = ""
+            if os.path.isfile(p) and not os.path.islink(p):
+                h = hashlib.sha256(open(p, "rb").read()).hexdigest()
+            try:
+                x = sorted(os.listxattr(p, follow_symlinks=False))
+            except OSError:
+                x = []
+            print(p, oct(st.st_mode), st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns, st.st_ctime_ns, h, x)
+PY
+}
+
+# passthrough_opened LOG: backing files opened over every daemon run in LOG (the suite's
+# remount restarts the daemon): the sum of each run's last report, or "none".
+passthrough_opened() {
+    awk '/ mounted .* on / { sum += last; last = 0; seen = seen }
+         /passthrough: [0-9]+ backing files opened/ {
+             for (i = 1; i <= NF; i++) if ($i == "passthrough:") { last = $(i + 1); seen = 1 }
+         }
+         END { if (seen) print sum + last; else print "none" }' "$1"
+}
+
+t0=$SECONDS
+for t in $transports; do
+    case $t in devfuse|passthrough) peer=0 ;; bindfs) peer=1 ;; *) die "unknown transport '$t'" ;; esac
+    d=$run/$t
+    share=$d/share m=$d/mnt outside=$d/outside dlog=$d/daemon.log
+    mkdir -p "$share" "$m" "$outside/sub"
+    printf 'secret\n' >"$outside/secret"; chmod 0640 "$outside/secret"
+    printf 'keep\n' >"$outside/sub/keep"
+    tt0=$SECONDS
+    if [[ $t == bindfs ]]; then start=start_bindfs fstype=fuse; else start=start_daxfsd fstype=fuse.daxfsd; fi
+    if ! $start "$t" "$share" "$m" "$dlog"; then
+        bad "$t:mount" "$(tail -n 5 "$dlog")"
+        continue
+    fi
+    fstype=$(awk -v m="$m" '$2 == m { print $3 }' /proc/mounts)
+    ok "$t:mounted ($fstype)"
+    # `remount` in the suite: stop and start again on the same share.
+    cat >"$d/remount.sh" <<EOF
+#!/bin/bash
+set -e
+$(declare -f start_daxfsd start_bindfs wait_mounted stop)
+run=$(printf %q "$run") daxfsd=$(printf %q "$daxfsd")
+stop $t $(printf %q "$m")
+$start $t $(printf %q "$share") $(printf %q "$m") $(printf %q "$dlog")
+EOF
+    chmod +x "$d/remount.sh"
+    log "$t: guest suite on $m"
+    out=$d/suite.txt
+    E2E_HOST=1 E2E_VFSTEST=$run/vfstest E2E_FSTYPE=$fstype E2E_REMOUNT=$d/remount.sh \
+        E2E_CMDLINE="daxfsd.xattr=on daxfsd.check_timeout=120${skip:+ daxfsd.skip=$skip}" \
+        sh tests/e2e/guest/suite.sh "$m" >"$out" 2>&1 || true
+    ((verbose)) && sed 's/^/  /' "$out"
+    while read -r line; do
+        name=${line#CHECK PASS }; name=${name%% *}
+        ok "$t:$name"
+    done < <(grep '^CHECK PASS ' "$out")
+    while read -r line; do
+        name=${line#CHECK FAIL }; name=${name%%:*}
+        bad "$t:$name" "${line#*: }"
+    done < <(grep '^CHECK FAIL ' "$out")
+    grep -q '^E2E RESULT ' "$out" || bad "$t:suite" "no E2E RESULT line: $(tail -n 3 "$out")"
+    escape_checks "$t" "$share" "$m" "$outside"
+    if [[ $t == devfuse ]]; then
+        # This kernel (6.18) predates the 2026 zero-copy series: the daemon must say so.
+        if grep -q 'lacks FUSE-over-io-uring zero copy' "$dlog"; then
+            ok "$t:zero_copy_absence_logged"
+        else
+            bad "$t:zero_copy_absence_logged" "$(grep -i 'zero copy' "$dlog" | head -n 1)"
+        fi
+    fi
+    if [[ $t != bindfs ]]; then
+        kill -USR1 "$(cat "$run/pid")"
+        sleep 0.5
+        opened=$(passthrough_opened "$dlog")
+        if [[ $t == passthrough ]]; then
+            if [[ $opened =~ ^[0-9]+$ ]] && ((opened > 0)); then
+                ok "$t:passthrough_used ($opened backing files over all runs; now $(grep -o 'passthrough: .*' "$dlog" | tail -n 1))"
+            else
+                bad "$t:passthrough_used" "report: $(grep 'dev/fuse:' "$dlog" | tail -n 1)"
+            fi
+        elif [[ $opened == none ]]; then
+            ok "$t:no_passthrough"
+        else
+            bad "$t:no_passthrough" "--passthrough=off registered backing files: $opened"
+        fi
+    fi
+    rc=0
+    stop "$t" "$m" || rc=$?
+    if ((rc == 0)) && ! grep -q " $m " /proc/mounts; then
+        ok "$t:clean_stop"
+    else
+        bad "$t:clean_stop" "rc=$rc; $(grep " $m " /proc/mounts) $(tail -n 3 "$dlog")"
+    fi
+    if [[ $t != bindfs ]] && grep -q 'SIGTERM: session ended' "$dlog"; then
+        grep -q 'passthrough: .* 0 live' "$dlog" || [[ $t == devfuse ]] ||
+            bad "$t:backing_ids_closed" "$(grep -o 'passthrough: .*' "$dlog" | tail -n 1)"
+    fi
+    if grep -q '^E2E RESULT ' "$out" && [[ -z $skip ]]; then
+        while read -r line; do
+            case $line in
+                "CHECK PASS "*) ok "$t:${line#CHECK PASS }" ;;
+                "CHECK FAIL "*) line=${line#CHECK FAIL }; bad "$t:${line%%: *}" "${line#*: }" ;;
+            esac
+        done < <(tests/e2e/host-check.sh "$share" on 2>&1 || true)
+    fi
+    log "$t: done in $((SECONDS - tt0))s"
+done
+
+if [[ " $transports " == *" devfuse "* ]]; then
+    # A daemon killed with SIGKILL leaves a dead mount: the next start names the fix and
+    # leaves the mount (and what is under it) alone.
+    d=$run/stale
+    mkdir -p "$d/share" "$d/mnt"
+    "$daxfsd" --shared-dir "$d/share" --mount "$d/mnt" --sandbox none </dev/null >"$d/log" 2>&1 &
+    pid=$!
+    echo $pid >"$run/pid"
+    if wait_mounted "$d/mnt"; then
+        kill -KILL $pid; wait $pid 2>/dev/null || true; rm -f "$run/pid"
+        rc=0
+        # Bounded: a daemon that mounts anyway is stopped after 10 s.
+        msg=$(timeout -s TERM 10 "$daxfsd" --shared-dir "$d/share" --mount "$d/mnt" 2>&1) || rc=$?
+        if ((rc != 0)) && [[ $msg == *"stale FUSE mount"*"umount -l $d/mnt"* ]] && grep -q " $d/mnt " /proc/mounts; then
+            ok "stale_mount_reported"
+        else
+            bad "stale_mount_reported" "rc=$rc: $msg"
+        fi
+        umount -l "$d/mnt"
+    else
+        bad "stale_mount_reported" "could not mount: $(tail -n 3 "$d/log")"
+    fi
+fi
+
+log "done in $((SECONDS - t0))s"
+if ((peer_pass + peer_fail)); then
+    printf 'peer bindfs: %d passed, %d failed%s\n' "$peer_pass" "$peer_fail" \
+        "${peer_failures[*]:+ (${peer_failures[*]})}"
+fi
+printf 'host: %d passed, %d failed\n' "$pass" "$fail"
+((${#failures[@]} == 0)) || log "failed: ${failures[*]}"
+((fail == 0))
