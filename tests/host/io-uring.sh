@@ -11,8 +11,8 @@
 #                            writes, directories, renames, xattrs, both CPUs at once) passes,
 #                            and the exit report proves the rings served it: ring requests > 0,
 #                            read(2) requests other than FORGET/INTERRUPT = 1 (INIT)
-#   ring_suite               the project's guest suite (tests/e2e/guest/suite.sh) on the
-#                            io-uring mount, when tests/host/suite-on-mount.sh provides it
+#   ring_suite               tests/host/run.sh -t io-uring: the project's guest suite, host
+#                            checks and escape checks on the io-uring mount, rings proven used
 #   clean_stop               SIGTERM with the mount busy: the daemon exits 0 within the grace
 #                            period, nothing stays mounted, no thread is left
 # Output: "CHECK PASS|FAIL name" lines, then "IO-URING RESULT passed=N failed=M"; exit 0 only
@@ -155,25 +155,18 @@ else
     fi
 fi
 
-if [ -x tests/host/suite-on-mount.sh ]; then
-    if ! start "$W/suite.log" --io-uring=on; then
-        bad ring_suite "mount did not come up"
-    else
-        tests/host/suite-on-mount.sh "$W/mnt" >"$W/suite.out" 2>&1
-        st=$?
-        stop
-        report=$(grep 'requests served from' "$W/suite.log" | tail -1)
-        grep -E '^(CHECK|E2E RESULT)' "$W/suite.out" | sed 's/^/    /'
-        if [ $st -ne 0 ]; then
-            bad ring_suite "the guest suite failed on the io-uring mount"
-        elif ! grep -q 'other than FORGET/INTERRUPT: 1;' <<<"$report"; then
-            bad ring_suite "requests went through read(2): $report"
-        else
-            ok ring_suite
-        fi
-    fi
+# The guest suite, host checks and escape checks of tests/host/run.sh over the rings (its
+# io-uring transport also checks the ring counters in the SIGUSR1 report).
+tests/host/run.sh -t io-uring -d "$DAXFSD" >"$W/run.out" 2>&1
+st=$?
+grep -E '^CHECK (PASS|FAIL) ' "$W/run.out" | sed 's/^/    /'
+summary=$(grep -E '^host: [0-9]+ passed, [0-9]+ failed' "$W/run.out" | tail -1)
+if [ $st -ne 0 ] || [ -z "$summary" ]; then
+    bad ring_suite "tests/host/run.sh -t io-uring: ${summary:-$(tail -3 "$W/run.out")}"
+elif ! grep -q '^CHECK PASS io-uring:rings_used' "$W/run.out"; then
+    bad ring_suite "no rings_used check passed"
 else
-    bad ring_suite "tests/host/suite-on-mount.sh missing (the host runner of the guest suite)"
+    ok "ring_suite ($summary)"
 fi
 
 if ! start "$W/stop.log" --io-uring=on; then
