@@ -13,6 +13,9 @@
 #                            read(2) requests other than FORGET/INTERRUPT = 1 (INIT)
 #   ring_suite               tests/host/run.sh -t io-uring: the project's guest suite, host
 #                            checks and escape checks on the io-uring mount, rings proven used
+#   blocking_lock_no_stall   --posix-lock: while a process on CPU 0 waits in SETLKW for a
+#                            lock held by another process on CPU 0, that CPU's queue still
+#                            serves (the holder's I/O and unlock), and the waiter gets the lock
 #   clean_stop               SIGTERM with the mount busy: the daemon exits 0 within the grace
 #                            period, nothing stays mounted, no thread is left
 # Output: "CHECK PASS|FAIL name" lines, then "IO-URING RESULT passed=N failed=M"; exit 0 only
@@ -63,9 +66,11 @@ start() { # start LOG ARGS...: daemon in the background, waits for the mount
     done
     return 1
 }
-stop() { # stop: SIGTERM, wait; returns the daemon's status
-    local rc=0
+stop() { # stop: SIGTERM, wait (20 s at most, then SIGKILL: status 137); the daemon's status
+    local rc=0 i
     kill -TERM "$PID" 2>/dev/null
+    for i in $(seq 200); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$PID" 2>/dev/null && kill -KILL "$PID"
     wait "$PID" || rc=$?
     PID=
     return $rc
@@ -167,6 +172,42 @@ elif ! grep -q '^CHECK PASS io-uring:rings_used' "$W/run.out"; then
     bad ring_suite "no rings_used check passed"
 else
     ok "ring_suite ($summary)"
+fi
+
+if ! start "$W/lock.log" --io-uring=on --posix-lock; then
+    bad blocking_lock_no_stall "mount did not come up"
+else
+    # Both processes on CPU 0: every request goes to queue 0. SIGKILL after 30 s: a process
+    # stuck in a FUSE request ignores SIGTERM.
+    out=$(timeout -s KILL 30 taskset -c 0 python3 - "$W/mnt" 2>&1 <<'EOF'
+import fcntl, os, subprocess, sys, time
+m = sys.argv[1]
+p = os.path.join(m, "lockfile")
+f = open(p, "w")
+fcntl.lockf(f, fcntl.LOCK_EX)
+child = subprocess.Popen([sys.executable, "-c",
+    "import fcntl, sys; f = open(sys.argv[1], 'r+'); fcntl.lockf(f, fcntl.LOCK_EX); print('waiter got the lock')", p])
+time.sleep(1.0)  # the child now waits in SETLKW
+t = time.time()
+with open(os.path.join(m, "other"), "w") as g:
+    g.write("x")
+os.stat(os.path.join(m, "other"))
+dt = time.time() - t
+fcntl.lockf(f, fcntl.LOCK_UN)
+f.close()
+rc = child.wait(timeout=20)
+print(f"I/O while a SETLKW waits: {dt:.3f} s; waiter exit {rc}")
+sys.exit(0 if dt < 5 and rc == 0 else 1)
+EOF
+)
+    st=$?
+    stop
+    if [ $st -eq 0 ] && grep -q 'waiter got the lock' <<<"$out"; then
+        echo "    $(tail -1 <<<"$out")"
+        ok blocking_lock_no_stall
+    else
+        bad blocking_lock_no_stall "status $st: $(tr '\n' '|' <<<"$out")"
+    fi
 fi
 
 if ! start "$W/stop.log" --io-uring=on; then

@@ -66,6 +66,9 @@ const IN_HEADER_LEN: usize = std::mem::size_of::<InHeader>();
 const OUT_HEADER_LEN: usize = std::mem::size_of::<OutHeader>();
 /// `user_data` of the stop-eventfd poll.
 const STOP: u64 = u64::MAX;
+/// `user_data` of the poll on the eventfd that helper threads signal when a blocking request
+/// they took is answered.
+const DONE: u64 = u64::MAX - 1;
 
 const _: () = assert!(std::mem::size_of::<squeue::Entry128>() == 128);
 const _: () = assert!(IN_HEADER_LEN <= IN_OUT_HEADER_SZ);
@@ -437,20 +440,153 @@ impl Buffers {
         self.base.wrapping_add(self.payload_off + i * self.payload)
     }
 
-    /// A slice of entry `i`'s header area.
-    fn header_slice(&self, i: usize, off: usize, len: usize) -> VolatileSlice<'_> {
-        assert!(off + len <= REQ_HEADER_SZ);
-        // SAFETY: the range lies in entry `i`'s header, inside the mapping, which lives as long
-        // as the process; the kernel writes it only while the entry is submitted, and this
-        // thread only builds slices of an entry between its completion and its next submission.
-        unsafe { VolatileSlice::new(self.header(i).wrapping_add(off), len) }
+    /// Entry `i`'s memory.
+    fn entry(&self, i: usize) -> EntryMem {
+        EntryMem {
+            index: i,
+            header: self.header(i),
+            payload: self.payload(i),
+            payload_len: self.payload,
+        }
     }
 
-    /// The first `len` bytes of entry `i`'s payload buffer.
-    fn payload_slice(&self, i: usize, len: usize) -> VolatileSlice<'_> {
-        assert!(len <= self.payload);
-        // SAFETY: as for `header_slice`, within entry `i`'s payload buffer.
-        unsafe { VolatileSlice::new(self.payload(i), len) }
+    #[cfg(test)]
+    fn header_slice(&self, i: usize, off: usize, len: usize) -> VolatileSlice<'static> {
+        self.entry(i).header_slice(off, len)
+    }
+
+    #[cfg(test)]
+    fn payload_slice(&self, i: usize, len: usize) -> VolatileSlice<'static> {
+        self.entry(i).payload_slice(len)
+    }
+}
+
+/// One ring entry's header and payload buffers, inside a [`Buffers`] mapping (never unmapped).
+/// Whoever holds it between the entry's completion and its next submission (the queue
+/// thread, or the helper thread a blocking request is handed to) is the only one touching
+/// that memory: the kernel writes an entry only while it is submitted.
+struct EntryMem {
+    index: usize,
+    header: *mut u8,
+    payload: *mut u8,
+    payload_len: usize,
+}
+
+// SAFETY: the pointers stay valid for the life of the process (the mapping is never
+// unmapped) and an `EntryMem` is handed over, not shared: the queue thread does not touch the
+// entry again until the helper gives it back.
+unsafe impl Send for EntryMem {}
+
+impl EntryMem {
+    /// A slice of the header area.
+    fn header_slice(&self, off: usize, len: usize) -> VolatileSlice<'static> {
+        assert!(off + len <= REQ_HEADER_SZ);
+        // SAFETY: the range lies in this entry's header, inside a mapping that lives as long
+        // as the process; only the holder of this `EntryMem` accesses it while the kernel does
+        // not (see the type's documentation), and always through volatile slices.
+        unsafe { VolatileSlice::new(self.header.wrapping_add(off), len) }
+    }
+
+    /// The first `len` bytes of the payload buffer.
+    fn payload_slice(&self, len: usize) -> VolatileSlice<'static> {
+        assert!(len <= self.payload_len);
+        // SAFETY: as for `header_slice`, within this entry's payload buffer.
+        unsafe { VolatileSlice::new(self.payload, len) }
+    }
+
+    /// The request's opcode.
+    fn opcode(&self) -> u32 {
+        read_u32(&self.header_slice(0, IN_HEADER_LEN), 4)
+    }
+
+    /// Writes an error reply header.
+    fn error_reply(&self, unique: u64, errno: i32) {
+        let mut h = [0u8; OUT_HEADER_LEN];
+        h[0..4].copy_from_slice(&(OUT_HEADER_LEN as u32).to_ne_bytes());
+        h[4..8].copy_from_slice(&(-errno).to_ne_bytes());
+        h[8..16].copy_from_slice(&unique.to_ne_bytes());
+        self.header_slice(0, OUT_HEADER_LEN).copy_from(&h[..]);
+    }
+
+    /// Serves the request in this entry and leaves the reply in it; returns the commit id.
+    /// `scratch` receives a copy of the payload (see [`Queue::scratch`]).
+    fn serve<F: FileSystem>(
+        &self,
+        server: &Server<F>,
+        stats: &Stats,
+        scratch: &mut Vec<u8>,
+        qid: u16,
+    ) -> u64 {
+        let i = self.index;
+        let hdr = self.header_slice(0, REQ_HEADER_SZ);
+        let commit_id = read_u64(&hdr, ENT_IN_OUT_OFF + 8);
+        let payload_sz = read_u32(&hdr, ENT_IN_OUT_OFF + 16) as usize;
+        let mut inh = [0u8; IN_HEADER_LEN];
+        if let Ok(s) = hdr.subslice(0, IN_HEADER_LEN) {
+            s.copy_to(&mut inh[..]);
+        }
+        let len = u32::from_ne_bytes([inh[0], inh[1], inh[2], inh[3]]) as usize;
+        let opcode = u32::from_ne_bytes([inh[4], inh[5], inh[6], inh[7]]);
+        let mut unique = [0u8; 8];
+        unique.copy_from_slice(&inh[8..16]);
+        let unique = u64::from_ne_bytes(unique);
+        // The kernel puts the first argument (the per-opcode struct) in the header area and
+        // the rest in the payload; the in-header's `len` covers all three.
+        let op_len = len
+            .checked_sub(IN_HEADER_LEN)
+            .and_then(|n| n.checked_sub(payload_sz))
+            .filter(|&n| n <= OP_IN_OUT_SZ && payload_sz <= self.payload_len);
+        let Some(op_len) = op_len else {
+            log::warn!(
+                "io-uring queue {qid} entry {i}: request of {len} bytes with a {payload_sz}-byte payload \
+                 does not fit the entry; answering EIO"
+            );
+            stats.malformed.fetch_add(1, Ordering::Relaxed);
+            self.error_reply(unique, libc::EIO);
+            self.header_slice(ENT_IN_OUT_OFF + 16, 4)
+                .copy_from(&0u32.to_ne_bytes()[..]);
+            return commit_id;
+        };
+        let payload = self.payload_slice(payload_sz);
+        let body_in = if opcode == op::WRITE {
+            payload
+        } else {
+            scratch.clear();
+            scratch.resize(payload_sz, 0);
+            payload.copy_to(&mut scratch[..]);
+            VolatileSlice::from(&mut scratch[..])
+        };
+        let r = Reader::new(vec![
+            VolatileSlice::from(&mut inh[..]),
+            self.header_slice(IN_OUT_HEADER_SZ, op_len),
+            body_in,
+        ]);
+        let w = Writer::new(vec![
+            self.header_slice(0, OUT_HEADER_LEN),
+            self.payload_slice(self.payload_len),
+        ]);
+        let body = match server.handle(r, Some(w)) {
+            Ok(h) if h.written >= OUT_HEADER_LEN => h.written - OUT_HEADER_LEN,
+            Ok(h) => {
+                // Ring requests always take a reply (FORGET and INTERRUPT come via read(2)).
+                log::warn!(
+                    "io-uring: {} unique={unique} produced no reply; answering EIO",
+                    op::name(h.opcode)
+                );
+                self.error_reply(unique, libc::EIO);
+                0
+            }
+            Err(e) => {
+                log::warn!("io-uring: request unique={unique} not answered ({e}); answering EIO");
+                self.error_reply(unique, libc::EIO);
+                0
+            }
+        };
+        let body = u32::try_from(body).unwrap_or(0);
+        self.header_slice(ENT_IN_OUT_OFF + 16, 4)
+            .copy_from(&body.to_ne_bytes()[..]);
+        stats.served.fetch_add(1, Ordering::Relaxed);
+        commit_id
     }
 }
 
@@ -527,6 +663,11 @@ struct Queue {
     pending: Vec<cqueue::Entry>,
     /// Failed commands per entry since its last request, to bound re-registration.
     retries: Vec<u8>,
+    /// Signalled by a helper thread that answered a blocking request (SETLKW); it sends the
+    /// entry and commit id on `done_tx`.
+    done: Arc<OwnedFd>,
+    done_tx: mpsc::Sender<(usize, u64)>,
+    done_rx: mpsc::Receiver<(usize, u64)>,
 }
 
 impl Queue {
@@ -546,7 +687,8 @@ impl Queue {
             libc::CPU_SET(usize::from(qid), &mut set);
             let _ = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
         }
-        let entries = u32::try_from(depth + 1).unwrap_or(1025).next_power_of_two();
+        // One command per entry, plus the two polls.
+        let entries = u32::try_from(depth + 2).unwrap_or(1026).next_power_of_two();
         let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
             .setup_single_issuer()
             .setup_defer_taskrun()
@@ -557,6 +699,7 @@ impl Queue {
                 IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(entries)
             })?;
         let bufs = Buffers::new(depth, payload)?;
+        let (done_tx, done_rx) = mpsc::channel();
         let iovs = (0..depth)
             .map(|i| {
                 [
@@ -584,6 +727,9 @@ impl Queue {
             scratch: Vec::new(),
             pending: Vec::new(),
             retries: vec![0; depth],
+            done: Arc::new(eventfd()?),
+            done_tx,
+            done_rx,
         })
     }
 
@@ -592,13 +738,69 @@ impl Queue {
         // to) lives as long as this queue or longer; the stop eventfd outlives the thread.
         let r = unsafe { self.ring.submission().push(&e) };
         if r.is_err() {
-            // Each entry has at most one command in flight and the SQ holds depth + 1.
+            // Each entry has at most one command in flight and the SQ holds depth + 2.
             self.ring.submit()?;
             // SAFETY: as above.
             unsafe { self.ring.submission().push(&e) }
                 .map_err(|_| io::Error::other("io_uring submission queue full"))?;
         }
         Ok(())
+    }
+
+    fn arm_done(&mut self) -> io::Result<()> {
+        let poll = opcode::PollAdd::new(types::Fd(self.done.as_raw_fd()), libc::POLLIN as u32)
+            .build()
+            .user_data(DONE);
+        self.push(poll.into())
+    }
+
+    /// Commits the entries helper threads have answered, and re-arms their poll.
+    fn collect_done(&mut self) {
+        let mut n = 0u64;
+        // SAFETY: reads 8 bytes into a live u64 from this queue's own eventfd (non-blocking).
+        let _ = unsafe { libc::read(self.done.as_raw_fd(), (&mut n as *mut u64).cast(), 8) };
+        while let Ok((i, commit_id)) = self.done_rx.try_recv() {
+            self.commit(i, commit_id);
+        }
+        if let Err(e) = self.arm_done() {
+            log::error!("io-uring queue {}: cannot poll for helpers: {e}", self.qid);
+        }
+    }
+
+    fn commit(&mut self, i: usize, commit_id: u64) {
+        let e =
+            ring_cmd(self.dev, CMD_COMMIT_AND_FETCH, self.qid, commit_id, None).user_data(i as u64);
+        if let Err(e) = self.push(e) {
+            log::error!("io-uring queue {}: cannot commit: {e}", self.qid);
+            self.retire(i);
+        }
+    }
+
+    /// Hands a request that may block for long (SETLKW waits for another process's lock) to
+    /// a helper thread, so that the queue keeps serving its other entries: the lock holder
+    /// may itself need this queue to let go. At most one helper per entry; `false` when no
+    /// thread could be started (the caller then serves the request itself).
+    fn offload<F>(&mut self, i: usize, server: &Arc<Server<F>>, stats: &Arc<Stats>) -> bool
+    where
+        F: FileSystem + Send + Sync + 'static,
+    {
+        let entry = self.bufs.entry(i);
+        let (server, stats, tx, done, qid) = (
+            server.clone(),
+            stats.clone(),
+            self.done_tx.clone(),
+            self.done.clone(),
+            self.qid,
+        );
+        std::thread::Builder::new()
+            .name(format!("fuse-uring-{qid}-wait"))
+            .spawn(move || {
+                let commit_id = entry.serve(&server, &stats, &mut Vec::new(), qid);
+                if tx.send((entry.index, commit_id)).is_ok() {
+                    signal(done.as_raw_fd());
+                }
+            })
+            .is_ok()
     }
 
     fn register_entry(&mut self, i: usize) -> io::Result<()> {
@@ -614,6 +816,7 @@ impl Queue {
             .build()
             .user_data(STOP);
         self.push(poll.into())?;
+        self.arm_done()?;
         for i in 0..self.depth {
             self.register_entry(i)?;
             self.alive[i] = true;
@@ -625,7 +828,7 @@ impl Queue {
         let mut first_err = None;
         let mut keep = Vec::new();
         for cqe in self.ring.completion() {
-            if cqe.result() < 0 && cqe.user_data() != STOP && first_err.is_none() {
+            if cqe.result() < 0 && cqe.user_data() < DONE && first_err.is_none() {
                 first_err = Some(io::Error::from_raw_os_error(-cqe.result()));
             }
             keep.push(cqe);
@@ -644,7 +847,10 @@ impl Queue {
 impl Queue {
     /// Serves completions until the stop eventfd fires or the kernel has given back every
     /// entry (unmount, abort).
-    fn serve<F: FileSystem>(&mut self, server: &Server<F>, stats: &Stats) {
+    fn serve<F>(&mut self, server: &Arc<Server<F>>, stats: &Arc<Stats>)
+    where
+        F: FileSystem + Send + Sync + 'static,
+    {
         let mut cqes = std::mem::take(&mut self.pending);
         loop {
             for cqe in cqes.drain(..) {
@@ -653,19 +859,21 @@ impl Queue {
                     log::debug!("io-uring queue {}: stopping", self.qid);
                     return;
                 }
+                if ud == DONE {
+                    self.collect_done();
+                    continue;
+                }
                 let Ok(i) = usize::try_from(ud) else { continue };
                 if i >= self.depth || !self.alive[i] {
                     continue;
                 }
                 if res == 0 {
                     self.retries[i] = 0;
-                    let commit_id = self.serve_entry(i, server, stats);
-                    let e = ring_cmd(self.dev, CMD_COMMIT_AND_FETCH, self.qid, commit_id, None)
-                        .user_data(ud);
-                    if let Err(e) = self.push(e) {
-                        log::error!("io-uring queue {}: cannot commit: {e}", self.qid);
-                        self.retire(i);
+                    if self.bufs.entry(i).opcode() == op::SETLKW && self.offload(i, server, stats) {
+                        continue;
                     }
+                    let commit_id = self.serve_entry(i, server, stats);
+                    self.commit(i, commit_id);
                 } else {
                     self.failed(i, -res);
                 }
@@ -724,92 +932,11 @@ impl Queue {
         }
     }
 
-    /// Writes an error reply header into entry `i`.
-    fn error_reply(&self, i: usize, unique: u64, errno: i32) {
-        let mut h = [0u8; OUT_HEADER_LEN];
-        h[0..4].copy_from_slice(&(OUT_HEADER_LEN as u32).to_ne_bytes());
-        h[4..8].copy_from_slice(&(-errno).to_ne_bytes());
-        h[8..16].copy_from_slice(&unique.to_ne_bytes());
-        self.bufs
-            .header_slice(i, 0, OUT_HEADER_LEN)
-            .copy_from(&h[..]);
-    }
-
-    /// Serves the request in entry `i` and leaves the reply in it; returns the commit id.
+    /// Serves the request in entry `i` on this thread; returns the commit id.
     fn serve_entry<F: FileSystem>(&mut self, i: usize, server: &Server<F>, stats: &Stats) -> u64 {
-        let bufs = &self.bufs;
-        let hdr = bufs.header_slice(i, 0, REQ_HEADER_SZ);
-        let commit_id = read_u64(&hdr, ENT_IN_OUT_OFF + 8);
-        let payload_sz = read_u32(&hdr, ENT_IN_OUT_OFF + 16) as usize;
-        let mut inh = [0u8; IN_HEADER_LEN];
-        if let Ok(s) = hdr.subslice(0, IN_HEADER_LEN) {
-            s.copy_to(&mut inh[..]);
-        }
-        let len = u32::from_ne_bytes([inh[0], inh[1], inh[2], inh[3]]) as usize;
-        let opcode = u32::from_ne_bytes([inh[4], inh[5], inh[6], inh[7]]);
-        let mut unique = [0u8; 8];
-        unique.copy_from_slice(&inh[8..16]);
-        let unique = u64::from_ne_bytes(unique);
-        // The kernel puts the first argument (the per-opcode struct) in the header area and
-        // the rest in the payload; the in-header's `len` covers all three.
-        let op_len = len
-            .checked_sub(IN_HEADER_LEN)
-            .and_then(|n| n.checked_sub(payload_sz))
-            .filter(|&n| n <= OP_IN_OUT_SZ && payload_sz <= bufs.payload);
-        let Some(op_len) = op_len else {
-            log::warn!(
-                "io-uring queue {} entry {i}: request of {len} bytes with a {payload_sz}-byte payload \
-                 does not fit the entry; answering EIO",
-                self.qid
-            );
-            stats.malformed.fetch_add(1, Ordering::Relaxed);
-            self.error_reply(i, unique, libc::EIO);
-            bufs.header_slice(i, ENT_IN_OUT_OFF + 16, 4)
-                .copy_from(&0u32.to_ne_bytes()[..]);
-            return commit_id;
-        };
-        let payload = bufs.payload_slice(i, payload_sz);
-        let scratch = &mut self.scratch;
-        let body_in = if opcode == op::WRITE {
-            payload
-        } else {
-            scratch.clear();
-            scratch.resize(payload_sz, 0);
-            payload.copy_to(&mut scratch[..]);
-            VolatileSlice::from(&mut scratch[..])
-        };
-        let r = Reader::new(vec![
-            VolatileSlice::from(&mut inh[..]),
-            bufs.header_slice(i, IN_OUT_HEADER_SZ, op_len),
-            body_in,
-        ]);
-        let w = Writer::new(vec![
-            bufs.header_slice(i, 0, OUT_HEADER_LEN),
-            bufs.payload_slice(i, bufs.payload),
-        ]);
-        let body = match server.handle(r, Some(w)) {
-            Ok(h) if h.written >= OUT_HEADER_LEN => h.written - OUT_HEADER_LEN,
-            Ok(h) => {
-                // Ring requests always take a reply (FORGET and INTERRUPT come via read(2)).
-                log::warn!(
-                    "io-uring: {} unique={unique} produced no reply; answering EIO",
-                    op::name(h.opcode)
-                );
-                self.error_reply(i, unique, libc::EIO);
-                0
-            }
-            Err(e) => {
-                log::warn!("io-uring: request unique={unique} not answered ({e}); answering EIO");
-                self.error_reply(i, unique, libc::EIO);
-                0
-            }
-        };
-        let body = u32::try_from(body).unwrap_or(0);
         self.bufs
-            .header_slice(i, ENT_IN_OUT_OFF + 16, 4)
-            .copy_from(&body.to_ne_bytes()[..]);
-        stats.served.fetch_add(1, Ordering::Relaxed);
-        commit_id
+            .entry(i)
+            .serve(server, stats, &mut self.scratch, self.qid)
     }
 }
 
