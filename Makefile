@@ -73,10 +73,13 @@ test-migrate: kernel initramfs qemu virtiofsd build
 
 # The same server on a host mount (daxfsd --mount, /dev/fuse): the guest suite, host checks
 # and escape checks for /dev/fuse and /dev/fuse + FUSE passthrough (counters > 0), bindfs as
-# the peer (reported, not failing), a stale mount after SIGKILL. Root; a few minutes.
+# the peer (reported, not failing), a stale mount after SIGKILL, a non-root mount; then
+# pjdfstest (installed into the cache once) on both mounts and in a guest (pci profile)
+# against a plain-directory reference, bindfs and upstream virtiofsd as peers. Root; ~1.5 min.
 .PHONY: test-host
-test-host: build
+test-host: kernel initramfs qemu virtiofsd build
 	tests/host/run.sh -d $(abspath $(DAXFSD_BIN))
+	tests/host/pjdfstest.sh -d $(abspath $(DAXFSD_BIN))
 
 # FUSE-over-io-uring on a host mount (root; sets fuse.enable_uring for the run and restores
 # it): --io-uring=on/auto with the transport off and on, the rings proven to serve, a clean

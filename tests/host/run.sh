@@ -300,7 +300,35 @@ EOF
     log "$t: done in $((SECONDS - tt0))s"
 done
 
+peer=0
 if [[ " $transports " == *" devfuse "* ]]; then
+    # SIGTERM on a busy mount: detached at once (gone from the mount table), served until
+    # its last user leaves (a process working in it reads and writes on), then exit 0.
+    d=$run/busy
+    mkdir -p "$d/share" "$d/mnt"
+    "$daxfsd" --shared-dir "$d/share" --mount "$d/mnt" </dev/null >"$d/log" 2>&1 &
+    pid=$!
+    echo $pid >"$run/pid"
+    if wait_mounted "$d/mnt"; then
+        (cd "$d/mnt" && sleep 3 && echo after >late && cat late) >"$d/user.out" 2>&1 &
+        user=$!
+        sleep 0.5
+        kill -TERM $pid
+        sleep 1
+        alive=0; kill -0 $pid 2>/dev/null && alive=1
+        detached=1; grep -q " $d/mnt " /proc/mounts && detached=0
+        wait $user || true
+        rc=0; wait $pid || rc=$?
+        rm -f "$run/pid"
+        if ((alive && detached && rc == 0)) && [[ $(cat "$d/user.out") == after && $(cat "$d/share/late") == after ]]; then
+            ok "busy_mount_detached_and_served_until_its_user_left"
+        else
+            bad "busy_mount_detached_and_served_until_its_user_left" "alive=$alive detached=$detached rc=$rc user: $(cat "$d/user.out") $(tail -n 2 "$d/log")"
+        fi
+    else
+        bad "busy_mount_detached_and_served_until_its_user_left" "could not mount: $(tail -n 3 "$d/log")"
+    fi
+
     # A daemon killed with SIGKILL leaves a dead mount: the next start names the fix and
     # leaves the mount (and what is under it) alone.
     d=$run/stale
@@ -321,6 +349,47 @@ if [[ " $transports " == *" devfuse "* ]]; then
         umount -l "$d/mnt"
     else
         bad "stale_mount_reported" "could not mount: $(tail -n 3 "$d/log")"
+    fi
+fi
+
+if [[ " $transports " == *" devfuse "* ]]; then
+    # A non-root user mounts through fusermount3 (or libfuse 2's fusermount), with the
+    # default sandbox; SIGTERM unmounts. Without either helper: the one-line error.
+    d=$run/user
+    mkdir -p "$d/share" "$d/mnt"
+    chown -R 65534:65534 "$d"
+    as=(setpriv --reuid=65534 --regid=65534 --clear-groups --)
+    if command -v fusermount3 >/dev/null || command -v fusermount >/dev/null; then
+        "${as[@]}" "$daxfsd" --shared-dir "$d/share" --mount "$d/mnt" </dev/null >"$d/log" 2>&1 &
+        pid=$!
+        echo $pid >"$run/pid"
+        # Without user_allow_other in /etc/fuse.conf only that user (not root) sees the mount.
+        for ((i = 0; i < 100; i++)); do
+            grep -q " $d/mnt " /proc/mounts && "${as[@]}" stat "$d/mnt" >/dev/null 2>&1 && break
+            sleep 0.1
+        done
+        if "${as[@]}" sh -c "echo user >'$d/mnt/f'" &&
+            [[ $(stat -c %u "$d/share/f") == 65534 ]]; then
+            kill -TERM $pid
+            rc=0; wait $pid || rc=$?
+            rm -f "$run/pid"
+            if ((rc == 0)) && ! grep -q " $d/mnt " /proc/mounts && grep -q 'passthrough off: .*CAP_SYS_ADMIN' "$d/log"; then
+                ok "non_root_fusermount"
+            else
+                bad "non_root_fusermount" "rc=$rc; $(grep " $d/mnt " /proc/mounts) $(tail -n 2 "$d/log")"
+            fi
+        else
+            bad "non_root_fusermount" "$(tail -n 3 "$d/log")"
+            kill -KILL $pid 2>/dev/null; umount -l "$d/mnt" 2>/dev/null || true
+        fi
+    else
+        rc=0
+        msg=$("${as[@]}" "$daxfsd" --shared-dir "$d/share" --mount "$d/mnt" 2>&1) || rc=$?
+        if ((rc != 0)) && [[ $msg == *"needs fusermount3: install it (apt install fuse3)"* ]]; then
+            ok "non_root_without_fusermount_error"
+        else
+            bad "non_root_without_fusermount_error" "rc=$rc: $msg"
+        fi
     fi
 fi
 

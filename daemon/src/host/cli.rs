@@ -1093,6 +1093,51 @@ mod tests {
     }
 
     #[test]
+    fn mount_excludes_vm_options_and_passthrough_needs_mount() {
+        let c = parse(&["--shared-dir=/tmp", "--mount=/mnt"]).unwrap();
+        assert_eq!(c.mount, Some(PathBuf::from("/mnt")));
+        assert_eq!(c.passthrough, PassthroughPolicy::Auto);
+        for extra in ["--socket-path=/s", "--fd=3"] {
+            let e = parse(&["--shared-dir=/tmp", "--mount=/mnt", extra]).unwrap_err();
+            assert!(e.contains("give only one"), "{extra}: {e}");
+        }
+        let e = parse(&["--shared-dir=/tmp", "--mount=/mnt", "--dax-window=2M"]).unwrap_err();
+        assert!(e.contains("for a VM"), "{e}");
+        let e = parse(&["--shared-dir=/tmp", "--socket-path=/s", "--passthrough=off"]).unwrap_err();
+        assert!(e.contains("only applies to --mount"), "{e}");
+        let e = parse(&["--shared-dir=/tmp"]).unwrap_err();
+        assert!(e.contains("--mount MOUNTPOINT"), "{e}");
+    }
+
+    #[test]
+    fn passthrough_policies() {
+        let p = |v: &str| {
+            parse(&[
+                "--shared-dir=/tmp",
+                "--mount=/mnt",
+                &format!("--passthrough={v}"),
+            ])
+        };
+        assert_eq!(p("off").unwrap().passthrough, PassthroughPolicy::Off);
+        assert_eq!(p("auto").unwrap().passthrough, PassthroughPolicy::Auto);
+        assert_eq!(
+            p("size:4096").unwrap().passthrough,
+            PassthroughPolicy::MinSize(4096)
+        );
+        assert_eq!(
+            p("size:1m").unwrap().passthrough,
+            PassthroughPolicy::MinSize(1 << 20)
+        );
+        assert_eq!(
+            p("size:2G").unwrap().passthrough,
+            PassthroughPolicy::MinSize(2 << 30)
+        );
+        for bad in ["size:", "size:x", "size:99999999999999999999g", "sometimes"] {
+            assert!(p(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn capabilities_are_json() {
         let v: serde_json::Value = serde_json::from_str(&Cli::capabilities_json()).unwrap();
         assert_eq!(v["type"], "fs");

@@ -7,9 +7,11 @@
 //!
 //! Stop: SIGTERM, SIGINT or SIGHUP ask the helper to unmount (lazily when busy); the
 //! workers see ENODEV once the kernel lets the connection go and the daemon exits 0. A
-//! lazily detached mount that stays busy is given [`GRACE`]; then the daemon exits anyway
-//! and processes still inside get ENOTCONN (nothing is cached in the daemon: replies are
-//! written before a request counts as done, so there is nothing of theirs to lose).
+//! lazily detached mount stays alive while processes still use it (open files, working
+//! directories, mappings): the daemon keeps serving them until they leave, because ending
+//! the connection would drop what the kernel still holds for them (dirty pages of shared
+//! mappings, or of every file with --writeback). After [`GRACE`] it says so once; a second
+//! stop signal ends it at once (those processes then get ENOTCONN).
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -31,7 +33,8 @@ use crate::sandbox::{self, Entered};
 use crate::seccomp;
 use crate::server::{Server, ServerOptions};
 
-/// How long a lazily unmounted, still busy mount is served after a stop signal.
+/// After a stop signal, how long a lazily unmounted, still busy mount is served before the
+/// daemon logs that it waits for the mount's last users.
 pub const GRACE: Duration = Duration::from_secs(2);
 
 const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
@@ -78,6 +81,12 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     }
     let (_, caps_before, _) = caps::current()?;
     let mut keep = capabilities_to_keep(cli, caps_before)?;
+    let can_pass_through = caps_before.contains(caps::CAP_SYS_ADMIN);
+    if cli.passthrough != PassthroughPolicy::Off && !can_pass_through {
+        log::info!(
+            "FUSE passthrough off: registering backing files needs CAP_SYS_ADMIN (run as root)"
+        );
+    }
     if cli.passthrough != PassthroughPolicy::Off {
         // FUSE_DEV_IOC_BACKING_OPEN needs CAP_SYS_ADMIN in the initial user namespace.
         keep = CapSet(keep.0 | (caps_before.0 & CapSet::of(&[caps::CAP_SYS_ADMIN]).0));
@@ -126,7 +135,16 @@ pub fn run(cli: &Cli) -> io::Result<()> {
             return Err(e);
         }
     };
-    let result = serve(cli, dev, inside, keep, &mut unmounter, &mountpoint, uring);
+    let result = serve(
+        cli,
+        dev,
+        inside,
+        keep,
+        can_pass_through,
+        &mut unmounter,
+        &mountpoint,
+        uring,
+    );
     if result.is_err() {
         report_unmount(&mut unmounter, &mountpoint);
     }
@@ -172,11 +190,13 @@ fn io_uring_wanted(mode: IoUringMode) -> io::Result<bool> {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn serve(
     cli: &Cli,
     dev: std::fs::File,
     inside: sandbox::Inside,
     keep: CapSet,
+    can_pass_through: bool,
     unmounter: &mut Unmounter,
     mountpoint: &std::path::Path,
     uring: bool,
@@ -199,7 +219,10 @@ fn serve(
     // No DAX window here: the decorator only forwards.
     let fs = crate::dax::coherent::Coherent::new(fs, mapper.clone());
     let dev = Arc::new(dev);
-    let policy = passthrough_policy(cli);
+    let policy = match can_pass_through {
+        true => passthrough_policy(cli),
+        false => backing::Policy::Off,
+    };
     let mut opts = ServerOptions::default();
     if uring {
         opts.transport_flags |= init_flags::OVER_IO_URING;
@@ -321,11 +344,12 @@ fn serve(
                 Ok(ev) => Some(ev),
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     log::warn!(
-                        "{}: still in use {} s after the lazy unmount; closing the connection (processes still inside get ENOTCONN)",
+                        "{}: still in use {} s after the lazy unmount; serving its last users until they close their files (their unwritten data would be lost otherwise); send the signal again to stop now",
                         mountpoint.display(),
                         GRACE.as_secs()
                     );
-                    break;
+                    deadline = None;
+                    continue;
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => None,
             },
@@ -349,8 +373,11 @@ fn serve(
             }
             Some(Event::Stop(sig)) => {
                 if stopped_by.is_some() {
-                    log::info!("{}: already stopping", signal_name(sig));
-                    continue;
+                    log::warn!(
+                        "{}: stopping now; processes still using the detached mount get ENOTCONN",
+                        signal_name(sig)
+                    );
+                    break;
                 }
                 log::info!("{}: unmounting {}", signal_name(sig), mountpoint.display());
                 stopped_by = Some(sig);

@@ -171,6 +171,13 @@ impl<F: FileSystem> Server<F> {
         let Some(hdr) = InHeader::from_slice(request.get(..IN_HEADER_LEN).unwrap_or(&[])) else {
             return;
         };
+        let ok = reply
+            .get(..OUT_HEADER_LEN)
+            .and_then(OutHeader::from_slice)
+            .is_some_and(|h| h.error == 0);
+        if !ok {
+            return;
+        }
         let out = reply.get(OUT_HEADER_LEN..).unwrap_or(&[]);
         let (ino, open) = match hdr.opcode {
             op::OPEN => (hdr.nodeid, out),
@@ -1075,9 +1082,14 @@ pub fn entry_out(e: &Entry) -> EntryOut {
 
 fn open_out(fh: u64, open_flags: u32, backing: Option<i32>) -> OpenOut {
     match backing {
+        // Linux refuses FOPEN_PASSTHROUGH with any flag outside FOPEN_PASSTHROUGH_MASK
+        // (KEEP_CACHE: there is no FUSE page cache to keep), and with DIRECT_IO it would
+        // still send READ/WRITE here (only mmap goes to the backing file). The backing file
+        // is the host file itself, so what --cache never wants (no stale cached copy) holds
+        // without DIRECT_IO.
         Some(id) => OpenOut {
             fh,
-            open_flags: open_flags | fopen::PASSTHROUGH,
+            open_flags: (open_flags & fopen::NOFLUSH) | fopen::PASSTHROUGH,
             backing_id: id,
         },
         None => OpenOut {

@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# POSIX conformance on a host mount: pjdfstest (crates.io 0.2.2, the Rust rewrite, installed
+# with `cargo install --locked` into ${XDG_CACHE_HOME:-$HOME/.cache}/daxfsd/pjdfstest) runs
+# on a plain directory of the share's filesystem (the reference) and on daxfsd --mount
+# (/dev/fuse, and /dev/fuse + FUSE passthrough) and in a guest on a virtio-fs mount served by
+# daxfsd (profile pci). The set of tests passing on each must equal the reference's minus
+# tests/host/pjdfstest-exceptions.txt (one reason per entry), and the host mounts must pass
+# exactly the guest's. bindfs on the host and upstream virtiofsd 1.14 in the guest run the
+# same as peers (reported, not failing).
+#
+#   tests/host/pjdfstest.sh [-d DAXFSD] [-t devfuse,passthrough,guest,bindfs,guest-virtiofsd]
+#
+# Ends with "pjdfstest: N passed, M failed" (checks, not pjdfstest tests).
+set -euo pipefail
+RIG_TAG=pjdfstest
+# shellcheck source=../../scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+cd "$RIG_ROOT"
+
+daxfsd=$RIG_ROOT/target/debug/daxfsd transports="devfuse passthrough guest bindfs guest-virtiofsd"
+while (($#)); do
+    case $1 in
+        -d) (($# >= 2)) || die "-d needs a value"; daxfsd=$2; shift 2 ;;
+        -t) (($# >= 2)) || die "-t needs a value"; transports=${2//,/ }; shift 2 ;;
+        *) die "unknown option '$1'" ;;
+    esac
+done
+(($(id -u) == 0)) || die "run as root (pjdfstest switches users, mknod)"
+[[ -x $daxfsd ]] || die "no daxfsd at $daxfsd (cargo build, or -d PATH)"
+getent passwd nobody >/dev/null && getent passwd daemon >/dev/null ||
+    die "pjdfstest needs the users nobody and daemon"
+
+version=0.2.2
+root=${XDG_CACHE_HOME:-$HOME/.cache}/daxfsd/pjdfstest
+pjd=$root/bin/pjdfstest
+if [[ ! -x $pjd ]] || [[ $("$pjd" --version 2>/dev/null) != *"$version"* ]]; then
+    need_cmd cargo
+    log "installing pjdfstest $version into $root (cargo install --locked, once)"
+    nice -n 10 cargo install --locked pjdfstest --version "$version" --root "$root" >"$root.install.log" 2>&1 ||
+        { tail -n 20 "$root.install.log" >&2; die "cargo install pjdfstest failed"; }
+fi
+
+pass=0 fail=0
+ok() { pass=$((pass + 1)); printf 'CHECK PASS %s\n' "$1"; }
+bad() { fail=$((fail + 1)); printf 'CHECK FAIL %s: %s\n' "$1" "$2"; }
+
+run=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-pjd.XXXXXX")
+chmod 0755 "$run"
+RIG_CLEANUP+=("pjd_cleanup")
+pjd_cleanup() {
+    local m
+    for m in "$run"/m-*; do grep -q " $m " /proc/mounts && umount -l "$m"; done
+    [[ -f $run/pid ]] && kill -KILL "$(cat "$run/pid")" 2>/dev/null
+    rm -rf -- "$run"
+}
+# Features this Linux has; naptime above ext4's timestamp granularity (a jiffy); the dummy
+# users are ones Debian has (nobody/nogroup, daemon/daemon) rather than created ones.
+cat >"$run/pjd.toml" <<'EOF'
+[features]
+posix_fallocate = {}
+utimensat = {}
+utime_now = {}
+rename_ctime = {}
+
+[settings]
+naptime = 0.02
+allow_remount = false
+
+[dummy_auth]
+entries = [
+  ["nobody", "nogroup"],
+  ["daemon", "daemon"],
+]
+EOF
+mapfile -t exceptions < <(sed -n 's/^\([a-z0-9_:]*\) #.*/\1/p' tests/host/pjdfstest-exceptions.txt)
+
+# pjd DIR OUT: runs the suite in DIR; OUT.pass and OUT.fail get the test names.
+# Every directory under test has a path of the same length (m-XXXX): pjdfstest's
+# ENAMETOOLONG cases build their paths from it, and some lengths hit an underflow in 0.2.2.
+pjd() {
+    (cd "$1" && RUST_BACKTRACE=0 timeout 900 nice -n 10 "$pjd" -c "$run/pjd.toml" -p "$1") >"$2" 2>&1 || true
+    sed -n 's/^\([a-z0-9_:]*\) \{1,\}ok$/\1/p' "$2" | sort -u >"$2.pass"
+    sed -n 's/^\([a-z0-9_:]*\) \{1,\}FAILED$/\1/p' "$2" | sort -u >"$2.fail"
+}
+
+mkdir "$run/m-refr"
+log "reference: pjdfstest on $(stat -f -c %T "$run") ($run/m-refr)"
+pjd "$run/m-refr" "$run/ref"
+n_ref=$(wc -l <"$run/ref.pass")
+if ((n_ref > 300)); then
+    ok "reference ($n_ref passed, $(wc -l <"$run/ref.fail") failed)"
+else
+    bad reference "only $n_ref tests passed: $(tail -n 3 "$run/ref")"
+fi
+printf '%s\n' "${exceptions[@]}" | sort -u >"$run/exceptions"
+comm -23 "$run/ref.pass" "$run/exceptions" >"$run/expected"
+
+# guest DAEMON T OUT: pjdfstest in a guest on the virtio-fs mount (profile pci), at a path of
+# the same length (m-gues). The binary and libgcc travel in the share; the initramfs has the
+# loader and libc (the host's, copied for fio) and gets the two dummy users.
+guest() {
+    local d=$1 share=$run/share-$2
+    mkdir -p "$share/.pjd"
+    cp "$pjd" "$run/pjd.toml" "$share/.pjd/"
+    cp -L "$(ldd "$pjd" | awk '$1 == "libgcc_s.so.1" { print $3 }')" "$share/.pjd/"
+    cat >"$run/guest-$2.sh" <<'GUEST'
+printf 'nobody:x:65534:65534:nobody:/nonexistent:/bin/sh\ndaemon:x:1:1:daemon:/usr/sbin:/bin/sh\n' >>/etc/passwd
+printf 'nogroup:x:65534:\ndaemon:x:1:\n' >>/etc/group
+mkdir -p /mnt/m-gues && cd /mnt/m-gues || exit 1
+RUST_BACKTRACE=0 /lib64/ld-linux-x86-64.so.2 --library-path /mnt/.pjd:/usr/lib/x86_64-linux-gnu \
+    /mnt/.pjd/pjdfstest -c /mnt/.pjd/pjd.toml -p /mnt/m-gues >/tmp/pjd.out 2>&1
+echo "PJD-RC $?"
+sed -n 's/^\([a-z0-9_:]*\) \{1,\}\(ok\|FAILED\|skipped\)$/PJD \2 \1/p' /tmp/pjd.out
+GUEST
+    [[ $d == daxfsd ]] && d=$daxfsd
+    TMPDIR=$run nice -n 10 scripts/vm.sh -p pci -d "$d" -a --xattr -s "$share" \
+        --script "$run/guest-$2.sh" -T 900 >"$3" 2>"$3.err" || true
+    sed -n 's/^PJD ok //p' "$3" | sort -u >"$3.pass"
+    sed -n 's/^PJD FAILED //p' "$3" | sort -u >"$3.fail"
+}
+
+for t in $transports; do
+    if [[ $t == guest || $t == guest-virtiofsd ]]; then
+        dmn=daxfsd
+        [[ $t == guest-virtiofsd ]] && dmn=virtiofsd
+        log "$t: pjdfstest in a guest (virtio-fs, $dmn)"
+        guest "$dmn" "$t" "$run/$t"
+        missing=$(comm -23 "$run/expected" "$run/$t.pass" | tr '\n' ' ')
+        extra=$(comm -13 "$run/expected" "$run/$t.pass" | tr '\n' ' ')
+        if [[ $t == guest-virtiofsd ]]; then
+            printf 'PEER virtiofsd (guest): %d passed, %d failed; missing against the reference: %s\n' \
+                "$(wc -l <"$run/$t.pass")" "$(wc -l <"$run/$t.fail")" "${missing:-none}"
+        elif [[ -s $run/$t.pass && -z $missing && -z $extra ]]; then
+            ok "$t: passes the reference's $n_ref minus ${#exceptions[@]} exception(s) ($(wc -l <"$run/$t.pass") passed, $(wc -l <"$run/$t.fail") failed)"
+        else
+            bad "$t" "missing: ${missing:-none}; beyond: ${extra:-none}; failed: $(tr '\n' ' ' <"$run/$t.fail") $(tail -n 3 "$run/$t.err")"
+        fi
+        continue
+    fi
+    m=$run/m-${t:0:4}
+    mkdir -p "$run/share-$t" "$m"
+    case $t in
+        devfuse|passthrough)
+            pt=off; [[ $t == passthrough ]] && pt=auto
+            "$daxfsd" --shared-dir "$run/share-$t" --mount "$m" --xattr --passthrough=$pt \
+                --log-level info </dev/null >"$run/$t.log" 2>&1 &
+            echo $! >"$run/pid" ;;
+        bindfs) bindfs -o allow_other,dev,suid "$run/share-$t" "$m" ;;
+        *) die "unknown transport '$t'" ;;
+    esac
+    for ((i = 0; i < 100; i++)); do grep -q " $m " /proc/mounts && break; sleep 0.1; done
+    log "$t: pjdfstest on $m"
+    pjd "$m" "$run/$t"
+    if [[ $t == bindfs ]]; then
+        umount "$m"
+        printf 'PEER bindfs: %d passed, %d failed; missing against the reference: %s\n' \
+            "$(wc -l <"$run/$t.pass")" "$(wc -l <"$run/$t.fail")" \
+            "$(comm -23 "$run/expected" "$run/$t.pass" | tr '\n' ' ')"
+        continue
+    fi
+    kill -TERM "$(cat "$run/pid")"; wait "$(cat "$run/pid")" || true; rm -f "$run/pid"
+    missing=$(comm -23 "$run/expected" "$run/$t.pass" | tr '\n' ' ')
+    extra=$(comm -13 "$run/expected" "$run/$t.pass" | tr '\n' ' ')
+    if [[ -z $missing && -z $extra ]]; then
+        ok "$t: passes the reference's $n_ref minus ${#exceptions[@]} exception(s) ($(wc -l <"$run/$t.pass") passed, $(wc -l <"$run/$t.fail") failed)"
+    else
+        bad "$t" "missing: ${missing:-none}; passing beyond reference minus exceptions (drop them from the list): ${extra:-none}; failed: $(tr '\n' ' ' <"$run/$t.fail")"
+    fi
+    if [[ $t == passthrough ]]; then
+        line=$(grep -o 'passthrough: [0-9]* backing files opened.*' "$run/$t.log" | tail -n 1)
+        n=${line#passthrough: }; n=${n%% *}
+        if [[ $n =~ ^[0-9]+$ ]] && ((n > 0)); then ok "$t: passthrough used ($line)"; else bad "$t: passthrough used" "${line:-no report}"; fi
+    fi
+done
+for a in devfuse passthrough; do
+    [[ -f $run/$a.pass && -s $run/guest.pass ]] || continue
+    if cmp -s "$run/$a.pass" "$run/guest.pass"; then
+        ok "$a passes the same tests as the guest ($(wc -l <"$run/guest.pass"))"
+    else
+        bad "$a: same tests as the guest" "$(diff "$run/guest.pass" "$run/$a.pass" | head -n 6 | tr '\n' ' ')"
+    fi
+done
+printf 'pjdfstest: %d passed, %d failed\n' "$pass" "$fail"
+((fail == 0))
