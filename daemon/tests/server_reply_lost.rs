@@ -80,3 +80,34 @@ fn lost_replies_of_other_requests_or_errors_change_nothing() {
     h.server.reply_lost(&[1, 2, 3], &[]);
     assert_eq!(h.read(e.nodeid, o.fh, 0, 4).unwrap(), b"data");
 }
+
+#[test]
+fn a_lost_lock_reply_gives_the_lock_back() {
+    let h = Harness::with(|c| c.posix_lock = true);
+    std::fs::write(h.host("f"), b"data").unwrap();
+    let e = h.lookup(ROOT, "f").unwrap();
+    let o1 = h.open(e.nodeid, libc::O_RDWR).unwrap();
+    let o2 = h.open(e.nodeid, libc::O_RDWR).unwrap();
+    let lock = |fh: u64, owner: u64| LkIn {
+        fh,
+        owner,
+        lk: FileLock {
+            start: 0,
+            end: u64::MAX,
+            typ: libc::F_WRLCK as u32,
+            pid: 1,
+        },
+        lk_flags: 0,
+        padding: 0,
+    };
+    let req = h.request(0, 0, op::SETLKW, e.nodeid, &[&raw(&lock(o1.fh, 1))]);
+    let (_, reply) = h.send_raw(req.clone(), ROOM);
+    assert_eq!(reply.error, 0);
+    // Owner 2 cannot have it while owner 1 holds it...
+    let r = h.send(op::SETLK, e.nodeid, &[&raw(&lock(o2.fh, 2))]);
+    assert_eq!(r.error, -libc::EAGAIN);
+    // ...and can once owner 1's reply is known lost.
+    h.server.reply_lost(&req, &wire(&reply));
+    let r = h.send(op::SETLK, e.nodeid, &[&raw(&lock(o2.fh, 2))]);
+    assert_eq!(r.error, 0);
+}

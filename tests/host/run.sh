@@ -230,9 +230,10 @@ EOF
     chmod +x "$d/remount.sh"
     log "$t: guest suite on $m"
     out=$d/suite.txt
-    E2E_HOST=1 E2E_VFSTEST=$run/vfstest E2E_FSTYPE=$fstype E2E_REMOUNT=$d/remount.sh \
+    # From the transport's own directory: fio leaves its verify state files in the cwd.
+    (cd "$d" && E2E_HOST=1 E2E_VFSTEST=$run/vfstest E2E_FSTYPE=$fstype E2E_REMOUNT=$d/remount.sh \
         E2E_CMDLINE="daxfsd.xattr=on daxfsd.check_timeout=120${skip:+ daxfsd.skip=$skip}" \
-        sh tests/e2e/guest/suite.sh "$m" >"$out" 2>&1 || true
+        sh "$RIG_ROOT/tests/e2e/guest/suite.sh" "$m") >"$out" 2>&1 || true
     ((verbose)) && sed 's/^/  /' "$out"
     while read -r line; do
         name=${line#CHECK PASS }; name=${name%% *}
@@ -302,6 +303,55 @@ done
 
 peer=0
 if [[ " $transports " == *" devfuse "* ]]; then
+    # Waiting locks (--posix-lock: SETLKW) never take every worker: six processes wait for a
+    # lock on a 2-worker daemon while the holder still reads, lists and unlocks.
+    d=$run/locks
+    mkdir -p "$d/share" "$d/mnt"
+    cat >"$d/locks.py" <<'PY'
+import fcntl, os, sys, time
+m = sys.argv[1]
+f = os.path.join(m, "lockfile")
+open(f, "w").close()
+open(os.path.join(m, "other"), "w").write("x")
+h = os.open(f, os.O_RDWR)
+fcntl.lockf(h, fcntl.LOCK_EX)
+kids = []
+for i in range(6):
+    pid = os.fork()
+    if pid == 0:
+        fd = os.open(f, os.O_RDWR)
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+        os._exit(0)
+    kids.append(pid)
+time.sleep(1.5)
+assert open(os.path.join(m, "other")).read() == "x"
+os.listdir(m)
+fcntl.lockf(h, fcntl.LOCK_UN)
+for k in kids:
+    assert os.waitpid(k, 0)[1] == 0
+print("LOCKS-OK")
+PY
+    "$daxfsd" --shared-dir "$d/share" --mount "$d/mnt" --posix-lock --thread-pool-size 2 \
+        --sandbox none </dev/null >"$d/log" 2>&1 &
+    pid=$!
+    echo $pid >"$run/pid"
+    if wait_mounted "$d/mnt"; then
+        out=$(timeout 20 python3 "$d/locks.py" "$d/mnt" 2>&1) || true
+        if [[ $out == LOCKS-OK ]]; then
+            ok "lock_waits_leave_workers_free"
+            kill -TERM $pid; wait $pid || true
+        else
+            bad "lock_waits_leave_workers_free" "${out:-timed out (deadlock)}"
+            # Killing the daemon aborts the connection and frees the waiting processes.
+            kill -KILL $pid; wait $pid 2>/dev/null || true
+            umount -l "$d/mnt" 2>/dev/null || true
+        fi
+        rm -f "$run/pid"
+    else
+        bad "lock_waits_leave_workers_free" "could not mount: $(tail -n 3 "$d/log")"
+    fi
+
     # SIGTERM on a busy mount: detached at once (gone from the mount table), served until
     # its last user leaves (a process working in it reads and writes on), then exit 0.
     d=$run/busy

@@ -419,11 +419,12 @@ fn report(c: &Counters, pt: Option<backing::Stats>, r: &fuse_uring::Stats) -> St
     let queues = r.queues.load(Ordering::Relaxed);
     if queues > 0 {
         s.push_str(&format!(
-            "; read(2) requests other than FORGET/INTERRUPT: {}; io-uring: {} requests served from {queues} queues x {} entries, {} malformed",
+            "; read(2) requests other than FORGET/INTERRUPT: {}; io-uring: {} requests served from {queues} queues x {} entries, {} malformed, {} replies lost",
             c.not_forget.load(Ordering::Relaxed),
             r.served.load(Ordering::Relaxed),
             r.depth.load(Ordering::Relaxed),
             r.malformed.load(Ordering::Relaxed),
+            r.lost.load(Ordering::Relaxed),
         ));
     }
     s

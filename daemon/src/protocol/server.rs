@@ -166,7 +166,7 @@ impl<F: FileSystem> Server<F> {
 
     /// The reply to `request` never reached the client (/dev/fuse answered ENOENT: the
     /// request was interrupted). An OPEN or CREATE handle it carried is released here, as
-    /// the client will never release it.
+    /// the client will never release it, and a lock SETLK/SETLKW took is given back.
     pub fn reply_lost(&self, request: &[u8], reply: &[u8]) {
         let Some(hdr) = InHeader::from_slice(request.get(..IN_HEADER_LEN).unwrap_or(&[])) else {
             return;
@@ -179,6 +179,36 @@ impl<F: FileSystem> Server<F> {
             return;
         }
         let out = reply.get(OUT_HEADER_LEN..).unwrap_or(&[]);
+        let ctx = Context {
+            uid: hdr.uid,
+            gid: hdr.gid,
+            pid: hdr.pid,
+        };
+        if matches!(hdr.opcode, op::SETLK | op::SETLKW) {
+            // A lock granted to a waiter that is gone (killed while it waited): give it back,
+            // or it would stay held for an owner that never learnt it got it.
+            let Some(a) = request
+                .get(IN_HEADER_LEN..IN_HEADER_LEN + std::mem::size_of::<LkIn>())
+                .and_then(LkIn::from_slice)
+            else {
+                return;
+            };
+            if a.lk.typ != libc::F_UNLCK as u32 {
+                let unlock = FileLock {
+                    typ: libc::F_UNLCK as u32,
+                    ..a.lk
+                };
+                let flock = a.lk_flags & LK_FLOCK != 0;
+                log::debug!(
+                    "SETLK(W) reply lost: releasing the lock of owner {:#x}",
+                    a.owner
+                );
+                let _ = self
+                    .fs
+                    .setlk(&ctx, hdr.nodeid, a.fh, a.owner, unlock, flock, false);
+            }
+            return;
+        }
         let (ino, open) = match hdr.opcode {
             op::OPEN => (hdr.nodeid, out),
             op::CREATE => {
@@ -195,11 +225,6 @@ impl<F: FileSystem> Server<F> {
             .and_then(OpenOut::from_slice)
         else {
             return;
-        };
-        let ctx = Context {
-            uid: hdr.uid,
-            gid: hdr.gid,
-            pid: hdr.pid,
         };
         log::debug!(
             "{} interrupted: releasing handle {}",

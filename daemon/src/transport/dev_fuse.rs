@@ -12,7 +12,7 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -487,6 +487,8 @@ pub struct Counters {
     /// Replies the kernel refused with ENOENT: the request was interrupted meanwhile.
     pub interrupted: AtomicU64,
     pub write_errors: AtomicU64,
+    /// Requests that may wait indefinitely (SETLKW) now on threads of their own.
+    pub blocking: AtomicU64,
 }
 
 /// Per-thread buffer size: the largest request (`max_write` of payload plus its headers),
@@ -495,20 +497,88 @@ pub fn buffer_size(max_write: u32) -> usize {
     (max_write as usize + 4096).max(MIN_READ_BUFFER)
 }
 
+/// Most requests that may wait indefinitely (SETLKW) served on threads of their own at once;
+/// beyond that they run on the worker that read them.
+pub const MAX_BLOCKING_THREADS: u64 = 64;
+
+/// The connection is gone (ENODEV): unmounted or aborted.
+struct Ended;
+
+/// Answers one request: hands it to the server and writes the reply with one write(2).
+fn answer<F: FileSystem>(
+    fd: RawFd,
+    server: &Server<F>,
+    req: &mut [u8],
+    out: &mut [u8],
+    counters: &Counters,
+) -> Result<(), Ended> {
+    let r = Reader::new(vec![VolatileSlice::from(&mut *req)]);
+    let w = Writer::new(vec![VolatileSlice::from(&mut *out)]);
+    let handled = match server.handle(r, Some(w)) {
+        Ok(h) => h,
+        // Already logged by the server; an unreadable request gets no reply.
+        Err(_) => return Ok(()),
+    };
+    {
+        use crate::abi::opcode as op;
+        if !matches!(
+            handled.opcode,
+            op::FORGET | op::BATCH_FORGET | op::INTERRUPT
+        ) {
+            counters.not_forget.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    if handled.written == 0 {
+        return Ok(());
+    }
+    // SAFETY: writes `written` bytes of `out`, which the server filled.
+    let m = unsafe { libc::write(fd, out.as_ptr().cast(), handled.written) };
+    if m >= 0 && handled.opcode == crate::abi::opcode::INIT {
+        counters.after_init.run();
+    }
+    if m < 0 {
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ENOENT) => {
+                counters.interrupted.fetch_add(1, Ordering::Relaxed);
+                server.reply_lost(req, &out[..handled.written]);
+            }
+            Some(libc::ENODEV) => return Err(Ended),
+            _ => {
+                counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                log::warn!(
+                    "reply to {} ({} bytes): write /dev/fuse: {e}",
+                    crate::abi::opcode::name(handled.opcode),
+                    handled.written
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// SETLKW waits for another process's lock, whose release needs a worker of its own: served
+/// on a separate thread, so waiting locks can never take every worker.
+fn may_block(req: &[u8]) -> bool {
+    req.get(4..8)
+        .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+        .is_some_and(|op| op == crate::abi::opcode::SETLKW)
+}
+
 /// Reads requests from `dev` and answers them until the connection ends (ENODEV: unmounted,
 /// or aborted). Returns Ok on a clean end.
-pub fn serve_one_thread<F: FileSystem>(
-    dev: &File,
-    server: &Server<F>,
+pub fn serve_one_thread<F: FileSystem + Send + Sync + 'static>(
+    dev: &Arc<File>,
+    server: &Arc<Server<F>>,
     buf_size: usize,
-    counters: &Counters,
+    counters: &Arc<Counters>,
 ) -> io::Result<()> {
     let mut inbuf = vec![0u8; buf_size];
     let mut outbuf = vec![0u8; buf_size];
-    let fd = dev.as_fd();
+    let fd = dev.as_raw_fd();
     loop {
         // SAFETY: reads into `inbuf`, which is valid for `buf_size` bytes.
-        let n = unsafe { libc::read(fd.as_raw_fd(), inbuf.as_mut_ptr().cast(), inbuf.len()) };
+        let n = unsafe { libc::read(fd, inbuf.as_mut_ptr().cast(), inbuf.len()) };
         if n < 0 {
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
@@ -519,47 +589,30 @@ pub fn serve_one_thread<F: FileSystem>(
         }
         let n = n as usize;
         counters.requests.fetch_add(1, Ordering::Relaxed);
-        let r = Reader::new(vec![VolatileSlice::from(&mut inbuf[..n])]);
-        let w = Writer::new(vec![VolatileSlice::from(&mut outbuf[..])]);
-        let handled = match server.handle(r, Some(w)) {
-            Ok(h) => h,
-            // Already logged by the server; an unreadable request gets no reply.
-            Err(_) => continue,
-        };
-        {
-            use crate::abi::opcode as op;
-            if !matches!(
-                handled.opcode,
-                op::FORGET | op::BATCH_FORGET | op::INTERRUPT
-            ) {
-                counters.not_forget.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        if handled.written == 0 {
-            continue;
-        }
-        // SAFETY: writes `written` bytes of `outbuf`, which the server filled.
-        let m = unsafe { libc::write(fd.as_raw_fd(), outbuf.as_ptr().cast(), handled.written) };
-        if m >= 0 && handled.opcode == crate::abi::opcode::INIT {
-            counters.after_init.run();
-        }
-        if m < 0 {
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::ENOENT) => {
-                    counters.interrupted.fetch_add(1, Ordering::Relaxed);
-                    server.reply_lost(&inbuf[..n], &outbuf[..handled.written]);
+        if may_block(&inbuf[..n]) {
+            if counters.blocking.fetch_add(1, Ordering::Relaxed) < MAX_BLOCKING_THREADS {
+                let mut req = inbuf[..n].to_vec();
+                let (dev2, server2, counters2) = (dev.clone(), server.clone(), counters.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("fuse-blocking".into())
+                    .spawn(move || {
+                        let mut out = vec![0u8; 4096];
+                        let _ = answer(dev2.as_raw_fd(), &server2, &mut req, &mut out, &counters2);
+                        counters2.blocking.fetch_sub(1, Ordering::Relaxed);
+                    });
+                if spawned.is_ok() {
+                    continue;
                 }
-                Some(libc::ENODEV) => return Ok(()),
-                _ => {
-                    counters.write_errors.fetch_add(1, Ordering::Relaxed);
-                    log::warn!(
-                        "reply to {} ({} bytes): write /dev/fuse: {e}",
-                        crate::abi::opcode::name(handled.opcode),
-                        handled.written
-                    );
-                }
+                log::warn!("no thread for a waiting lock request; serving it inline");
+            } else {
+                log::warn!(
+                    "{MAX_BLOCKING_THREADS} lock waits already have threads; serving this one inline"
+                );
             }
+            counters.blocking.fetch_sub(1, Ordering::Relaxed);
+        }
+        if answer(fd, server, &mut inbuf[..n], &mut outbuf, counters).is_err() {
+            return Ok(());
         }
     }
 }

@@ -172,6 +172,9 @@ pub struct Stats {
     pub served: AtomicU64,
     /// Requests whose entry was malformed (answered with EIO).
     pub malformed: AtomicU64,
+    /// Replies the kernel refused (ENOENT: the request ended meanwhile); an OPEN/CREATE
+    /// handle or a lock they carried is given back.
+    pub lost: AtomicU64,
     /// Queues registered.
     pub queues: AtomicUsize,
     /// Entries per queue.
@@ -663,6 +666,9 @@ struct Queue {
     pending: Vec<cqueue::Entry>,
     /// Failed commands per entry since its last request, to bound re-registration.
     retries: Vec<u8>,
+    /// Per entry: the request's in-header and argument struct, kept for OPEN, CREATE, SETLK
+    /// and SETLKW until the reply is committed, for [`Server::reply_lost`].
+    saved: Vec<Vec<u8>>,
     /// Signalled by a helper thread that answered a blocking request (SETLKW); it sends the
     /// entry and commit id on `done_tx`.
     done: Arc<OwnedFd>,
@@ -727,6 +733,7 @@ impl Queue {
             scratch: Vec::new(),
             pending: Vec::new(),
             retries: vec![0; depth],
+            saved: vec![Vec::new(); depth],
             done: Arc::new(eventfd()?),
             done_tx,
             done_rx,
@@ -869,13 +876,14 @@ impl Queue {
                 }
                 if res == 0 {
                     self.retries[i] = 0;
+                    self.save_request(i);
                     if self.bufs.entry(i).opcode() == op::SETLKW && self.offload(i, server, stats) {
                         continue;
                     }
                     let commit_id = self.serve_entry(i, server, stats);
                     self.commit(i, commit_id);
                 } else {
-                    self.failed(i, -res);
+                    self.failed(i, -res, server, stats);
                 }
             }
             if self.live == 0 {
@@ -908,7 +916,51 @@ impl Queue {
     }
 
     /// A command on entry `i` failed with `errno`.
-    fn failed(&mut self, i: usize, errno: i32) {
+    /// Keeps what [`Server::reply_lost`] needs of the request in entry `i`, for the opcodes
+    /// whose lost reply leaves something to give back.
+    fn save_request(&mut self, i: usize) {
+        let e = self.bufs.entry(i);
+        let saved = &mut self.saved[i];
+        saved.clear();
+        if !matches!(e.opcode(), op::OPEN | op::CREATE | op::SETLK | op::SETLKW) {
+            return;
+        }
+        let hdr = e.header_slice(0, REQ_HEADER_SZ);
+        let len = read_u32(&hdr, 0) as usize;
+        let payload_sz = read_u32(&hdr, ENT_IN_OUT_OFF + 16) as usize;
+        let op_len = len
+            .saturating_sub(IN_HEADER_LEN)
+            .saturating_sub(payload_sz)
+            .min(OP_IN_OUT_SZ);
+        saved.resize(IN_HEADER_LEN + op_len, 0);
+        e.header_slice(0, IN_HEADER_LEN)
+            .copy_to(&mut saved[..IN_HEADER_LEN]);
+        e.header_slice(IN_OUT_HEADER_SZ, op_len)
+            .copy_to(&mut saved[IN_HEADER_LEN..]);
+    }
+
+    /// The commit of entry `i` was refused with ENOENT: its reply never reached the client.
+    fn reply_lost<F: FileSystem>(&mut self, i: usize, server: &Server<F>, stats: &Stats) {
+        stats.lost.fetch_add(1, Ordering::Relaxed);
+        let saved = std::mem::take(&mut self.saved[i]);
+        if saved.is_empty() {
+            return;
+        }
+        let e = self.bufs.entry(i);
+        let body = (read_u32(&e.header_slice(0, REQ_HEADER_SZ), ENT_IN_OUT_OFF + 16) as usize)
+            .min(1024)
+            .min(e.payload_len);
+        let mut reply = vec![0u8; OUT_HEADER_LEN + body];
+        e.header_slice(0, OUT_HEADER_LEN)
+            .copy_to(&mut reply[..OUT_HEADER_LEN]);
+        e.payload_slice(body).copy_to(&mut reply[OUT_HEADER_LEN..]);
+        server.reply_lost(&saved, &reply);
+    }
+
+    fn failed<F: FileSystem>(&mut self, i: usize, errno: i32, server: &Server<F>, stats: &Stats) {
+        if errno == libc::ENOENT {
+            self.reply_lost(i, server, stats);
+        }
         match errno {
             // Connection torn down (unmount, abort, daemon exit) or ring cancelled.
             libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED | libc::ENODEV => {
