@@ -13,6 +13,8 @@
 #                            read(2) requests other than FORGET/INTERRUPT = 1 (INIT)
 #   ring_suite               tests/host/run.sh -t io-uring: the project's guest suite, host
 #                            checks and escape checks on the io-uring mount, rings proven used
+#   ring_pjdfstest           tests/host/pjdfstest.sh -t io-uring: pjdfstest on the io-uring
+#                            mount passes the reference minus the exception list, rings used
 #   blocking_lock_no_stall   --posix-lock: while a process on CPU 0 waits in SETLKW for a
 #                            lock held by another process on CPU 0, that CPU's queue still
 #                            serves (the holder's I/O and unlock), and the waiter gets the lock
@@ -173,6 +175,21 @@ elif ! grep -q '^CHECK PASS io-uring:rings_used' "$W/run.out"; then
     bad ring_suite "no rings_used check passed"
 else
     ok "ring_suite ($summary)"
+fi
+
+# POSIX conformance over the rings: tests/host/pjdfstest.sh -t io-uring (the same reference
+# and exception list as the other transports; it also checks the ring counters).
+tests/host/pjdfstest.sh -t io-uring -d "$DAXFSD" >"$W/pjd.out" 2>&1
+st=$?
+grep -E '^CHECK (PASS|FAIL) ' "$W/pjd.out" | sed 's/^/    /'
+summary=$(grep -E '^pjdfstest: [0-9]+ passed, [0-9]+ failed' "$W/pjd.out" | tail -1)
+if [ $st -ne 0 ] || [ -z "$summary" ]; then
+    bad ring_pjdfstest "tests/host/pjdfstest.sh -t io-uring: ${summary:-$(tail -3 "$W/pjd.out")}"
+elif ! grep -q '^CHECK PASS io-uring: passes the reference' "$W/pjd.out" ||
+    ! grep -q '^CHECK PASS io-uring: rings used' "$W/pjd.out"; then
+    bad ring_pjdfstest "missing checks: $(grep -c '^CHECK PASS' "$W/pjd.out") passed"
+else
+    ok "ring_pjdfstest ($summary)"
 fi
 
 if ! start "$W/lock.log" --io-uring=on --posix-lock; then
