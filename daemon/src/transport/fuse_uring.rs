@@ -18,7 +18,10 @@
 //! 80-byte area), `depth` entries and one mapping for all their buffers. The thread turns an
 //! entry into the server's [`Reader`]/[`Writer`] (header, argument struct, payload; reply header
 //! into the header area, reply body into the payload) and calls the same [`Server::handle`] as
-//! every other transport.
+//! every other transport. A request that may wait indefinitely (SETLKW) is handed with its
+//! entry to a helper thread, so that it cannot stall the rest of its CPU's queue; the queue
+//! thread, the ring's only submitter, commits the helper's answer. A reply the kernel refuses
+//! (ENOENT) goes to [`Server::reply_lost`], which gives back a handle or lock it carried.
 //!
 //! Teardown: on unmount the kernel completes every waiting entry with `-ENOTCONN`; a queue thread
 //! whose entries are all gone exits. [`Rings::shutdown`] (SIGTERM) wakes each thread through an
