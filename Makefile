@@ -101,6 +101,16 @@ test-host: kernel initramfs qemu virtiofsd build
 	tests/host/run.sh -d $(abspath $(DAXFSD_BIN))
 	tests/host/pjdfstest.sh -d $(abspath $(DAXFSD_BIN))
 
+# FUSE-over-io-uring on a host mount (root; sets fuse.enable_uring for the run and restores
+# it): --io-uring=on/auto with the transport off and on, the rings proven to serve, the guest
+# suite, host and escape checks (tests/host/run.sh -t io-uring) and pjdfstest
+# (tests/host/pjdfstest.sh -t io-uring) over the rings, a waiting lock that must not stall its
+# queue, a clean stop on a busy mount. About 30 s.
+# (daemon/tests/fuse_uring.rs, in test-unit, covers the fallback when rings cannot start.)
+.PHONY: test-io-uring
+test-io-uring: build
+	tests/host/io-uring.sh $(DAXFSD_BIN)
+
 test: lint test-unit test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-escape test-lifecycle test-migrate test-launchers
 	@echo "make test: all suites passed"
 

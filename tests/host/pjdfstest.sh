@@ -8,7 +8,11 @@
 # exactly the guest's. bindfs on the host and upstream virtiofsd 1.14 in the guest run the
 # same as peers (reported, not failing).
 #
-#   tests/host/pjdfstest.sh [-d DAXFSD] [-t devfuse,passthrough,guest,bindfs,guest-virtiofsd]
+#   tests/host/pjdfstest.sh [-d DAXFSD] [-t devfuse,passthrough,io-uring,guest,bindfs,guest-virtiofsd]
+#
+# io-uring (not in the default list; needs fuse.enable_uring=Y, which tests/host/io-uring.sh
+# sets and restores): daxfsd --mount --io-uring=on without passthrough; its exit report must
+# show requests served from the rings and none but INIT through read(2) (FORGET aside).
 #
 # Ends with "pjdfstest: N passed, M failed" (checks, not pjdfstest tests).
 set -euo pipefail
@@ -141,9 +145,10 @@ for t in $transports; do
     m=$run/m-${t:0:4}
     mkdir -p "$run/share-$t" "$m"
     case $t in
-        devfuse|passthrough)
+        devfuse|passthrough|io-uring)
             pt=off; [[ $t == passthrough ]] && pt=auto
-            "$daxfsd" --shared-dir "$run/share-$t" --mount "$m" --xattr --passthrough=$pt \
+            ur=off; [[ $t == io-uring ]] && ur=on
+            "$daxfsd" --shared-dir "$run/share-$t" --mount "$m" --xattr --passthrough=$pt --io-uring=$ur \
                 --log-level info </dev/null >"$run/$t.log" 2>&1 &
             echo $! >"$run/pid" ;;
         bindfs) bindfs -o allow_other,dev,suid "$run/share-$t" "$m" ;;
@@ -167,13 +172,22 @@ for t in $transports; do
     else
         bad "$t" "missing: ${missing:-none}; passing beyond reference minus exceptions (drop them from the list): ${extra:-none}; failed: $(tr '\n' ' ' <"$run/$t.fail")"
     fi
+    if [[ $t == io-uring ]]; then
+        line=$(grep -o 'read(2) requests other than.*' "$run/$t.log" | tail -n 1)
+        n=$(sed -n 's/.*io-uring: \([0-9]*\) requests served from.*/\1/p' <<<"$line")
+        if [[ $n =~ ^[0-9]+$ ]] && ((n > 0)) && [[ $line == *"FORGET/INTERRUPT: 1;"* ]]; then
+            ok "$t: rings used ($line)"
+        else
+            bad "$t: rings used" "${line:-no report: $(tail -n 2 "$run/$t.log")}"
+        fi
+    fi
     if [[ $t == passthrough ]]; then
         line=$(grep -o 'passthrough: [0-9]* backing files opened.*' "$run/$t.log" | tail -n 1)
         n=${line#passthrough: }; n=${n%% *}
         if [[ $n =~ ^[0-9]+$ ]] && ((n > 0)); then ok "$t: passthrough used ($line)"; else bad "$t: passthrough used" "${line:-no report}"; fi
     fi
 done
-for a in devfuse passthrough; do
+for a in devfuse passthrough io-uring; do
     [[ -f $run/$a.pass && -s $run/guest.pass ]] || continue
     if cmp -s "$run/$a.pass" "$run/guest.pass"; then
         ok "$a passes the same tests as the guest ($(wc -l <"$run/guest.pass"))"

@@ -8,8 +8,12 @@
 # SIGUSR1 report (passthrough: backing files opened > 0; devfuse: no passthrough at all) and
 # a clean SIGTERM (exit 0, unmounted). Then a SIGKILLed daemon's stale mount must be
 # refused at the next start with the fix named, and nothing unmounted.
+# Transport io-uring (not in the default list): daxfsd --io-uring=on, without passthrough;
+# the SIGUSR1 report must show requests served from the rings and none but INIT through
+# read(2) besides FORGET/INTERRUPT. It needs fuse.enable_uring=Y: tests/host/io-uring.sh
+# sets it (and restores it) and runs `-t io-uring`.
 #
-#   tests/host/run.sh [-t devfuse,passthrough,bindfs] [-d DAXFSD] [--skip a,b] [-v]
+#   tests/host/run.sh [-t devfuse,passthrough,io-uring,bindfs] [-d DAXFSD] [--skip a,b] [-v]
 #
 # Ends with "host: N passed, M failed".
 set -euo pipefail
@@ -71,9 +75,10 @@ gcc -O2 -Wall -Wextra -Werror -o "$run/vfstest" tests/e2e/guest/vfstest.c
 
 # start_daxfsd T SHARE MNT LOG: mounts and records the pid in $run/pid.
 start_daxfsd() {
-    local pt=off
+    local pt=off ur=off
     [[ $1 == passthrough ]] && pt=auto
-    setsid "$daxfsd" --shared-dir "$2" --mount "$3" --xattr --passthrough=$pt \
+    [[ $1 == io-uring ]] && ur=on
+    setsid "$daxfsd" --shared-dir "$2" --mount "$3" --xattr --passthrough=$pt --io-uring=$ur \
         --log-level info </dev/null >>"$4" 2>&1 &
     echo $! >"$run/pid"
     wait_mounted "$3" || { cat "$4" >&2; return 1; }
@@ -199,7 +204,7 @@ passthrough_opened() {
 
 t0=$SECONDS
 for t in $transports; do
-    case $t in devfuse|passthrough) peer=0 ;; bindfs) peer=1 ;; *) die "unknown transport '$t'" ;; esac
+    case $t in devfuse|passthrough|io-uring) peer=0 ;; bindfs) peer=1 ;; *) die "unknown transport '$t'" ;; esac
     d=$run/$t
     share=$d/share m=$d/mnt outside=$d/outside dlog=$d/daemon.log
     mkdir -p "$share" "$m" "$outside/sub"
@@ -260,6 +265,16 @@ EOF
             fi
         elif [[ $opened == none ]]; then
             ok "$t:no_passthrough"
+            if [[ $t == io-uring ]]; then
+                ring=$(grep 'requests served from' "$dlog" | tail -n 1)
+                served=$(sed -n 's/.*io-uring: \([0-9]*\) requests served from.*/\1/p' <<<"$ring")
+                if [[ $served =~ ^[0-9]+$ ]] && ((served > 0)) &&
+                    [[ $ring == *"other than FORGET/INTERRUPT: 1;"* ]]; then
+                    ok "$t:rings_used (${ring#*read(2) })"
+                else
+                    bad "$t:rings_used" "report: ${ring:-$(grep 'dev/fuse:' "$dlog" | tail -n 1)}"
+                fi
+            fi
         else
             bad "$t:no_passthrough" "--passthrough=off registered backing files: $opened"
         fi
@@ -272,7 +287,7 @@ EOF
         bad "$t:clean_stop" "rc=$rc; $(grep " $m " /proc/mounts) $(tail -n 3 "$dlog")"
     fi
     if [[ $t != bindfs ]] && grep -q 'SIGTERM: session ended' "$dlog"; then
-        grep -q 'passthrough: .* 0 live' "$dlog" || [[ $t == devfuse ]] ||
+        grep -q 'passthrough: .* 0 live' "$dlog" || [[ $t == devfuse || $t == io-uring ]] ||
             bad "$t:backing_ids_closed" "$(grep -o 'passthrough: .*' "$dlog" | tail -n 1)"
     fi
     if grep -q '^E2E RESULT ' "$out" && [[ -z $skip ]]; then

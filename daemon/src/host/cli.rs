@@ -142,6 +142,12 @@ pub struct Cli {
     #[arg(long, value_name = "POLICY", default_value = "auto", value_parser = parse_passthrough)]
     pub passthrough: PassthroughPolicy,
 
+    /// With --mount: take requests over FUSE-over-io-uring (per-CPU ring queues) instead of
+    /// read(2) on /dev/fuse: auto (when the kernel offers it: Linux 6.14+ with
+    /// `fuse.enable_uring=Y`), on (fail when it cannot), or off.
+    #[arg(long, value_name = "MODE", default_value = "auto", value_parser = parse_io_uring)]
+    pub io_uring: IoUringMode,
+
     /// Maximum thread pool size. A value of "0" disables the pool (each request queue is
     /// served on its own thread). With --mount: the number of threads reading /dev/fuse
     /// (0 = the default, 4).
@@ -423,6 +429,27 @@ pub fn parse_dax_policy(s: &str) -> Result<crate::server::DaxPolicy, String> {
     }
 }
 
+/// `--io-uring`: how a host mount takes its requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoUringMode {
+    /// The rings when the kernel offers them, else read(2).
+    #[default]
+    Auto,
+    /// The rings or a one-line error.
+    On,
+    /// read(2) on /dev/fuse only.
+    Off,
+}
+
+fn parse_io_uring(s: &str) -> Result<IoUringMode, String> {
+    match s {
+        "auto" => Ok(IoUringMode::Auto),
+        "on" | "yes" => Ok(IoUringMode::On),
+        "off" | "no" => Ok(IoUringMode::Off),
+        _ => Err(format!("{s:?}: use auto, on or off")),
+    }
+}
+
 /// `--passthrough`: which regular files the kernel reads and writes itself on a host mount.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PassthroughPolicy {
@@ -579,6 +606,11 @@ impl Cli {
         } else if self.passthrough != PassthroughPolicy::Auto {
             return Err(CliError::Invalid(
                 "--passthrough only applies to --mount (a VM has no host page cache to pass through); drop it".into(),
+            ));
+        }
+        if self.mount.is_none() && self.io_uring != IoUringMode::Auto {
+            return Err(CliError::Invalid(
+                "--io-uring only applies to --mount (a VM's requests come over virtqueues); drop it".into(),
             ));
         }
         if self.mount.is_none() && self.socket_path.is_none() && self.fd.is_none() {

@@ -17,15 +17,16 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::abi::init_flags;
 use crate::backing;
 use crate::caps::{self, CapSet};
-use crate::cli::{Cli, PassthroughPolicy, Seccomp};
+use crate::cli::{Cli, IoUringMode, PassthroughPolicy, Seccomp};
 use crate::daemon::{capabilities_to_keep, passthrough_config, raise_nofile};
 use crate::dev_fuse::{self, Counters, MountOptions, Unmounter};
+use crate::fuse_uring;
 use crate::mapper::{Mapper, NoMapper};
 use crate::passthrough::PassthroughFs;
 use crate::sandbox::{self, Entered};
@@ -41,6 +42,8 @@ const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHU
 enum Event {
     Worker(io::Result<()>),
     Stop(libc::c_int),
+    /// The session cannot go on as asked (`--io-uring=on` without rings).
+    Fatal(io::Error),
 }
 
 fn signal_name(sig: libc::c_int) -> &'static str {
@@ -88,6 +91,8 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         // FUSE_DEV_IOC_BACKING_OPEN needs CAP_SYS_ADMIN in the initial user namespace.
         keep = CapSet(keep.0 | (caps_before.0 & CapSet::of(&[caps::CAP_SYS_ADMIN]).0));
     }
+    // Before mounting (a refusal leaves nothing behind) and the sandbox (it may hide /sys).
+    let uring = io_uring_wanted(cli.io_uring)?;
 
     let mounted = dev_fuse::mount(
         &mountpoint,
@@ -156,6 +161,7 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         can_pass_through,
         &mut unmounter,
         &mountpoint,
+        uring,
     );
     if result.is_err() {
         report_unmount(&mut unmounter, &mountpoint);
@@ -181,6 +187,28 @@ fn report_unmount(u: &mut Unmounter, mountpoint: &std::path::Path) {
     }
 }
 
+/// Whether to offer FUSE-over-io-uring at INIT (`--io-uring`); logs why not.
+fn io_uring_wanted(mode: IoUringMode) -> io::Result<bool> {
+    if mode == IoUringMode::Off {
+        log::info!("io-uring: off (--io-uring=off): requests come through read(2) on /dev/fuse");
+        return Ok(false);
+    }
+    match fuse_uring::availability() {
+        fuse_uring::Availability::Available => Ok(true),
+        fuse_uring::Availability::Unavailable(why) if mode == IoUringMode::On => {
+            Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("--io-uring=on: {why}; or use --io-uring=auto"),
+            ))
+        }
+        fuse_uring::Availability::Unavailable(why) => {
+            log::info!("io-uring: not used: {why}; requests come through read(2) on /dev/fuse");
+            Ok(false)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn serve(
     cli: &Cli,
     dev: std::fs::File,
@@ -189,6 +217,7 @@ fn serve(
     can_pass_through: bool,
     unmounter: &mut Unmounter,
     mountpoint: &std::path::Path,
+    uring: bool,
 ) -> io::Result<()> {
     // The stop signals (and SIGUSR1, the report) are taken with sigwait by their threads;
     // every thread spawned from here on inherits the mask.
@@ -213,6 +242,9 @@ fn serve(
         false => backing::Policy::Off,
     };
     let mut opts = ServerOptions::default();
+    if uring {
+        opts.transport_flags |= init_flags::OVER_IO_URING;
+    }
     if policy != backing::Policy::Off {
         opts.transport_flags |= init_flags::PASSTHROUGH;
         // Backing files on a plain filesystem; our mount may itself be a lower layer of
@@ -228,21 +260,53 @@ fn serve(
     }
     let server = Arc::new(server);
     let counters = Arc::new(Counters::default());
+    let ring_stats = Arc::new(fuse_uring::Stats::default());
     {
-        let (c, s) = (counters.clone(), server.clone());
+        let (c, s, r) = (counters.clone(), server.clone(), ring_stats.clone());
         crate::daemon::spawn_sigusr1_reporter(move || {
-            log::info!("{}", report(&c, s.passthrough_stats()))
+            log::info!("{}", report(&c, s.passthrough_stats(), &r))
         });
     }
+    let extra = if uring { seccomp::IO_URING } else { &[] };
 
     match cli.seccomp {
         Seccomp::None => {}
-        Seccomp::Kill => seccomp::install(seccomp::Action::Kill)?,
-        Seccomp::Log => seccomp::install(seccomp::Action::Log)?,
-        Seccomp::Trap => seccomp::install(seccomp::Action::Trap)?,
+        Seccomp::Kill => seccomp::install_with(seccomp::Action::Kill, extra)?,
+        Seccomp::Log => seccomp::install_with(seccomp::Action::Log, extra)?,
+        Seccomp::Trap => seccomp::install_with(seccomp::Action::Trap, extra)?,
     }
 
     let (tx, rx) = mpsc::channel();
+    let rings: Arc<Mutex<Option<fuse_uring::Rings>>> = Arc::default();
+    if uring {
+        // Registered by the worker that answers INIT, right after its reply.
+        let (rings, server, stats, tx) = (
+            rings.clone(),
+            server.clone(),
+            ring_stats.clone(),
+            tx.clone(),
+        );
+        let (dev_fd, required) = (dev.as_raw_fd(), cli.io_uring == IoUringMode::On);
+        let started = std::sync::atomic::AtomicBool::new(false);
+        counters.after_init.set(move || {
+            if started.swap(true, Ordering::SeqCst) {
+                return;
+            }
+            let r = fuse_uring::start_after_init(
+                dev_fd,
+                server.clone(),
+                fuse_uring::DEFAULT_DEPTH,
+                stats.clone(),
+                required,
+            );
+            match r {
+                Ok(r) => *rings.lock().unwrap_or_else(|e| e.into_inner()) = r,
+                Err(e) => {
+                    let _ = tx.send(Event::Fatal(e));
+                }
+            }
+        });
+    }
     let threads = match cli.thread_pool_size {
         0 => dev_fuse::DEFAULT_THREADS,
         n => n,
@@ -317,6 +381,14 @@ fn serve(
                     first_err.get_or_insert(e);
                 }
             }
+            Some(Event::Fatal(e)) => {
+                log::error!("{e}");
+                first_err.get_or_insert(e);
+                if deadline.is_none() {
+                    report_unmount(unmounter, mountpoint);
+                    deadline = Some(Instant::now() + GRACE);
+                }
+            }
             Some(Event::Stop(sig)) => {
                 if stopped_by.is_some() {
                     log::warn!(
@@ -335,9 +407,12 @@ fn serve(
     if stopped_by.is_none() && first_err.is_none() {
         log::info!("{}: unmounted, exiting", mountpoint.display());
     }
+    if let Some(r) = rings.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        r.shutdown();
+    }
     let pt = server.passthrough_stats();
     server.reset();
-    log::info!("{}", report(&counters, pt));
+    log::info!("{}", report(&counters, pt, &ring_stats));
     match (stopped_by, first_err) {
         (Some(sig), _) => {
             log::info!("{}: session ended, exiting", signal_name(sig));
@@ -348,7 +423,7 @@ fn serve(
     }
 }
 
-fn report(c: &Counters, pt: Option<backing::Stats>) -> String {
+fn report(c: &Counters, pt: Option<backing::Stats>, r: &fuse_uring::Stats) -> String {
     let mut s = format!(
         "/dev/fuse: {} requests, {} interrupted replies, {} reply write errors",
         c.requests.load(Ordering::Relaxed),
@@ -358,6 +433,17 @@ fn report(c: &Counters, pt: Option<backing::Stats>) -> String {
     if let Some(p) = pt {
         s.push_str("; ");
         s.push_str(&p.to_string());
+    }
+    let queues = r.queues.load(Ordering::Relaxed);
+    if queues > 0 {
+        s.push_str(&format!(
+            "; read(2) requests other than FORGET/INTERRUPT: {}; io-uring: {} requests served from {queues} queues x {} entries, {} malformed, {} replies lost",
+            c.not_forget.load(Ordering::Relaxed),
+            r.served.load(Ordering::Relaxed),
+            r.depth.load(Ordering::Relaxed),
+            r.malformed.load(Ordering::Relaxed),
+            r.lost.load(Ordering::Relaxed),
+        ));
     }
     s
 }

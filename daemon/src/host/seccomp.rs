@@ -167,6 +167,15 @@ pub const ALLOWED: &[(&str, libc::c_long)] = &[
     ("removexattr", libc::SYS_removexattr),
 ];
 
+/// Added to [`ALLOWED`] when a host mount serves FUSE-over-io-uring (`--io-uring`): the ring
+/// calls, and pinning each queue thread next to its CPU.
+pub const IO_URING: &[(&str, libc::c_long)] = &[
+    ("io_uring_setup", libc::SYS_io_uring_setup),
+    ("io_uring_enter", libc::SYS_io_uring_enter),
+    ("io_uring_register", libc::SYS_io_uring_register),
+    ("sched_setaffinity", libc::SYS_sched_setaffinity),
+];
+
 /// `clone` flags that would leave the process's namespaces.
 const CLONE_NAMESPACES: u64 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWCGROUP
@@ -270,9 +279,14 @@ fn compile_err(e: impl std::fmt::Display) -> io::Error {
 /// Builds the filters for `action`. Allocates; [`Filters::install_this_thread`] does not, so
 /// a forked child can install a filter built before the fork.
 pub fn build(action: Action) -> io::Result<Filters> {
+    build_with(action, &[])
+}
+
+/// [`build`] with `extra` calls allowed too (e.g. [`IO_URING`]).
+pub fn build_with(action: Action, extra: &[(&str, libc::c_long)]) -> io::Result<Filters> {
     let arch = arch()?;
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    for &(_, nr) in ALLOWED {
+    for &(_, nr) in ALLOWED.iter().chain(extra) {
         rules.insert(nr, Vec::new());
     }
     for (nr, r) in conditional_rules().map_err(compile_err)? {
@@ -388,14 +402,19 @@ pub fn install_sigsys_reporter() -> io::Result<()> {
 
 /// Builds and installs the filter for `action` on every thread (see the module docs).
 pub fn install(action: Action) -> io::Result<()> {
-    let f = build(action)?;
+    install_with(action, &[])
+}
+
+/// [`install`] with `extra` calls allowed too.
+pub fn install_with(action: Action, extra: &[(&str, libc::c_long)]) -> io::Result<()> {
+    let f = build_with(action, extra)?;
     if action == Action::Trap {
         install_sigsys_reporter()?;
     }
     f.install_all_threads()?;
     log::info!(
         "seccomp: {} system calls allowed, others: {:?} ({} BPF instructions)",
-        allowed_count(),
+        allowed_count() + extra.len(),
         action,
         f.len()
     );

@@ -183,6 +183,8 @@ pub mod init_flags {
     pub const NO_EXPORT_SUPPORT: u64 = 1 << 38;
     pub const HAS_RESEND: u64 = 1 << 39;
     pub const ALLOW_IDMAP: u64 = 1 << 40;
+    /// The client can take requests over io_uring (Linux 6.14+, `fuse.enable_uring=Y`).
+    pub const OVER_IO_URING: u64 = 1 << 41;
 }
 
 /// `fuse_open_out.open_flags`.

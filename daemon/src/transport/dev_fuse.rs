@@ -462,10 +462,42 @@ impl Unmounter {
     }
 }
 
+/// A callback the worker that wrote the INIT reply runs right after the write (the kernel
+/// has then set up the connection): the io-uring transport registers its rings there.
+#[derive(Default)]
+pub struct InitHook(std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>);
+
+impl InitHook {
+    /// Sets the callback (once; later calls are ignored).
+    pub fn set(&self, f: impl Fn() + Send + Sync + 'static) {
+        let _ = self.0.set(Box::new(f));
+    }
+
+    fn run(&self) {
+        if let Some(f) = self.0.get() {
+            f();
+        }
+    }
+}
+
+impl std::fmt::Debug for InitHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "InitHook(set)"
+        } else {
+            "InitHook"
+        })
+    }
+}
+
 /// Reply-write outcomes and the like, for the exit report.
 #[derive(Debug, Default)]
 pub struct Counters {
     pub requests: AtomicU64,
+    /// Requests other than FORGET, BATCH_FORGET and INTERRUPT (which Linux sends through
+    /// read(2) even when the io-uring transport serves the rest).
+    pub not_forget: AtomicU64,
+    pub after_init: InitHook,
     /// Replies the kernel refused with ENOENT: the request was interrupted meanwhile.
     pub interrupted: AtomicU64,
     pub write_errors: AtomicU64,
@@ -501,11 +533,23 @@ fn answer<F: FileSystem>(
         // Already logged by the server; an unreadable request gets no reply.
         Err(_) => return Ok(()),
     };
+    {
+        use crate::abi::opcode as op;
+        if !matches!(
+            handled.opcode,
+            op::FORGET | op::BATCH_FORGET | op::INTERRUPT
+        ) {
+            counters.not_forget.fetch_add(1, Ordering::Relaxed);
+        }
+    }
     if handled.written == 0 {
         return Ok(());
     }
     // SAFETY: writes `written` bytes of `out`, which the server filled.
     let m = unsafe { libc::write(fd, out.as_ptr().cast(), handled.written) };
+    if m >= 0 && handled.opcode == crate::abi::opcode::INIT {
+        counters.after_init.run();
+    }
     if m < 0 {
         let e = io::Error::last_os_error();
         match e.raw_os_error() {

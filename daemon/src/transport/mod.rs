@@ -1,4 +1,5 @@
 //! Transports: each turns its own framing into the server's `Reader`/`Writer` pairs.
 
 pub mod dev_fuse;
+pub mod fuse_uring;
 pub mod vhost_user;
