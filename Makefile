@@ -111,7 +111,7 @@ test-host: kernel initramfs qemu virtiofsd build
 test-io-uring: build
 	tests/host/io-uring.sh $(DAXFSD_BIN)
 
-test: lint test-unit test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-escape test-lifecycle test-migrate test-launchers
+test: lint test-unit test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-escape test-lifecycle test-migrate test-launchers test-acl test-fhandles test-lima test-host test-io-uring
 	@echo "make test: all suites passed"
 
 demo: kernel initramfs qemu release
