@@ -128,3 +128,25 @@ apt_get() {
         return 1
     done
 }
+
+# tree_snapshot DIR...: one line per entry below each DIR (path, mode, owner, size, mtime,
+# ctime, content hash, xattr names), for the escape checks' before/after comparisons.
+tree_snapshot() {
+    python3 - "$@" <<'PY'
+import hashlib, os, sys
+for root in sys.argv[1:]:
+    for d, dirs, files in os.walk(root):
+        dirs.sort()
+        for n in sorted(dirs + files):
+            p = os.path.join(d, n)
+            st = os.lstat(p)
+            h = ""
+            if os.path.isfile(p) and not os.path.islink(p):
+                h = hashlib.sha256(open(p, "rb").read()).hexdigest()
+            try:
+                x = sorted(os.listxattr(p, follow_symlinks=False))
+            except OSError:
+                x = []
+            print(p, oct(st.st_mode), st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns, st.st_ctime_ns, h, x)
+PY
+}

@@ -37,27 +37,7 @@ printf 'secret\n' >"$outside/secret"
 printf 'keep\n' >"$outside/sub/keep"
 chmod 0640 "$outside/secret"
 
-# Names, types, sizes, modes, owners, mtimes, content hashes and xattrs of a tree.
-snapshot() {
-    python3 - "$@" <<'PY'
-import hashlib, os, sys
-for root in sys.argv[1:]:
-    for d, dirs, files in os.walk(root):
-        dirs.sort()
-        for n in sorted(dirs + files):
-            p = os.path.join(d, n)
-            st = os.lstat(p)
-            h = ""
-            if os.path.isfile(p) and not os.path.islink(p):
-                h = hashlib.sha256(open(p, "rb").read()).hexdigest()
-            try:
-                x = sorted(os.listxattr(p, follow_symlinks=False))
-            except OSError:
-                x = []
-            print(p, oct(st.st_mode), st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns, st.st_ctime_ns, h, x)
-PY
-}
-before=$(snapshot "$outside"; ls -1A "$work")
+before=$(tree_snapshot "$outside"; ls -1A "$work")
 
 cat >"$scratch/guest.sh" <<EOF
 cd /mnt || exit 1
@@ -83,7 +63,7 @@ log "guest plants symlinks and tries to reach $outside"
 rc=0
 "$RIG_ROOT/scripts/vm.sh" "${verbose[@]}" -p pci -d "$daemon" -s "$share" --script "$scratch/guest.sh" -T 120 \
     >"$scratch/out.txt" || rc=$?
-after=$(snapshot "$outside"; ls -1A "$work")
+after=$(tree_snapshot "$outside"; ls -1A "$work")
 
 if ((rc == 0)) && grep -q GUEST-DONE "$scratch/out.txt"; then ok guest_ran; else bad guest_ran "vm.sh rc=$rc"; fi
 if [[ $before == "$after" ]]; then

@@ -118,7 +118,7 @@ stop() {
 # files' modes allow (mode bits and ownership of what that user creates are the user's).
 escape_checks() { # T SHARE MNT OUTSIDE
     local t=$1 share=$2 m=$3 outside=$4 before after
-    before=$(snapshot "$outside")
+    before=$(tree_snapshot "$outside")
     mkdir "$m/esc"
     ln -s / "$m/esc/root"; ln -s "$outside" "$m/esc/hostside"; ln -s "$outside/secret" "$m/esc/hostsecret"
     ln -s ../../.. "$m/esc/up"
@@ -139,7 +139,7 @@ escape_checks() { # T SHARE MNT OUTSIDE
             echo "ESC: rename(2) to outside"
         true
     ) >"$run/esc.out" 2>&1
-    after=$(snapshot "$outside")
+    after=$(tree_snapshot "$outside")
     if [[ $before == "$after" ]] && ! grep -q '^ESC:' "$run/esc.out"; then
         ok "$t:escape_outside_untouched"
     else
@@ -172,25 +172,6 @@ escape_checks() { # T SHARE MNT OUTSIDE
     rm -rf "$m/esc"
 }
 
-snapshot() {
-    python3 - "$@" <<'PY'
-import hashlib, os, sys
-for root in sys.argv[1:]:
-    for d, dirs, files in os.walk(root):
-        dirs.sort()
-        for n in sorted(dirs + files):
-            p = os.path.join(d, n)
-            st = os.lstat(p)
-            h = ""
-            if os.path.isfile(p) and not os.path.islink(p):
-                h = hashlib.sha256(open(p, "rb").read()).hexdigest()
-            try:
-                x = sorted(os.listxattr(p, follow_symlinks=False))
-            except OSError:
-                x = []
-            print(p, oct(st.st_mode), st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns, st.st_ctime_ns, h, x)
-PY
-}
 
 # passthrough_opened LOG: backing files opened over every daemon run in LOG (the suite's
 # remount restarts the daemon): the sum of each run's last report, or "none".

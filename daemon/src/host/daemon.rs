@@ -103,7 +103,7 @@ pub(crate) fn passthrough_config(cli: &Cli) -> io::Result<passthrough::Config> {
 
 /// Sets RLIMIT_NOFILE to `want` (0: leave it), by default min(1000000, fs.nr_open) like
 /// virtiofsd.
-pub(crate) fn raise_nofile(want: Option<u64>) -> io::Result<()> {
+fn raise_nofile(want: Option<u64>) -> io::Result<()> {
     let target = match want {
         Some(0) => return Ok(()),
         Some(n) => n,
@@ -364,6 +364,18 @@ pub(crate) fn capabilities_to_keep(cli: &Cli, had: CapSet) -> io::Result<CapSet>
     Ok(CapSet(want.0 & had.0))
 }
 
+/// What both modes (vhost-user and `--mount`) do first: the descriptor limit (a failure to
+/// raise it is only a warning when the user did not ask for a limit) and the shared directory.
+pub(crate) fn common_setup(cli: &Cli) -> io::Result<std::path::PathBuf> {
+    match raise_nofile(cli.rlimit_nofile) {
+        Err(e) if cli.rlimit_nofile.is_none() => log::warn!("{e}; keeping the current limit"),
+        r => r?,
+    }
+    cli.shared_dir
+        .clone()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "missing --shared-dir"))
+}
+
 /// Runs the daemon until the frontend disconnects.
 ///
 /// Start-up order: open-file limit, listening socket, sandbox (a namespace sandbox forks
@@ -373,14 +385,7 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     if cli.mount.is_some() {
         return crate::host::mount::run(cli);
     }
-    match raise_nofile(cli.rlimit_nofile) {
-        Err(e) if cli.rlimit_nofile.is_none() => log::warn!("{e}; keeping the current limit"),
-        r => r?,
-    }
-    let shared_dir = cli
-        .shared_dir
-        .clone()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "missing --shared-dir"))?;
+    let shared_dir = common_setup(cli)?;
     let (_, caps_before, _) = caps::current()?;
     let keep = capabilities_to_keep(cli, caps_before)?;
 

@@ -24,7 +24,7 @@ use crate::abi::init_flags;
 use crate::backing;
 use crate::caps::{self, CapSet};
 use crate::cli::{Cli, IoUringMode, PassthroughPolicy, Seccomp};
-use crate::daemon::{capabilities_to_keep, passthrough_config, raise_nofile};
+use crate::daemon::{capabilities_to_keep, common_setup, passthrough_config};
 use crate::dev_fuse::{self, Counters, MountOptions, Unmounter};
 use crate::fuse_uring;
 use crate::mapper::{Mapper, NoMapper};
@@ -57,14 +57,7 @@ fn signal_name(sig: libc::c_int) -> &'static str {
 
 /// Runs `daxfsd --mount` until the mount goes away or a stop signal came.
 pub fn run(cli: &Cli) -> io::Result<()> {
-    match raise_nofile(cli.rlimit_nofile) {
-        Err(e) if cli.rlimit_nofile.is_none() => log::warn!("{e}; keeping the current limit"),
-        r => r?,
-    }
-    let shared_dir = cli
-        .shared_dir
-        .clone()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "missing --shared-dir"))?;
+    let shared_dir = common_setup(cli)?;
     let requested = cli
         .mount
         .clone()
