@@ -585,7 +585,9 @@ def render_png(res, path):
         axp.set_xticklabels([short[j] for j in jobs_p], fontsize=7, rotation=20, ha="right")
         axp.set_ylabel("MiB/s (log)", fontsize=8)
         axp.tick_params(axis="y", labelsize=7)
-        axp.set_title("window pressure: 4x a 64M window, and in-window", fontsize=9)
+        axp.set_title("window pressure: 4x a 64M window, and in-window"
+                      + (f"\n(run {res['combined'][1]['run_id']})" if res.get("combined") else ""),
+                      fontsize=9)
         lo, hi = axp.get_ylim()
         axp.set_ylim(lo, hi * 30)  # room for the legend above the bars
         axp.legend(fontsize=6, loc="upper left", frameon=False, ncol=2)
