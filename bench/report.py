@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Summaries, report.md and report.png for a benchmark run (bench/run.py writes the JSON).
 
-    bench/report.py RESULTS.json [--md FILE] [--png FILE]
+    bench/report.py RESULTS.json [--md FILE] [--png FILE] [--pressure-from RUN.json]
 
 re-renders a run's report from its JSON (default: next to the JSON, same base name).
+--pressure-from replaces the run's `pressure` section with the one of RUN.json (a later
+`--only pressure` run): the report then says which sections come from which run.
 """
 import json
 import os
@@ -123,6 +125,34 @@ def summarize(res):
     return res
 
 
+def combine(full, pr):
+    """`full` with its pressure section replaced by the pressure section of run `pr`."""
+    def keep(xs):
+        return [x for x in xs if x.get("section") != "pressure"]
+
+    def pressure(xs):
+        return [x for x in xs if x.get("section") == "pressure"]
+
+    out = dict(full)
+    out["cells"] = keep(full.get("cells", [])) + pressure(pr.get("cells", []))
+    out["boots"] = keep(full.get("boots", [])) + pressure(pr.get("boots", []))
+    out["configs"] = {**full.get("configs", {}), **pr.get("configs", {})}
+    out["settings"] = {**full.get("settings", {}),
+                       "pressure_file_size": pr.get("settings", {}).get("pressure_file_size")}
+    pm = pr.get("machine", {})
+    out["combined"] = [
+        {"run_id": full["run_id"], "mode": full.get("mode"), "started": full.get("started"),
+         "sections": "every section but pressure"},
+        {"run_id": pr["run_id"], "mode": pr.get("mode"), "started": pr.get("started"),
+         "sections": "pressure", "daxfsd": pm.get("daxfsd"), "guest_kernel": pm.get("guest_kernel"),
+         "runtime_s": pr.get("settings", {}).get("runtime_s"),
+         "repeats": pr.get("settings", {}).get("repeats"),
+         "loadavg": [pm.get("loadavg_start"), pm.get("loadavg_end")]},
+    ]
+    out["run_id"] = f"{full['run_id']} + {pr['run_id']}"
+    return out
+
+
 # ---- markdown ---------------------------------------------------------------------------
 
 def cell(summary, sec, cfg, job):
@@ -221,11 +251,24 @@ def render_md(res):
     out = []
     w = out.append
     w(f"# daxfsd benchmark report: run {res['run_id']}\n")
+    if res.get("combined"):
+        full, pr = res["combined"]
+        w(f"**Two runs combined** (`bench/report.py {full['run_id']}.json --pressure-from "
+          f"{pr['run_id']}.json`): the window-pressure section comes from run {pr['run_id']} "
+          f"(started {pr['started']}, "
+          f"{pr.get('daxfsd', '?')}, guest kernel {pr.get('guest_kernel', '?')} with "
+          f"guest-kernel/patches, {pr.get('repeats')} boots per configuration x "
+          f"{pr.get('runtime_s')} s, host load "
+          f"{' '.join((pr.get('loadavg') or [[]])[0] or [])} at its start); every other section "
+          f"from run {full['run_id']} (started {full['started']}). Each run's own report: "
+          f"`bench/results/{full['run_id']}.md`, `bench/results/{pr['run_id']}.md`. Ratios are "
+          "only taken between configurations of the same run.\n")
     dur = res.get("duration_s")
     w(f"{res.get('mode', '?')} run, {res.get('started', '?')} to {res.get('finished', '?')}"
       + (f" ({dur / 60:.1f} min; estimated {res.get('estimate_s', 0) / 60:.1f} min)" if dur else "")
       + (", **interrupted**" if res.get("interrupted") else "")
-      + f". Every cell with its repeats, latencies and daemon cost: `bench/results/{res['run_id']}.json`."
+      + ". Every cell with its repeats, latencies and daemon cost: "
+      + ", ".join(f"`bench/results/{r['run_id']}.json`" for r in res.get("combined", [res])) + "."
       + f" Raw fio output and console logs: `{res.get('raw_dir', '?')}`.\n")
     w("Absolute numbers are TCG numbers on a shared 2-core host and move with its load: "
       "compare the ratios, which come from configurations measured side by side in one run "
@@ -550,7 +593,9 @@ def render_png(res, path):
         axp.set_xticklabels([short[j] for j in jobs_p], fontsize=7, rotation=20, ha="right")
         axp.set_ylabel("MiB/s (log)", fontsize=8)
         axp.tick_params(axis="y", labelsize=7)
-        axp.set_title("window pressure: 4x a 64M window, and in-window", fontsize=9)
+        axp.set_title("window pressure: 4x a 64M window, and in-window"
+                      + (f"\n(run {res['combined'][1]['run_id']})" if res.get("combined") else ""),
+                      fontsize=9)
         lo, hi = axp.get_ylim()
         axp.set_ylim(lo, hi * 30)  # room for the legend above the bars
         axp.legend(fontsize=6, loc="upper left", frameon=False, ncol=2)
@@ -634,16 +679,21 @@ def main():
     base = os.path.splitext(src)[0]
     md, png = base + ".md", base + ".png"
     args = sys.argv[2:]
+    pfrom = None
     while args:
         if args[0] == "--md" and len(args) > 1:
             md = args[1]
         elif args[0] == "--png" and len(args) > 1:
             png = args[1]
+        elif args[0] == "--pressure-from" and len(args) > 1:
+            pfrom = args[1]
         else:
             print(__doc__, file=sys.stderr)
             return 2
         args = args[2:]
     res = json.load(open(src))
+    if pfrom:
+        res = combine(res, json.load(open(pfrom)))
     render(res, md, png)
     print(f"{md}\n{png}")
     return 0

@@ -6,8 +6,9 @@
 #
 # --dax-policy mounts with -o dax_policy=P (guest-kernel/patches: the window policy; the
 # kernel's default is hybrid); without it the kernel's default policy is checked. fio_4x_window
-# wants 1,000 maps and unmaps with upstream (a remap per miss), 100 with hybrid (misses go to
-# FUSE_READ/WRITE; the ranges still cycle, fio's verify pass alone streams 128 of them).
+# wants 1,000 maps and unmaps with upstream (a remap per miss), 100 with hybrid (random misses go
+# to FUSE_READ/WRITE unless a range proves hot; the sequential md5 pass after fio is a stream,
+# which maps all 128 ranges of the file through the 32-range window).
 #
 # Run 1, `-o dax=always`, 64 MiB window, --cache never:
 #   mount_dax          the mount really is dax=always and the guest saw the window
@@ -16,8 +17,9 @@
 #   mmap_shared        MAP_SHARED read/write coherent with read()/write()
 #   truncate_extend    truncate and extend of a mapped file (content and size, both sides)
 #   small_file_tail    a file that ends mid-page (shadow tail) reads and writes correctly
-#   fio_4x_window      fio verify=crc32c over a file 4x the window (reclaim: thousands of
-#                      maps and unmaps, zero failures in the daemon's counters)
+#   fio_4x_window      fio verify=crc32c over a file 4x the window, then a sequential md5 of it
+#                      in the guest equal to the host's (reclaim: hundreds to thousands of maps
+#                      and unmaps, zero failures in the daemon's counters)
 # Run 2, `-o dax=inode` (the guest's default) with --dax-policy size:1M:
 #   inode_policy       only the large file is mapped
 # Run 3, `-o dax=always`, daemon with --modcaps=-dac_override (files the daemon cannot map
@@ -98,6 +100,9 @@ fio --name=big --filename=/mnt/big --size=256M --rw=randwrite --bs=64k --ioengin
     --verify=crc32c --do_verify=1 --verify_fatal=1 --output=/tmp/fio.out >/dev/null 2>&1
 frc=\$?
 check fio_verify [ \$frc = 0 ] || tail -n 20 /tmp/fio.out
+# A sequential pass over the same file: a stream, which every policy maps range by range
+# (128 ranges through a 32-range window); the host compares the digest after the VM exits.
+md5sum /mnt/big | cut -d' ' -f1 >/mnt/big.guest.md5
 exit \$rc
 EOF
 log1="$logs/e2e-dax-$(date +%Y%m%d-%H%M%S)-$$.log"
@@ -140,11 +145,14 @@ if grep -q '^GUEST PASS small_read' "$work/out1.txt" && grep -q '^GUEST PASS sma
 else
     bad small_file_tail "host has '$(cat "$share/small" 2>/dev/null)'"
 fi
+big_guest=$(cat "$share/big.guest.md5" 2>/dev/null || echo missing)
+big_host=$(md5 "$share/big" 2>/dev/null || echo none)
 if grep -q '^GUEST PASS fio_verify' "$work/out1.txt" && [[ $(stat -c %s "$share/big" 2>/dev/null) == 268435456 ]] &&
+    [[ $big_guest == "$big_host" ]] &&
     ((${c[maps]:-0} >= min_cycles && ${c[unmaps]:-0} >= min_cycles && ${c[failures]:-1} == 0)); then
     ok fio_4x_window
 else
-    bad fio_4x_window "fio verify in the guest, or counters (${counters:-none}) short of $min_cycles maps/unmaps with 0 failures"
+    bad fio_4x_window "fio verify in the guest, guest md5 $big_guest vs host $big_host, or counters (${counters:-none}) short of $min_cycles maps/unmaps with 0 failures"
 fi
 ((guest_fail == 0)) || log "guest reported $guest_fail failing step(s); console log $log1"
 
