@@ -315,6 +315,10 @@ def render_md(res, w):
         return
     cfgs = [c for c in host["configs"] if any(e["config"] == c for e in host.get("summary", []))]
     w("## Host mounts (/dev/fuse, passthrough, io-uring)\n")
+    fr = host.get("from_run")
+    if fr:
+        w(f"From run {fr['run_id']} (`--only host`, started {fr['started']}; its own report: "
+          f"`bench/results/{fr['run_id']}.md`).\n")
     w(f"daxfsd serving a tmpfs directory to the host itself, kernel {host['kernel']}; medians of "
       f"{host['repeats']} mount(s) per configuration, order rotated per repeat. Seconds (lower "
       "is better); reads run after dropping the kernel's caches. Configurations: "
@@ -381,5 +385,7 @@ def render_png(res, ax_list):
     ax.set_xticklabels(rows, fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("read time, s (log)")
-    ax.set_title("Host mounts: etcfs read times (lower is better)")
+    fr = host.get("from_run")
+    ax.set_title("Host mounts: etcfs read times (lower is better)"
+                 + (f", run {fr['run_id']}" if fr else ""))
     ax.legend(fontsize=7)

@@ -2,10 +2,13 @@
 """Summaries, report.md and report.png for a benchmark run (bench/run.py writes the JSON).
 
     bench/report.py RESULTS.json [--md FILE] [--png FILE] [--pressure-from RUN.json]
+                    [--host-from RUN.json]
 
 re-renders a run's report from its JSON (default: next to the JSON, same base name).
 --pressure-from replaces the run's `pressure` section with the one of RUN.json (a later
 `--only pressure` run): the report then says which sections come from which run.
+--host-from adds (or replaces) the `host` section with the one of RUN.json (an `--only host`
+run); its heading names that run.
 """
 import json
 import os
@@ -679,7 +682,7 @@ def main():
     base = os.path.splitext(src)[0]
     md, png = base + ".md", base + ".png"
     args = sys.argv[2:]
-    pfrom = None
+    pfrom = hfrom = None
     while args:
         if args[0] == "--md" and len(args) > 1:
             md = args[1]
@@ -687,6 +690,8 @@ def main():
             png = args[1]
         elif args[0] == "--pressure-from" and len(args) > 1:
             pfrom = args[1]
+        elif args[0] == "--host-from" and len(args) > 1:
+            hfrom = args[1]
         else:
             print(__doc__, file=sys.stderr)
             return 2
@@ -694,6 +699,9 @@ def main():
     res = json.load(open(src))
     if pfrom:
         res = combine(res, json.load(open(pfrom)))
+    if hfrom:
+        h = json.load(open(hfrom))
+        res["host"] = dict(h["host"], from_run={"run_id": h["run_id"], "started": h["started"]})
     render(res, md, png)
     print(f"{md}\n{png}")
     return 0
