@@ -66,11 +66,12 @@ const STOP_FRONTEND_GRACE: Duration = Duration::from_millis(200);
 /// Receives the backend-request channel once the frontend sets it up (the DAX window).
 pub trait BackendChannel: Send + Sync {
     fn set_channel(&self, backend: Backend);
-    /// The guest started the device (first kick since start, pause or reset).
+    /// The guest started a vring (its first kick since start, pause or reset).
     fn device_started(&self);
-    /// Every vring was stopped with GET_VRING_BASE (`stop` in the monitor, a snapshot, the
-    /// source of a migration, or the first step of a guest reboot). The FUSE session goes on;
-    /// send nothing until the device starts again.
+    /// A vring is being stopped with GET_VRING_BASE (`stop` in the monitor, a snapshot, the
+    /// source of a migration, or the first step of a guest reboot); called before its
+    /// requests in flight are drained. The FUSE session goes on; send nothing until a vring
+    /// starts again.
     fn device_paused(&self);
     /// The device was reset (RESET_DEVICE) or the frontend went away: forget the channel's
     /// state, send nothing more.
@@ -763,6 +764,14 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        // No SHMEM_MAP/UNMAP from here on, before the drain: QEMU 11.1 reads the backend
+        // channel only once its whole vhost_dev_stop has returned, which leaves the device
+        // pointer NULL, and its SHMEM handlers dereference it (a segfault, issue #10). A
+        // request served during the drain keeps its unmaps as orphans (sent after the
+        // restart) and gets EIO for a new mapping, instead of killing the VM.
+        if let Some(c) = &self.channel {
+            c.device_paused();
+        }
         // Requests in flight complete before the base is reported: a guest cannot re-send a
         // virtio-fs request, and the base tells the frontend they were consumed.
         self.drain(queue_index as usize);
@@ -775,9 +784,6 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             // A pause, not a reset: the guest keeps its FUSE session (node ids, handles). A
             // rebooting guest ends it with its next INIT (or the frontend with RESET_DEVICE).
             log::info!("device stopped: every vring stopped, FUSE session kept");
-            if let Some(c) = &self.channel {
-                c.device_paused();
-            }
         }
         Ok(())
     }
@@ -809,7 +815,8 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             self.running
                 .fetch_or(1u64 << thread_id.min(63), Ordering::SeqCst)
         };
-        if before == 0 {
+        // This vring (re)starts: the window was paused when it (or the device) stopped.
+        if before & (1u64 << thread_id.min(63)) == 0 {
             if let Some(c) = &self.channel {
                 c.device_started();
             }

@@ -46,6 +46,11 @@ struct WindowState {
     /// Set while the device is started; requests outside that are violations (QEMU 11.1.3
     /// crashes on a map before the guest started the device).
     started: bool,
+    /// Set from the first GET_VRING_BASE of a stop until the device starts again. QEMU 11.1
+    /// reads the backend channel only after its vhost_dev_stop returned, which leaves the
+    /// device pointer NULL, and its SHMEM handlers dereference it: a request the frontend
+    /// reads in that time is a segfault there (a violation here).
+    stopping: bool,
     violations: Vec<String>,
     /// Live mappings allowed at once (QEMU's slots).
     slot_limit: usize,
@@ -97,6 +102,7 @@ impl DaxWindow {
                 maps: BTreeMap::new(),
                 stats: DaxStats::default(),
                 started: false,
+                stopping: false,
                 violations: Vec::new(),
                 slot_limit: QEMU_SLOT_LIMIT,
                 peak: 0,
@@ -178,7 +184,27 @@ impl DaxWindow {
     }
 
     pub(crate) fn set_started(&self, started: bool) {
-        self.lock().started = started;
+        let mut st = self.lock();
+        st.started = started;
+        if started {
+            st.stopping = false;
+        }
+    }
+
+    /// A device stop begins (before its first GET_VRING_BASE): see `WindowState::stopping`.
+    pub(crate) fn begin_stop(&self) {
+        self.lock().stopping = true;
+    }
+
+    /// The frontend reads a backend request (before it serves it).
+    fn on_read(&self, what: &str, off: u64, len: u64) {
+        let mut st = self.lock();
+        if st.stopping {
+            st.violations.push(format!(
+                "{what} {off:#x}+{len:#x} read after a device stop began (QEMU 11.1 segfaults: \
+                 its vhost_dev_stop left the device pointer NULL)"
+            ));
+        }
     }
 
     /// What QEMU does on a device reset (`virtio_reset`: "mappings are removed to prevent
@@ -428,6 +454,7 @@ impl VhostUserFrontendReqHandler for Handler {
     ) -> vhost::vhost_user::HandlerResult<u64> {
         // The fd is closed when we return: mmap inside the call.
         if let Ok(w) = self.window() {
+            w.on_read("SHMEM_MAP", req.shm_offset, req.len);
             w.frontend_turn();
         }
         let r = self.window().and_then(|w| w.map(req, fd.as_raw_fd()));
@@ -439,6 +466,7 @@ impl VhostUserFrontendReqHandler for Handler {
 
     fn shmem_unmap(&self, req: &VhostUserMMap) -> vhost::vhost_user::HandlerResult<u64> {
         if let Ok(w) = self.window() {
+            w.on_read("SHMEM_UNMAP", req.shm_offset, req.len);
             w.frontend_turn();
         }
         let r = self.window().and_then(|w| w.unmap(req));

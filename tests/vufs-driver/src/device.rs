@@ -453,6 +453,9 @@ impl Device {
     /// waiters time out). Returns the vring bases the backend reported.
     pub fn stop(&self, reset_device: bool) -> io::Result<Vec<u32>> {
         self.locked_frontend(|fe| {
+            if let Some(w) = &self.dax {
+                w.begin_stop();
+            }
             let bases = Self::vring_bases(fe, self.queues.len())?;
             if reset_device
                 && self.info.acked_protocol_features

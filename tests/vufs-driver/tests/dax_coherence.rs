@@ -371,6 +371,59 @@ fn resets_race_a_map_storm_with_delayed_frontend_replies() {
     assert!(r.daemon.try_wait().unwrap().is_none(), "daemon exited");
 }
 
+/// Issue #10: QEMU 11.1 reads the backend channel only after its whole vhost_dev_stop has
+/// returned, and then segfaults on any SHMEM request (NULL device pointer). A SETUPMAPPING
+/// over a live range (UNMAP then MAP) whose UNMAP reply comes while GET_VRING_BASE waits for
+/// it must not send its MAP: the driver records every request it reads after the stop began.
+/// After `cont` the window maps again and reads the file's bytes.
+#[test]
+fn pause_during_a_remap_sends_no_shmem_request() {
+    if !only_daxfsd("pause_during_a_remap_sends_no_shmem_request") {
+        return;
+    }
+    let data = bytes(4 << 20, 3);
+    let d2 = data.clone();
+    let mut r = common::start_with(&["--dax-window=64M"], &DriverConfig::default(), |d| {
+        fs::write(d.join("big"), &d2).unwrap();
+    });
+    let w = r.s.dax().cloned().expect("no window");
+    let dev = r.s.device().clone();
+    let e = r.s.lookup(abi::ROOT_ID, "big").unwrap();
+    let o = r.s.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+    r.s.setupmapping(e.nodeid, o.fh, 0, MIB2, READ, 0).unwrap();
+    for round in 0..3 {
+        // The frontend reads the UNMAP at once and answers it 150 ms later, inside the
+        // daemon's drain (which waits 200 ms for requests waiting on the frontend).
+        w.set_reply_delay(Duration::from_millis(150));
+        let remap = {
+            let s = r.s.on_queue(1).unwrap();
+            let (node, fh) = (e.nodeid, o.fh);
+            std::thread::spawn(move || s.setupmapping(node, fh, MIB2, MIB2, READ | WRITE, 0))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        let bases = dev.pause().unwrap();
+        let res = remap.join().unwrap();
+        let v = dev.violations();
+        assert!(
+            v.is_empty(),
+            "round {round}: requests sent during the stop: {v:?}\n{}",
+            r.daemon.log_contents()
+        );
+        // Refused (the frontend cannot map now) or done; never a lost mapping.
+        if let Err(err) = &res {
+            assert_eq!(common::errno(err), libc::EIO, "round {round}: {err}");
+        }
+        w.set_reply_delay(Duration::ZERO);
+        dev.resume(&bases).unwrap();
+        r.s.setupmapping(e.nodeid, o.fh, 0, MIB2, READ, 0)
+            .unwrap_or_else(|err| panic!("round {round}: map after cont: {err}"));
+        let mut got = vec![0u8; 4096];
+        w.read(8192, &mut got).unwrap();
+        assert_eq!(got, data[8192..8192 + 4096], "round {round}: window bytes");
+    }
+    r.assert_clean();
+}
+
 /// Guest stores into a tail reach the file on SYNCFS and on FSYNCDIR (the guest's `sync`)
 /// without any request on the file itself, and, with no request at all, within the periodic
 /// write-back: a SIGKILL of the daemon after that loses nothing.
