@@ -82,6 +82,21 @@ collect() { # collect CASE OUTPUT_FILE
     done <"$2"
 }
 
+# vm_finished CASE RC: waits for the case's VM (its exit status joins RC), collects the
+# guest's checks and checks the VM's exit.
+vm_finished() {
+    local name=$1 rc=$2
+    wait "$vm_pid" || rc=$?
+    vm_pid=""
+    collect "$name" "$work/$name.out"
+    if ((rc == 0)); then
+        ok "$name/vm_exit"
+    else
+        bad "$name/vm_exit" "vm.sh exited $rc"
+        tail -n 30 "$work/$name.err" >&2
+    fi
+}
+
 guest_pause_script() { # guest_pause_script WANT_MD5
     cat <<EOF
 rc=0
@@ -150,15 +165,7 @@ pause_case() {
         ((rounds == 3)) && ok "$name/three_stop_cont_rounds"
         touch "$share/go"
     fi
-    wait "$vm_pid" || rc=$?
-    vm_pid=""
-    collect "$name" "$work/$name.out"
-    if ((rc == 0)); then
-        ok "$name/vm_exit"
-    else
-        bad "$name/vm_exit" "vm.sh exited $rc"
-        tail -n 30 "$work/$name.err" >&2
-    fi
+    vm_finished "$name" "$rc"
     if [[ $(cat "$share/created" 2>/dev/null) == created-after ]]; then
         ok "$name/host_sees_guest_write"
     else
@@ -215,15 +222,7 @@ GUEST
         fi
         touch "$share/go"
     fi
-    wait "$vm_pid" || rc=$?
-    vm_pid=""
-    collect "$name" "$work/$name.out"
-    if ((rc == 0)); then
-        ok "$name/vm_exit"
-    else
-        bad "$name/vm_exit" "vm.sh exited $rc"
-        tail -n 30 "$work/$name.err" >&2
-    fi
+    vm_finished "$name" "$rc"
     if [[ ! -s $work/$name.daemon.log ]]; then
         bad "$name/no_refused_maps" "no daemon log"
     elif grep -q 'device is not running' "$work/$name.daemon.log"; then
