@@ -246,7 +246,8 @@ struct Stopper {
     wake: Arc<vmm_sys_util::eventfd::EventFd>,
 }
 
-fn signal_name(sig: libc::c_int) -> &'static str {
+/// The name a stop signal is logged by.
+pub(crate) fn signal_name(sig: libc::c_int) -> &'static str {
     match sig {
         libc::SIGTERM => "SIGTERM",
         libc::SIGINT => "SIGINT",

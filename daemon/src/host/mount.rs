@@ -24,7 +24,7 @@ use crate::abi::init_flags;
 use crate::backing;
 use crate::caps::{self, CapSet};
 use crate::cli::{Cli, IoUringMode, PassthroughPolicy, Seccomp};
-use crate::daemon::{capabilities_to_keep, common_setup, passthrough_config};
+use crate::daemon::{capabilities_to_keep, common_setup, passthrough_config, signal_name};
 use crate::dev_fuse::{self, Counters, MountOptions, Unmounter};
 use crate::fuse_uring;
 use crate::mapper::{Mapper, NoMapper};
@@ -44,15 +44,6 @@ enum Event {
     Stop(libc::c_int),
     /// The session cannot go on as asked (`--io-uring=on` without rings).
     Fatal(io::Error),
-}
-
-fn signal_name(sig: libc::c_int) -> &'static str {
-    match sig {
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGINT => "SIGINT",
-        libc::SIGHUP => "SIGHUP",
-        _ => "signal",
-    }
 }
 
 /// Runs `daxfsd --mount` until the mount goes away or a stop signal came.

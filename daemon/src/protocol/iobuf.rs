@@ -88,6 +88,15 @@ fn iovecs(bufs: &VecDeque<VolatileSlice<'_>>, count: usize) -> Iovecs {
     out
 }
 
+/// The offset argument of `preadv`/`pwritev`: -1 (the file position) for `None`; EINVAL for
+/// an offset past `i64::MAX`.
+fn raw_offset(off: Option<u64>) -> io::Result<i64> {
+    match off {
+        Some(o) => i64::try_from(o).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL)),
+        None => Ok(-1),
+    }
+}
+
 fn total_len(bufs: &VecDeque<VolatileSlice<'_>>) -> usize {
     bufs.iter()
         .fold(0usize, |acc, b| acc.saturating_add(b.len()))
@@ -189,10 +198,7 @@ impl<'a> Reader<'a> {
         }
         let iov = iovecs(&self.bufs, count);
         let iov = iov.as_slice();
-        let off = match off {
-            Some(o) => i64::try_from(o).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?,
-            None => -1,
-        };
+        let off = raw_offset(off)?;
         let cnt = libc::c_int::try_from(iov.len()).unwrap_or(libc::c_int::MAX);
         // SAFETY: every iovec points into a `VolatileSlice` of this reader, which the transport
         // guaranteed to be valid memory for its whole length; the kernel only reads them.
@@ -296,10 +302,7 @@ impl<'a> Writer<'a> {
         }
         let iov = iovecs(&self.bufs, count);
         let iov = iov.as_slice();
-        let off = match off {
-            Some(o) => i64::try_from(o).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?,
-            None => -1,
-        };
+        let off = raw_offset(off)?;
         let cnt = libc::c_int::try_from(iov.len()).unwrap_or(libc::c_int::MAX);
         // SAFETY: every iovec points into a `VolatileSlice` of this writer, which the transport
         // guaranteed to be valid, writable memory for its whole length.

@@ -671,9 +671,7 @@ impl Pool {
             return;
         }
         use crate::abi::opcode as op;
-        let slow = req
-            .get(4..8)
-            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+        let slow = opcode(req)
             .is_some_and(|o| matches!(o, op::FSYNC | op::FSYNCDIR | op::SYNCFS | op::FALLOCATE));
         let mut pfd = libc::pollfd {
             fd,
@@ -717,12 +715,16 @@ impl Drop for Busy<'_> {
     }
 }
 
+/// The opcode of a raw request (`fuse_in_header.opcode`), if the request is long enough.
+fn opcode(req: &[u8]) -> Option<u32> {
+    req.get(4..8)
+        .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+}
+
 /// SETLKW waits for another process's lock, whose release needs a worker of its own: served
 /// on a separate thread, so waiting locks can never take every worker.
 fn may_block(req: &[u8]) -> bool {
-    req.get(4..8)
-        .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-        .is_some_and(|op| op == crate::abi::opcode::SETLKW)
+    opcode(req).is_some_and(|op| op == crate::abi::opcode::SETLKW)
 }
 
 /// Reads requests from `dev` and answers them until the connection ends (ENODEV: unmounted,
