@@ -82,6 +82,9 @@ impl<F: FileSystem> FileSystem for Coherent<F> {
         inode: Inode,
         handle: Option<Handle>,
     ) -> io::Result<(Attr, Duration)> {
+        // A guest that stats a file may go on to read it through a copy slot: re-read the
+        // copies of it when the file moved since.
+        self.mapper.revalidate(inode);
         self.inner.getattr(ctx, inode, handle)
     }
     fn setattr(
@@ -205,10 +208,14 @@ impl<F: FileSystem> FileSystem for Coherent<F> {
         offset: u64,
         kill_priv: bool,
     ) -> io::Result<usize> {
-        self.resizing(inode, || {
+        let n = self.resizing(inode, || {
             self.inner
                 .write(ctx, inode, handle, r, size, offset, kill_priv)
-        })
+        })?;
+        // Copies of the bytes just written show them before the reply (the file's
+        // timestamps may not have moved within one clock tick).
+        self.mapper.written(inode, offset, n as u64);
+        Ok(n)
     }
     fn statfs(&self, ctx: &Context, inode: Inode) -> io::Result<Kstatfs> {
         self.inner.statfs(ctx, inode)
@@ -339,7 +346,9 @@ impl<F: FileSystem> FileSystem for Coherent<F> {
         self.resizing(inode, || {
             self.inner
                 .fallocate(ctx, inode, handle, mode, offset, length)
-        })
+        })?;
+        self.mapper.written(inode, offset, length);
+        Ok(())
     }
     fn lseek(
         &self,
@@ -366,11 +375,13 @@ impl<F: FileSystem> FileSystem for Coherent<F> {
         flags: u64,
     ) -> io::Result<usize> {
         self.mapper.sync(inode_in);
-        self.resizing(inode_out, || {
+        let n = self.resizing(inode_out, || {
             self.inner.copy_file_range(
                 ctx, inode_in, handle_in, off_in, inode_out, handle_out, off_out, len, flags,
             )
-        })
+        })?;
+        self.mapper.written(inode_out, off_out, n as u64);
+        Ok(n)
     }
     fn tmpfile(
         &self,

@@ -32,6 +32,7 @@
 //! `budget` of them live or in flight; see [`DEFAULT_MAP_BUDGET`].
 
 pub mod coherent;
+pub mod copy;
 pub mod tail;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -47,6 +48,7 @@ use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
 
 use crate::mapper::Mapper;
 use crate::vhost_user::BackendChannel;
+use copy::{Churn, CopyMode, CopySig, Slots};
 use tail::{Shadow, ShadowKey};
 
 /// Window mappings must be aligned to this (what INIT's `map_alignment` announces).
@@ -146,16 +148,26 @@ pub struct DaxStats {
     /// Frontend mappings live now, and the most ever live.
     pub regions: u64,
     pub peak_regions: u64,
+    /// Read-only mappings placed as copy slots (with a SHMEM_MAP).
+    pub copies: u64,
+    /// Copy slots refilled in place: a parked slot reused, no frontend round trip.
+    pub reused: u64,
+    /// Copy slots re-read because the file changed.
+    pub recopied: u64,
+    /// Parked copy slots now, and parked slots unmapped for the budget.
+    pub parked: u64,
+    pub evicted: u64,
 }
 
 impl std::fmt::Display for DaxStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "dax: maps={} unmaps={} upgrades={} failures={} mapped_bytes={} tails={} snapshots={} merged={} replaced={} written_back={} pulled={} regions={} peak_regions={}",
+            "dax: maps={} unmaps={} upgrades={} failures={} mapped_bytes={} tails={} snapshots={} merged={} replaced={} written_back={} pulled={} regions={} peak_regions={} copies={} reused={} recopied={} parked={} evicted={}",
             self.maps, self.unmaps, self.upgrades, self.failures, self.mapped_bytes, self.tails,
             self.snapshots, self.merged, self.replaced, self.written_back, self.pulled,
-            self.regions, self.peak_regions
+            self.regions, self.peak_regions, self.copies, self.reused, self.recopied,
+            self.parked, self.evicted
         )
     }
 }
@@ -177,6 +189,9 @@ struct Placed {
     whole: bool,
     /// Frontend mappings this placement uses.
     regions: usize,
+    /// A copy slot (the whole range from [`Slots`] at the same offset): what it was copied
+    /// from. `file` is the descriptor it is refilled from.
+    copy: Option<CopySig>,
 }
 
 /// How to place a guest mapping.
@@ -188,6 +203,15 @@ enum Plan {
     Snapshot,
     /// Writable, the whole range from a shadow written back to the file.
     Merged,
+    /// Read-only, the whole range from a copy slot ([`copy`]).
+    Copy,
+}
+
+/// A copy slot the guest removed: still mapped in the frontend, no guest mapping.
+struct Parked {
+    len: u64,
+    /// Parking order (evicted oldest first).
+    seq: u64,
 }
 
 #[derive(Default)]
@@ -205,6 +229,12 @@ struct Table {
     /// Frontend mappings a round trip placed across a reset: the frontend may have applied
     /// them after its reset. Unmapped (a refusal tolerated) before the range is used again.
     orphans: Vec<(u64, u64)>,
+    /// Parked copy slots by window offset (never overlapping a live or busy range). Each
+    /// holds one frontend mapping, counted in `regions`.
+    parked: BTreeMap<u64, Parked>,
+    park_seq: u64,
+    /// Guest ranges removed lately (for `--dax-copy=auto`).
+    churn: Churn,
 }
 
 impl Table {
@@ -228,10 +258,29 @@ impl Table {
         self.busy.iter().any(|&(s, e)| s < end && start < e)
     }
 
+    /// Releases the busy range holding `start` (busy ranges never overlap).
     fn unbusy(&mut self, start: u64) {
-        if let Some(i) = self.busy.iter().position(|&(s, _)| s == start) {
+        if let Some(i) = self.busy.iter().position(|&(s, e)| s <= start && start < e) {
             self.busy.swap_remove(i);
         }
+    }
+
+    fn park(&mut self, moffset: u64, len: u64) {
+        self.park_seq += 1;
+        let seq = self.park_seq;
+        self.parked.insert(moffset, Parked { len, seq });
+    }
+
+    /// Parked slots overlapping `[start, end)`.
+    fn parked_overlapping(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        if let Some((&s, p)) = self.parked.range(..start).next_back() {
+            if s + p.len > start {
+                out.push((s, p.len));
+            }
+        }
+        out.extend(self.parked.range(start..end).map(|(&s, p)| (s, p.len)));
+        out
     }
 }
 
@@ -281,6 +330,10 @@ struct Counters {
     replaced: AtomicU64,
     written_back: AtomicU64,
     pulled: AtomicU64,
+    copies: AtomicU64,
+    reused: AtomicU64,
+    recopied: AtomicU64,
+    evicted: AtomicU64,
 }
 
 /// The DAX window of one device.
@@ -300,6 +353,10 @@ pub struct DaxWindow<S: WindowSink = Backend> {
     /// `/proc/self/fd`, to reopen an executable read-only for its snapshot.
     proc_self_fd: std::sync::OnceLock<std::os::fd::OwnedFd>,
     counters: Counters,
+    /// `--dax-copy` (a [`CopyMode`] as u8).
+    copy_mode: std::sync::atomic::AtomicU8,
+    /// The copy slots' memfd, made at the first copy.
+    slots: std::sync::OnceLock<Slots>,
 }
 
 fn einval(why: &str) -> io::Error {
@@ -350,7 +407,47 @@ impl<S: WindowSink> DaxWindow<S> {
             logged: Mutex::new(HashSet::new()),
             proc_self_fd: std::sync::OnceLock::new(),
             counters: Counters::default(),
+            copy_mode: std::sync::atomic::AtomicU8::new(CopyMode::Off as u8),
+            slots: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Sets when read-only mappings become copy slots (`--dax-copy`; `Off` until called).
+    pub fn set_copy_mode(&self, mode: CopyMode) {
+        self.copy_mode.store(mode as u8, Ordering::Relaxed);
+    }
+
+    pub fn copy_mode(&self) -> CopyMode {
+        match self.copy_mode.load(Ordering::Relaxed) {
+            x if x == CopyMode::Auto as u8 => CopyMode::Auto,
+            x if x == CopyMode::Always as u8 => CopyMode::Always,
+            _ => CopyMode::Off,
+        }
+    }
+
+    /// Whether a read-only mapping asked now becomes a copy slot.
+    fn copy_now(&self) -> bool {
+        match self.copy_mode() {
+            CopyMode::Off => false,
+            CopyMode::Always => true,
+            CopyMode::Auto => self
+                .table
+                .lock()
+                .map(|mut t| t.churn.rate() > copy::CHURN_PER_SECOND)
+                .unwrap_or(false),
+        }
+    }
+
+    /// The copy slots' memfd (made on first use: the window's size at most).
+    fn slots(&self) -> io::Result<&Slots> {
+        if let Some(s) = self.slots.get() {
+            return Ok(s);
+        }
+        let s = Slots::new(self.size).map_err(|e| {
+            log::error!("cannot make the DAX copy slots' memfd: {e}");
+            e
+        })?;
+        Ok(self.slots.get_or_init(|| s))
     }
 
     /// Gives the window `/proc/self/fd` (opened before the sandbox), so a snapshot of an
@@ -390,6 +487,18 @@ impl<S: WindowSink> DaxWindow<S> {
             FRONTEND_SLOT_LIMIT,
             RESERVED_SLOTS
         );
+        match self.copy_mode() {
+            CopyMode::Off => d.push_str("; copy slots off"),
+            m => d.push_str(&format!(
+                "; copy slots {m} (read-only ranges copied into one memfd of at most {} MiB, the window's size{})",
+                self.size >> 20,
+                if m == CopyMode::Auto {
+                    format!(", while the guest recycles more than {} ranges a second", copy::CHURN_PER_SECOND)
+                } else {
+                    String::new()
+                }
+            )),
+        }
         if self.ranges() > DEFAULT_MAP_BUDGET {
             d.push_str(&format!(
                 "; WARNING: a guest with more than {DEFAULT_MAP_BUDGET} ranges mapped at once exceeds QEMU's memory slots, and the device may not restart after stop/cont: use --dax-window 256M or less where VMs are paused, snapshotted or migrated"
@@ -415,8 +524,12 @@ impl<S: WindowSink> DaxWindow<S> {
     /// waits for a round trip in progress (those see the new generation and publish nothing).
     pub fn stop(&self) {
         self.running.store(false, Ordering::SeqCst);
-        for (_, p) in self.drain(true) {
+        let (live, parked) = self.drain(true);
+        for (_, p) in live {
             self.settle(&p);
+        }
+        for (s, l) in parked {
+            self.free_slot(s, l);
         }
     }
 
@@ -430,9 +543,10 @@ impl<S: WindowSink> DaxWindow<S> {
         self.pause();
     }
 
-    /// Empties the table (new generation); returns what was in it. `reset`: the frontend
-    /// dropped every mapping, orphans included.
-    fn drain(&self, reset: bool) -> Vec<(u64, Placed)> {
+    /// Empties the table (new generation); returns what was in it and the parked copy
+    /// slots. `reset`: the frontend dropped every mapping, orphans included.
+    #[allow(clippy::type_complexity)]
+    fn drain(&self, reset: bool) -> (Vec<(u64, Placed)>, Vec<(u64, u64)>) {
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         t.gen += 1;
         t.regions = 0;
@@ -441,15 +555,26 @@ impl<S: WindowSink> DaxWindow<S> {
         }
         t.by_owner.clear();
         self.owners.clear();
-        std::mem::take(&mut t.live).into_iter().collect()
+        let parked = std::mem::take(&mut t.parked)
+            .into_iter()
+            .map(|(s, p)| (s, p.len))
+            .collect();
+        (std::mem::take(&mut t.live).into_iter().collect(), parked)
     }
 
     pub fn stats(&self) -> DaxStats {
         let c = &self.counters;
-        let (mapped_bytes, regions, peak) = self
+        let (mapped_bytes, regions, peak, parked) = self
             .table
             .lock()
-            .map(|t| (t.live.values().map(|p| p.len).sum(), t.regions, t.peak))
+            .map(|t| {
+                (
+                    t.live.values().map(|p| p.len).sum(),
+                    t.regions,
+                    t.peak,
+                    t.parked.len(),
+                )
+            })
             .unwrap_or_default();
         DaxStats {
             maps: c.maps.load(Ordering::Relaxed),
@@ -465,6 +590,11 @@ impl<S: WindowSink> DaxWindow<S> {
             pulled: c.pulled.load(Ordering::Relaxed),
             regions: regions as u64,
             peak_regions: peak as u64,
+            copies: c.copies.load(Ordering::Relaxed),
+            reused: c.reused.load(Ordering::Relaxed),
+            recopied: c.recopied.load(Ordering::Relaxed),
+            parked: parked as u64,
+            evicted: c.evicted.load(Ordering::Relaxed),
         }
     }
 
@@ -570,14 +700,44 @@ impl<S: WindowSink> DaxWindow<S> {
     /// live mapping wholly inside it out of the table and marks the range busy. Returns the
     /// generation and what was taken out (still in the frontend).
     fn claim(&self, moffset: u64, end: u64) -> io::Result<(u64, Vec<(u64, Placed)>)> {
+        self.claim_parked(moffset, end, false)
+            .map(|(g, t, _)| (g, t))
+    }
+
+    /// [`Self::claim`]; with `take_parked`, also takes the parked copy slots overlapping the
+    /// range out of the table (the busy range then spans them too) and returns them.
+    #[allow(clippy::type_complexity)]
+    fn claim_parked(
+        &self,
+        moffset: u64,
+        end: u64,
+        take_parked: bool,
+    ) -> io::Result<(u64, Vec<(u64, Placed)>, Vec<(u64, u64)>)> {
         let mut t = self.lock()?;
-        while t.is_busy(moffset, end) {
+        let (bstart, bend) = loop {
+            let (mut s, mut e) = (moffset, end);
+            if take_parked {
+                for (ps, pl) in t.parked_overlapping(moffset, end) {
+                    s = s.min(ps);
+                    e = e.max(ps + pl);
+                }
+            }
+            if !t.is_busy(s, e) {
+                break (s, e);
+            }
             t = self
                 .idle
                 .wait(t)
                 .map_err(|_| io::Error::other("mapping table lock poisoned"))?;
-        }
+        };
         let old = Self::overlapping(&t, moffset, end)?;
+        let mut parked = Vec::new();
+        if take_parked {
+            for (ps, pl) in t.parked_overlapping(moffset, end) {
+                t.parked.remove(&ps);
+                parked.push((ps, pl));
+            }
+        }
         let mut taken = Vec::with_capacity(old.len());
         for s in old {
             if let Some(p) = t.remove(s) {
@@ -585,7 +745,7 @@ impl<S: WindowSink> DaxWindow<S> {
                 taken.push((s, p));
             }
         }
-        t.busy.push((moffset, end));
+        t.busy.push((bstart, bend));
         let mut orphans = Vec::new();
         t.orphans.retain(|&(s, l)| {
             let hit = s < end && moffset < s + l;
@@ -601,7 +761,7 @@ impl<S: WindowSink> DaxWindow<S> {
                 log::debug!("SHMEM_UNMAP of orphan {s:#x}+{l:#x}: {e} (the reset removed it)");
             }
         }
-        Ok((gen, taken))
+        Ok((gen, taken, parked))
     }
 
     /// Ends a claim: publishes `placed` if the frontend still has it (same generation).
@@ -627,25 +787,107 @@ impl<S: WindowSink> DaxWindow<S> {
         self.idle.notify_all();
     }
 
+    /// Ends a claim that parks copy slots (still in the frontend, still counted): they stay
+    /// parked if the frontend still has them (same generation).
+    fn release_parking(&self, gen: u64, moffset: u64, freed: usize, park: &[(u64, u64)]) {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        if t.gen == gen {
+            t.regions = t.regions.saturating_sub(freed);
+            for &(s, l) in park {
+                t.park(s, l);
+            }
+        }
+        t.unbusy(moffset);
+        drop(t);
+        self.idle.notify_all();
+    }
+
     /// Reserves `n` frontend mappings for a new guest mapping. More than one is granted only
     /// while every 2 MiB range not yet mapped by the guest keeps one mapping in reserve.
+    /// Parked copy slots are unmapped (oldest first) to make room.
     fn reserve(&self, gen: u64, n: usize) -> bool {
+        loop {
+            let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+            if t.gen != gen {
+                return false;
+            }
+            let guest = t.live.len() + t.busy.len();
+            let headroom = if n > 1 {
+                self.ranges().saturating_sub(guest)
+            } else {
+                0
+            };
+            if t.regions + n + headroom <= self.budget {
+                t.regions += n;
+                t.peak = t.peak.max(t.regions);
+                return true;
+            }
+            let victim = t
+                .parked
+                .iter()
+                .filter(|(&s, p)| !t.is_busy(s, s + p.len))
+                .min_by_key(|(_, p)| p.seq)
+                .map(|(&s, p)| (s, p.len));
+            let Some((s, l)) = victim else {
+                return false;
+            };
+            t.parked.remove(&s);
+            t.busy.push((s, s + l));
+            drop(t);
+            self.unmap_parked(gen, s, l);
+            self.counters.evicted.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Unmaps a parked copy slot taken out of the table (its range marked busy by the
+    /// caller) and gives its frontend mapping back to the budget.
+    fn unmap_parked(&self, gen: u64, s: u64, l: u64) {
+        self.drop_parked(gen, s, l);
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-        if t.gen != gen {
-            return false;
-        }
-        let guest = t.live.len() + t.busy.len();
-        let headroom = if n > 1 {
-            self.ranges().saturating_sub(guest)
+        t.unbusy(s);
+        drop(t);
+        self.idle.notify_all();
+    }
+
+    /// Takes a parked slot out of the frontend (or leaves it as an orphan while paused) and
+    /// frees its pages. No busy bookkeeping.
+    fn drop_parked(&self, gen: u64, s: u64, l: u64) {
+        if self.running.load(Ordering::SeqCst) {
+            if let Err(e) = self.with_sink(|k| k.unmap(s, l)) {
+                log::warn!("SHMEM_UNMAP of parked copy slot {s:#x}+{l:#x}: {e}");
+            }
         } else {
-            0
-        };
-        if t.regions + n + headroom > self.budget {
-            return false;
+            let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+            if t.gen == gen {
+                t.orphans.push((s, l));
+            }
         }
-        t.regions += n;
-        t.peak = t.peak.max(t.regions);
-        true
+        self.free_slot(s, l);
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        if t.gen == gen {
+            t.regions = t.regions.saturating_sub(1);
+        }
+    }
+
+    /// Frees a copy slot's pages (no frontend mapping of it is left).
+    fn free_slot(&self, s: u64, l: u64) {
+        if let Some(slots) = self.slots.get() {
+            if let Err(e) = slots.zero(s, l) {
+                log::debug!("freeing copy slot {s:#x}+{l:#x}: {e}");
+            }
+        }
+    }
+
+    /// Fills the copy slot `[moffset, moffset + len)` from `file`; returns what it copied.
+    fn fill_slot(&self, moffset: u64, len: u64, file: &File, foffset: u64) -> io::Result<CopySig> {
+        let sig = CopySig::of(file)?;
+        self.slots()?
+            .fill(moffset, len, file, foffset)
+            .map_err(|e| {
+                log::error!("copying a file range into DAX copy slot {moffset:#x}: {e}");
+                eio()
+            })?;
+        Ok(sig)
     }
 
     fn unreserve(&self, gen: u64, n: usize) {
@@ -734,6 +976,48 @@ impl<S: WindowSink> DaxWindow<S> {
             Plan::Direct if file_len > 0 && file_len < len => 2,
             _ => 1,
         };
+        if plan == Plan::Copy {
+            if !self.reserve(gen, 1) {
+                log::warn!(
+                    "DAX mapping budget of {} frontend mappings reached: SETUPMAPPING at {moffset:#x} refused",
+                    self.budget
+                );
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            let res = self
+                .fill_slot(moffset, len, source, foffset)
+                .and_then(|sig| {
+                    let slots = self.slots()?;
+                    self.with_sink(|s| s.map(moffset, len, slots.fd(), moffset, false))
+                        .map_err(|e| {
+                            log::error!("SHMEM_MAP of copy slot {moffset:#x}+{len:#x} failed: {e}");
+                            eio()
+                        })?;
+                    Ok(sig)
+                });
+            return match res {
+                Ok(sig) => {
+                    self.counters.copies.fetch_add(1, Ordering::Relaxed);
+                    Ok(Placed {
+                        owner,
+                        len,
+                        foffset,
+                        writable: false,
+                        file,
+                        file_len: 0,
+                        shadow: None,
+                        whole: true,
+                        regions: 1,
+                        copy: Some(sig),
+                    })
+                }
+                Err(e) => {
+                    self.free_slot(moffset, len);
+                    self.unreserve(gen, 1);
+                    Err(e)
+                }
+            };
+        }
         if !self.reserve(gen, regions) {
             let can_merge = regions == 2 && self.reserve(gen, 1);
             if !can_merge {
@@ -787,6 +1071,7 @@ impl<S: WindowSink> DaxWindow<S> {
             shadow: None,
             whole,
             regions: 0,
+            copy: None,
         };
         if file_len > 0 {
             let f = file.as_ref().ok_or_else(eio)?;
@@ -819,7 +1104,7 @@ impl<S: WindowSink> DaxWindow<S> {
                 Ok(sh) => {
                     let c = match plan {
                         Plan::Direct => &self.counters.tails,
-                        Plan::Snapshot => &self.counters.snapshots,
+                        Plan::Snapshot | Plan::Copy => &self.counters.snapshots,
                         Plan::Merged => &self.counters.merged,
                     };
                     c.fetch_add(1, Ordering::Relaxed);
@@ -866,6 +1151,9 @@ impl<S: WindowSink> DaxWindow<S> {
             if let Err(e) = self.with_sink(|s| s.unmap(m, l)) {
                 log::warn!("SHMEM_UNMAP {m:#x}+{l:#x}: {e}");
             }
+        }
+        if p.copy.is_some() {
+            self.free_slot(moffset, p.len);
         }
         self.counters.unmaps.fetch_add(1, Ordering::Relaxed);
     }
@@ -944,6 +1232,63 @@ impl<S: WindowSink> DaxWindow<S> {
         }
     }
 
+    /// Re-reads copy slots whose file changed since the copy (size, mtime or ctime moved):
+    /// `owner`'s, or every live one. With `force` (a file range the request path just wrote),
+    /// the slots of `owner` overlapping it are re-read whatever the timestamps say.
+    fn recopy(&self, owner: Option<u64>, force: Option<(u64, u64)>) {
+        let cands: Vec<(u64, u64, u64, Arc<File>, CopySig)> = {
+            let Ok(t) = self.table.lock() else { return };
+            let pick = |m: &u64| {
+                let p = t.live.get(m)?;
+                let sig = p.copy?;
+                Some((*m, p.len, p.foffset, p.file.clone()?, sig))
+            };
+            match owner {
+                Some(o) => match t.by_owner.get(&o) {
+                    Some(set) => set.iter().filter_map(pick).collect(),
+                    None => return,
+                },
+                None => t.live.keys().filter_map(pick).collect(),
+            }
+        };
+        let mut sigs: HashMap<*const File, Option<CopySig>> = HashMap::new();
+        for (m, len, foffset, f, sig) in cands {
+            let forced = force.is_some_and(|(s, e)| s < foffset.saturating_add(len) && foffset < e);
+            let now = *sigs
+                .entry(Arc::as_ptr(&f))
+                .or_insert_with(|| CopySig::of(&f).ok());
+            if !forced && now == Some(sig) {
+                continue;
+            }
+            let Ok((gen, taken)) = self.claim(m, m + len) else {
+                continue;
+            };
+            let mut placed = None;
+            for (s, mut p) in taken {
+                let same = s == m
+                    && p.copy.is_some()
+                    && p.file.as_ref().is_some_and(|x| Arc::ptr_eq(x, &f));
+                if same && placed.is_none() {
+                    match self.fill_slot(m, p.len, &f, p.foffset) {
+                        Ok(sig) => {
+                            p.copy = Some(sig);
+                            self.counters.recopied.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => log::error!("refreshing DAX copy slot {m:#x}: {e}"),
+                    }
+                    placed = Some(p);
+                } else if s == m && placed.is_none() {
+                    // Re-placed meanwhile: put it back as it is.
+                    placed = Some(p);
+                } else {
+                    self.unplace(s, &p);
+                    self.unreserve(gen, p.regions);
+                }
+            }
+            self.release(gen, m, placed, 0);
+        }
+    }
+
     /// Shadows of `owner`'s mappings.
     fn shadows_of(&self, owner: u64) -> Vec<SharedShadow> {
         let Ok(t) = self.table.lock() else {
@@ -1005,6 +1350,8 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
                 };
                 self.log_snapshot(&st, how);
                 (Plan::Snapshot, Some(ro))
+            } else if self.copy_now() {
+                (Plan::Copy, None)
             } else {
                 (Plan::Direct, None)
             };
@@ -1015,29 +1362,72 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
                 Some(k) => k,
                 None => Some(source.clone()),
             };
-            let (gen, taken) = self.claim(moffset, end)?;
+            let (gen, taken, parked) = self.claim_parked(moffset, end, true)?;
             let mut freed = 0;
             if !taken.is_empty() {
                 self.counters.upgrades.fetch_add(1, Ordering::Relaxed);
             }
+            // A copy slot already in the frontend at exactly this range (parked, or a live
+            // copy the guest maps again) is refilled in place: no frontend round trip.
+            let mut reuse = false;
             for (s, p) in &taken {
+                if plan == Plan::Copy && !reuse && *s == moffset && p.len == len && p.copy.is_some()
+                {
+                    reuse = true;
+                    self.counters.unmaps.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 self.unplace(*s, p);
                 freed += p.regions;
             }
-            self.unreserve(gen, freed);
             drop(taken);
-            let placed = self.place(
-                gen,
-                owner,
-                moffset,
-                len,
-                file,
-                &source,
-                (st.st_dev, st.st_ino),
-                foffset,
-                writable,
-                plan,
-            );
+            for (s, l) in parked {
+                if plan == Plan::Copy && !reuse && s == moffset && l == len {
+                    reuse = true;
+                    continue;
+                }
+                // Anything else there (a writable or direct mapping, another extent) needs
+                // the parked slot out of the frontend first.
+                self.drop_parked(gen, s, l);
+            }
+            self.unreserve(gen, freed);
+            let placed = if reuse {
+                match self.fill_slot(moffset, len, &source, foffset) {
+                    Ok(sig) => {
+                        self.counters.reused.fetch_add(1, Ordering::Relaxed);
+                        Ok(Placed {
+                            owner,
+                            len,
+                            foffset,
+                            writable: false,
+                            file,
+                            file_len: 0,
+                            shadow: None,
+                            whole: true,
+                            regions: 1,
+                            copy: Some(sig),
+                        })
+                    }
+                    Err(e) => {
+                        // The slot stays in the frontend: park it again.
+                        self.release_parking(gen, moffset, 0, &[(moffset, len)]);
+                        return Err(e);
+                    }
+                }
+            } else {
+                self.place(
+                    gen,
+                    owner,
+                    moffset,
+                    len,
+                    file,
+                    &source,
+                    (st.st_dev, st.st_ino),
+                    foffset,
+                    writable,
+                    plan,
+                )
+            };
             match placed {
                 Ok(p) => {
                     self.release(gen, moffset, Some(p), 0);
@@ -1059,11 +1449,21 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
             let end = self.check_range(moffset, len)?;
             let (gen, taken) = self.claim(moffset, end)?;
             let mut freed = 0;
+            let mut park = Vec::new();
             for (s, p) in &taken {
+                if p.copy.is_some() {
+                    // Parked: the frontend keeps it for the next read-only map of the range.
+                    park.push((*s, p.len));
+                    self.counters.unmaps.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 self.unplace(*s, p);
                 freed += p.regions;
             }
-            self.release(gen, moffset, None, freed);
+            if let Ok(mut t) = self.table.lock() {
+                t.churn.note(taken.len() as u64);
+            }
+            self.release_parking(gen, moffset, freed, &park);
             Ok(())
         })();
         self.counted(res)
@@ -1077,6 +1477,7 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
             self.sync_shadow(&s);
         }
         self.relayout(owner);
+        self.recopy(Some(owner), None);
     }
 
     fn refresh(&self, owner: u64) {
@@ -1086,6 +1487,19 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
         self.relayout(owner);
         for s in self.shadows_of(owner) {
             self.sync_shadow(&s);
+        }
+        self.recopy(Some(owner), None);
+    }
+
+    fn revalidate(&self, owner: u64) {
+        if self.owners.has(owner) {
+            self.recopy(Some(owner), None);
+        }
+    }
+
+    fn written(&self, owner: u64, offset: u64, len: u64) {
+        if self.owners.has(owner) {
+            self.recopy(Some(owner), Some((offset, offset.saturating_add(len))));
         }
     }
 
@@ -1097,6 +1511,7 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
         for s in all {
             self.sync_shadow(&s);
         }
+        self.recopy(None, None);
     }
 
     fn end_session(&self) {
@@ -1104,8 +1519,20 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
         // reset (then `stop` already emptied the table, or QEMU refuses the unmaps, which
         // `unplace` tolerates).
         // While paused, `unplace` keeps them as orphans, unmapped once the device runs.
-        for (m, p) in self.drain(false) {
+        let (live, parked) = self.drain(false);
+        for (m, p) in live {
             self.unplace(m, &p);
+        }
+        for (s, l) in parked {
+            if self.running.load(Ordering::SeqCst) {
+                if let Err(e) = self.with_sink(|k| k.unmap(s, l)) {
+                    log::debug!("SHMEM_UNMAP of parked copy slot {s:#x}+{l:#x}: {e}");
+                }
+            } else {
+                let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+                t.orphans.push((s, l));
+            }
+            self.free_slot(s, l);
         }
         if self.running.load(Ordering::SeqCst) {
             let orphans =

@@ -247,6 +247,20 @@ pub struct Cli {
     #[arg(long, value_name = "POLICY", value_parser = parse_dax_policy, default_value = "always")]
     pub dax_policy: crate::server::DaxPolicy,
 
+    /// When read-only DAX mappings are served from copies instead of the file: `auto`
+    /// (copies only while the guest recycles more than 32 window ranges a second), `always`,
+    /// or `off`. A copy slot is filled with a read of the file into a memfd of at most the
+    /// window's size; when the guest drops it, the frontend keeps it mapped and the next
+    /// read-only mapping of that window range reuses it, so a window that churns stops
+    /// changing QEMU's memory map per miss (1-2 ms each under TCG). The trade-off: a copy is a
+    /// point in time. Host changes to the file reach the guest at OPEN, GETATTR, READ, FLUSH,
+    /// FSYNC and every 5 s (close-to-open, as without DAX), not at once as through a direct
+    /// mapping; writes through the guest's own FUSE requests are in the copy before the
+    /// reply, and a writable mapping always maps the file. Use `off` where the host writes
+    /// files that guests read through mmap and must see within a tick.
+    #[arg(long, value_name = "MODE", default_value = "auto")]
+    pub dax_copy: crate::dax::copy::CopyMode,
+
     /// Debug log level (same as --log-level debug).
     #[arg(short = 'd')]
     pub debug: bool,

@@ -29,6 +29,12 @@ pub trait Mapper: Send + Sync {
     fn sync(&self, _owner: u64) {}
     /// Inode `owner` may have changed size through the request queue: update its mappings.
     fn refresh(&self, _owner: u64) {}
+    /// Inode `owner` is being looked at (GETATTR): a cheap check that copies of it are not
+    /// older than the file (DAX copy slots).
+    fn revalidate(&self, _owner: u64) {}
+    /// Bytes `[offset, offset + len)` of inode `owner` were just written through the request
+    /// queue: copies of them must show the write before the reply.
+    fn written(&self, _owner: u64, _offset: u64, _len: u64) {}
     /// The guest synced the whole share (SYNCFS, FSYNCDIR), a periodic write-back or a clean
     /// exit: write every tail the guest changed back to its file.
     fn sync_all(&self) {}
@@ -60,6 +66,12 @@ impl<M: Mapper + ?Sized> Mapper for std::sync::Arc<M> {
     }
     fn refresh(&self, owner: u64) {
         (**self).refresh(owner)
+    }
+    fn revalidate(&self, owner: u64) {
+        (**self).revalidate(owner)
+    }
+    fn written(&self, owner: u64, offset: u64, len: u64) {
+        (**self).written(owner, offset, len)
     }
     fn sync_all(&self) {
         (**self).sync_all()

@@ -1,0 +1,327 @@
+//! Copy slots: read-only guest mappings served from a copy of the file range in one memfd the
+//! size of the window, so that a window that churns stops changing the frontend's memory map
+//! on every miss.
+//!
+//! Every direct placement costs a `SHMEM_MAP` and, when the guest recycles the range, a
+//! `SHMEM_UNMAP`: each is a change of QEMU's memory map under its big lock plus a synchronous
+//! `ADD_MEM_REG`/`REM_MEM_REG` into every vhost-user backend (1-2 ms each under TCG). A copy
+//! slot is the 2 MiB range of [`Slots`] at the same offset as the window range (slot offset =
+//! window offset), filled with `pread` from the file (zeros past EOF). When the guest removes
+//! it, the frontend mapping stays ("parked": the guest no longer maps it, and what it holds is
+//! data the guest was allowed to read). A later read-only SETUPMAPPING of the same window range
+//! refills the memfd in place: no frontend round trip at all.
+//!
+//! The price is coherence: a copy is a point in time. `DaxWindow` refreshes it when the file
+//! changes as seen at the request path's sync points (see ARCHITECTURE.md, "DAX copy slots").
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd};
+use std::ptr::NonNull;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use super::MAP_ALIGNMENT;
+
+/// When read-only guest mappings are placed as copy slots (`--dax-copy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CopyMode {
+    /// Only while the window churns ([`CHURN_PER_SECOND`]); direct otherwise.
+    #[default]
+    Auto,
+    /// Every read-only mapping of a file the daemon may map directly.
+    Always,
+    /// Never: every read-only mapping is direct (or a snapshot, as without copy slots).
+    Off,
+}
+
+impl FromStr for CopyMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(CopyMode::Auto),
+            "always" => Ok(CopyMode::Always),
+            "off" => Ok(CopyMode::Off),
+            _ => Err(format!(
+                "invalid DAX copy mode {s:?}: use auto, always or off"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for CopyMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CopyMode::Auto => "auto",
+            CopyMode::Always => "always",
+            CopyMode::Off => "off",
+        })
+    }
+}
+
+/// Guest ranges removed per second above which `auto` places read-only mappings as copies.
+///
+/// A window whose working set fits recycles nothing once warm (0 removals per second in the
+/// in-window bench cells); a uniform random sweep of 4x a 64 MiB window removed several
+/// hundred ranges per second, each removal and each new map a 1-2 ms change of QEMU's memory
+/// map under TCG. At 32 removals per second the frontend spends 64-128 ms of every second in
+/// those map changes, against about 10 ms of `pread` to fill 32 copies of 2 MiB on the host:
+/// past that rate copies win, below it DAX's zero-copy, coherent mappings are kept.
+pub const CHURN_PER_SECOND: u64 = 32;
+
+/// Guest removals in a sliding second (two one-second buckets, the older one weighted by how
+/// much of it still falls inside the last second).
+#[derive(Debug)]
+pub struct Churn {
+    start: Instant,
+    cur: u64,
+    prev: u64,
+}
+
+impl Default for Churn {
+    fn default() -> Self {
+        Churn {
+            start: Instant::now(),
+            cur: 0,
+            prev: 0,
+        }
+    }
+}
+
+impl Churn {
+    fn roll(&mut self, now: Instant) {
+        let el = now.saturating_duration_since(self.start);
+        if el >= Duration::from_secs(2) {
+            self.prev = 0;
+            self.cur = 0;
+            self.start = now;
+        } else if el >= Duration::from_secs(1) {
+            self.prev = self.cur;
+            self.cur = 0;
+            self.start += Duration::from_secs(1);
+        }
+    }
+
+    /// Counts `n` guest ranges removed now.
+    pub fn note(&mut self, n: u64) {
+        self.roll(Instant::now());
+        self.cur = self.cur.saturating_add(n);
+    }
+
+    /// Removals in the last second (estimated).
+    pub fn rate(&mut self) -> u64 {
+        let now = Instant::now();
+        self.roll(now);
+        let frac = now
+            .saturating_duration_since(self.start)
+            .as_secs_f64()
+            .min(1.0);
+        self.cur + (self.prev as f64 * (1.0 - frac)) as u64
+    }
+}
+
+/// What a copy was taken from: when any of it moved, the copy is stale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopySig {
+    pub size: i64,
+    pub mtime: (i64, i64),
+    pub ctime: (i64, i64),
+}
+
+impl CopySig {
+    pub fn of(file: &File) -> io::Result<CopySig> {
+        let st = crate::sys::fstat(file.as_fd())?;
+        Ok(CopySig {
+            size: st.st_size,
+            mtime: (st.st_mtime, st.st_mtime_nsec),
+            ctime: (st.st_ctime, st.st_ctime_nsec),
+        })
+    }
+}
+
+/// The memfd behind every copy slot: as large as the window, slot offset = window offset,
+/// mapped once into the daemon so a fill is one `pread` into it. Pages exist only where slots
+/// were filled, so it never holds more than the window's size.
+pub struct Slots {
+    memfd: File,
+    base: NonNull<u8>,
+    size: u64,
+}
+
+// SAFETY: `base` points to a MAP_SHARED mapping owned by this value for its whole life; the
+// struct hands out no references into it (only raw writes through syscalls and
+// `write_bytes`), and every fill of a range is serialised by the window's busy claims.
+unsafe impl Send for Slots {}
+// SAFETY: as above: shared access only writes through raw pointers to ranges the caller
+// claimed exclusively.
+unsafe impl Sync for Slots {}
+
+impl Slots {
+    /// A memfd of `size` bytes (nothing allocated until filled), mapped read-write.
+    pub fn new(size: u64) -> io::Result<Slots> {
+        let name = c"daxfsd-copy-slots";
+        // SAFETY: `name` is NUL-terminated; memfd_create takes no other pointers.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by memfd_create and nothing else owns it.
+        let memfd = unsafe { File::from_raw_fd(fd) };
+        memfd.set_len(size)?;
+        let len = usize::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: a new shared mapping of `len` bytes of a memfd of that size, at an address
+        // the kernel picks; no existing memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                memfd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = NonNull::new(p.cast::<u8>()).ok_or_else(io::Error::last_os_error)?;
+        Ok(Slots { memfd, base, size })
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.memfd.as_fd()
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn check(&self, at: u64, len: u64) -> io::Result<usize> {
+        match at.checked_add(len) {
+            Some(end) if end <= self.size => {
+                usize::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+            }
+            _ => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+        }
+    }
+
+    /// Fills `[at, at + len)` with the file's bytes from `foffset`, zeros past its end.
+    /// Returns the file bytes copied. The caller holds the range exclusively.
+    pub fn fill(&self, at: u64, len: u64, file: &File, foffset: u64) -> io::Result<u64> {
+        let n = self.check(at, len)?;
+        let mut done = 0usize;
+        while done < n {
+            let off = foffset
+                .checked_add(done as u64)
+                .and_then(|o| i64::try_from(o).ok())
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+            // SAFETY: `[at + done, at + n)` lies inside the mapping (checked above); the
+            // kernel writes at most `n - done` bytes there. No Rust reference to that memory
+            // exists.
+            let r = unsafe {
+                libc::pread64(
+                    file.as_raw_fd(),
+                    self.base.as_ptr().add(at as usize + done).cast(),
+                    n - done,
+                    off,
+                )
+            };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if r == 0 {
+                break;
+            }
+            done += r as usize;
+        }
+        self.zero(at + done as u64, (n - done) as u64)?;
+        Ok(done as u64)
+    }
+
+    /// Zeros `[at, at + len)`: the partial page by a store, whole pages by punching them out
+    /// of the memfd (which also frees them).
+    pub fn zero(&self, at: u64, len: u64) -> io::Result<()> {
+        let n = self.check(at, len)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let page_end = at.next_multiple_of(MAP_ALIGNMENT).min(at + len);
+        let head = (page_end - at) as usize;
+        // SAFETY: `[at, at + head)` is inside the mapping (checked: head <= n); raw write, no
+        // reference created.
+        unsafe { std::ptr::write_bytes(self.base.as_ptr().add(at as usize), 0, head) };
+        let rest = n - head;
+        if rest > 0 {
+            // SAFETY: fallocate takes no pointers; the range is inside the memfd.
+            let r = unsafe {
+                libc::fallocate(
+                    self.memfd.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    page_end as i64,
+                    rest as i64,
+                )
+            };
+            if r < 0 {
+                // SAFETY: as for the head: inside the mapping, raw write.
+                unsafe {
+                    std::ptr::write_bytes(self.base.as_ptr().add(page_end as usize), 0, rest)
+                };
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping `new` made; nothing refers to it any more.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.size as usize) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn modes_parse() {
+        assert_eq!("auto".parse(), Ok(CopyMode::Auto));
+        assert_eq!("always".parse(), Ok(CopyMode::Always));
+        assert_eq!("off".parse(), Ok(CopyMode::Off));
+        assert!("on".parse::<CopyMode>().is_err());
+        assert_eq!(CopyMode::default().to_string(), "auto");
+    }
+
+    #[test]
+    fn fill_copies_and_zero_pads() {
+        let s = Slots::new(4 << 20).unwrap();
+        let f = tempfile::tempfile().unwrap();
+        f.write_all_at(&[7u8; 5000], 0).unwrap();
+        // Garbage from an earlier fill must not survive.
+        let g = tempfile::tempfile().unwrap();
+        g.write_all_at(&vec![9u8; 2 << 20], 0).unwrap();
+        assert_eq!(s.fill(2 << 20, 2 << 20, &g, 0).unwrap(), 2 << 20);
+        assert_eq!(s.fill(2 << 20, 2 << 20, &f, 0).unwrap(), 5000);
+        let mut got = vec![1u8; 2 << 20];
+        s.memfd.read_exact_at(&mut got, 2 << 20).unwrap();
+        assert_eq!(&got[..5000], &[7u8; 5000][..]);
+        assert!(got[5000..].iter().all(|&b| b == 0));
+        assert!(s.fill(4 << 20, 4096, &f, 0).is_err(), "past the end");
+        assert!(s.fill(u64::MAX - 10, 4096, &f, 0).is_err(), "overflow");
+    }
+
+    #[test]
+    fn churn_counts_the_last_second() {
+        let mut c = Churn::default();
+        assert_eq!(c.rate(), 0);
+        c.note(40);
+        assert!(c.rate() >= 40);
+        c.start -= Duration::from_secs(3);
+        assert_eq!(c.rate(), 0);
+    }
+}
