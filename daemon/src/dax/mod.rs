@@ -1589,6 +1589,8 @@ mod tests {
         fds: Mutex<HashMap<u64, File>>,
         /// Held by a test to delay every reply.
         gate: Mutex<()>,
+        /// File offsets of live maps by window offset.
+        foffs: Mutex<HashMap<u64, u64>>,
     }
 
     impl WindowSink for std::sync::Arc<Rec> {
@@ -1608,6 +1610,7 @@ mod tests {
                 .lock()
                 .unwrap()
                 .insert(moffset, File::from(_fd.try_clone_to_owned().unwrap()));
+            self.foffs.lock().unwrap().insert(moffset, foffset);
             let w = if writable { "rw" } else { "ro" };
             self.calls
                 .lock()
@@ -2075,5 +2078,201 @@ mod tests {
         let mut got = calls(&rec);
         got.sort();
         assert_eq!(got, vec!["unmap 0x0+0x200000", "unmap 0x200000+0x200000"]);
+    }
+
+    /// Window bytes `[m, m+len)` of the frontend mapping that starts at `m`, at its file
+    /// offset.
+    fn frontend_read(rec: &Rec, m: u64, len: usize) -> Vec<u8> {
+        let fds = rec.fds.lock().unwrap();
+        let at = rec.foffs.lock().unwrap()[&m];
+        let mut v = vec![0u8; len];
+        fds[&m].read_exact_at(&mut v, at).unwrap();
+        v
+    }
+
+    fn copy_window(mode: CopyMode, ranges: u64, budget: usize) -> (DaxWindow<Arc<Rec>>, Arc<Rec>) {
+        let w = DaxWindow::with_budget(ranges * MB2, budget).unwrap();
+        let rec = Arc::new(Rec::default());
+        w.set_sink(rec.clone());
+        w.set_copy_mode(mode);
+        w.start();
+        (w, rec)
+    }
+
+    fn data_file(fill: u8, len: usize) -> File {
+        let f = tempfile::tempfile().unwrap();
+        f.write_all_at(&vec![fill; len], 0).unwrap();
+        f
+    }
+
+    #[test]
+    fn copy_slots_park_and_refill_without_a_round_trip() {
+        let (w, rec) = copy_window(CopyMode::Always, 8, DEFAULT_MAP_BUDGET);
+        let a = data_file(1, 3 * MB2 as usize);
+        let b = data_file(2, 3 * MB2 as usize);
+        w.map(7, MB2, MB2, a.as_fd(), MB2, false).unwrap();
+        assert_eq!(
+            calls(&rec),
+            vec!["map 0x200000+0x200000@0x200000 ro"],
+            "slot offset = window offset"
+        );
+        assert_eq!(frontend_read(&rec, MB2, 4096), vec![1u8; 4096]);
+        // REMOVEMAPPING parks it: nothing sent.
+        w.unmap(MB2, MB2).unwrap();
+        assert!(calls(&rec).is_empty());
+        let s = w.stats();
+        assert_eq!((s.parked, s.regions, s.mapped_bytes), (1, 1, 0), "{s}");
+        // Another file's read-only range at the same window offset: refilled in place.
+        w.map(9, MB2, MB2, b.as_fd(), 0, false).unwrap();
+        assert!(calls(&rec).is_empty(), "no SHMEM request for a parked slot");
+        assert_eq!(
+            frontend_read(&rec, MB2, MB2 as usize),
+            vec![2u8; MB2 as usize]
+        );
+        let s = w.stats();
+        assert_eq!((s.copies, s.reused, s.parked, s.maps), (1, 1, 0, 2), "{s}");
+        // A parked slot of another extent is unmapped before a map over it.
+        w.unmap(MB2, MB2).unwrap();
+        w.map(9, MB2, 4096, b.as_fd(), 0, false).unwrap();
+        assert_eq!(
+            calls(&rec),
+            vec!["unmap 0x200000+0x200000", "map 0x200000+0x1000@0x200000 ro"]
+        );
+        // A device reset forgets parked slots (the frontend dropped them).
+        w.unmap(MB2, 4096).unwrap();
+        w.stop();
+        w.start();
+        assert_eq!((w.stats().parked, w.stats().regions), (0, 0));
+        w.map(9, MB2, MB2, b.as_fd(), 0, false).unwrap();
+        assert_eq!(calls(&rec), vec!["map 0x200000+0x200000@0x200000 ro"]);
+        // DESTROY unmaps parked slots.
+        w.unmap(MB2, MB2).unwrap();
+        w.end_session();
+        assert_eq!(calls(&rec), vec!["unmap 0x200000+0x200000"]);
+    }
+
+    #[test]
+    fn an_upgrade_turns_a_copy_into_a_direct_mapping() {
+        let (w, rec) = copy_window(CopyMode::Always, 8, DEFAULT_MAP_BUDGET);
+        let f = data_file(3, MB2 as usize);
+        w.map(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+        w.map(7, 0, MB2, f.as_fd(), 0, true).unwrap();
+        assert_eq!(
+            calls(&rec),
+            vec![
+                "map 0x0+0x200000@0x0 ro",
+                "unmap 0x0+0x200000",
+                "map 0x0+0x200000@0x0 rw"
+            ]
+        );
+        // Stores reach the file.
+        rec.fds.lock().unwrap()[&0]
+            .write_all_at(b"store", 10)
+            .unwrap();
+        let mut got = [0u8; 5];
+        f.read_exact_at(&mut got, 10).unwrap();
+        assert_eq!(&got, b"store");
+        // A writable map over a parked slot unmaps the slot first.
+        w.map(7, MB2, MB2, f.as_fd(), 0, false).unwrap();
+        w.unmap(MB2, MB2).unwrap();
+        calls(&rec);
+        w.map(7, MB2, MB2, f.as_fd(), 0, true).unwrap();
+        assert_eq!(
+            calls(&rec),
+            vec!["unmap 0x200000+0x200000", "map 0x200000+0x200000@0x0 rw"]
+        );
+        assert_eq!(w.stats().parked, 0);
+    }
+
+    #[test]
+    fn copies_follow_the_file_at_sync_points_and_zero_past_eof() {
+        let (w, rec) = copy_window(CopyMode::Always, 8, DEFAULT_MAP_BUDGET);
+        let f = data_file(4, 5000);
+        w.map(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+        let got = frontend_read(&rec, 0, 8192);
+        assert_eq!(&got[..5000], &[4u8; 5000][..]);
+        assert!(got[5000..].iter().all(|&b| b == 0), "zeros past EOF");
+        // A host write: seen at the next sync point (size moved).
+        f.write_all_at(b"host", 5000).unwrap();
+        w.sync(8);
+        assert_eq!(
+            &frontend_read(&rec, 0, 5004)[5000..],
+            &[0u8; 4],
+            "other inode"
+        );
+        w.sync(7);
+        assert_eq!(&frontend_read(&rec, 0, 5004)[5000..], b"host");
+        // A write through the request path is in the copy whatever the timestamps say.
+        f.write_all_at(b"fuse", 0).unwrap();
+        w.written(7, 0, 4);
+        assert_eq!(&frontend_read(&rec, 0, 4), b"fuse");
+        // Shrinking zeroes the rest; the periodic pass sees it too.
+        f.set_len(2).unwrap();
+        w.sync_all();
+        assert_eq!(frontend_read(&rec, 0, 4), b"fu\0\0");
+        assert!(w.stats().recopied >= 3, "{}", w.stats());
+        assert!(calls(&rec).len() == 1, "refreshes send nothing");
+    }
+
+    #[test]
+    fn the_budget_evicts_parked_slots_oldest_first() {
+        // 4 ranges, room for 6 frontend mappings.
+        let (w, rec) = copy_window(CopyMode::Always, 4, 6);
+        let f = data_file(5, 4 * MB2 as usize);
+        for i in 0..4 {
+            w.map(7, i * MB2, MB2, f.as_fd(), i * MB2, false).unwrap();
+        }
+        for i in 0..4 {
+            w.unmap(i * MB2, MB2).unwrap();
+        }
+        calls(&rec);
+        assert_eq!((w.stats().parked, w.stats().regions), (4, 4));
+        // A writable mapping of a short file needs 2 mappings plus one in reserve per free
+        // range: parked slots make room, oldest first.
+        let short = data_file(6, 5000);
+        w.map(8, 0, MB2, short.as_fd(), 0, true).unwrap();
+        assert_eq!(
+            calls(&rec),
+            vec![
+                "unmap 0x0+0x200000",
+                "unmap 0x200000+0x200000",
+                "unmap 0x400000+0x200000",
+                "map 0x0+0x1000@0x0 rw",
+                "map 0x1000+0x1ff000@0x0 rw"
+            ]
+        );
+        let s = w.stats();
+        assert_eq!((s.parked, s.evicted, s.regions), (1, 2, 3), "{s}");
+        assert!(s.peak_regions <= 6, "{s}");
+    }
+
+    #[test]
+    fn auto_copies_only_while_the_window_churns() {
+        let (w, rec) = copy_window(CopyMode::Auto, 8, DEFAULT_MAP_BUDGET);
+        let f = data_file(7, MB2 as usize);
+        w.map(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+        assert_eq!(calls(&rec), vec!["map 0x0+0x200000@0x0 ro"]);
+        assert_eq!(w.stats().copies, 0, "a calm window maps the file");
+        for _ in 0..=copy::CHURN_PER_SECOND {
+            w.unmap(0, MB2).unwrap();
+            w.map(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+        }
+        assert!(w.stats().copies >= 1, "{}", w.stats());
+        let before = rec.calls.lock().unwrap().len();
+        w.unmap(0, MB2).unwrap();
+        w.map(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+        assert_eq!(rec.calls.lock().unwrap().len(), before, "parked and reused");
+        // Off never copies (the default of a window: today's behaviour).
+        let (w, rec) = copy_window(CopyMode::Off, 8, DEFAULT_MAP_BUDGET);
+        for _ in 0..=copy::CHURN_PER_SECOND {
+            w.map(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+            w.unmap(0, MB2).unwrap();
+        }
+        assert_eq!(w.stats().copies, 0);
+        assert_eq!(calls(&rec).len(), 2 * (copy::CHURN_PER_SECOND as usize + 1));
+        assert_eq!(
+            DaxWindow::<Arc<Rec>>::new(MB2).unwrap().copy_mode(),
+            CopyMode::Off
+        );
     }
 }
