@@ -80,11 +80,16 @@ MATRIX_CONFIGS = [
 
 # The pressure section: one daemon (daxfsd --cache never) and one 64M window; the mount
 # option picks no DAX, DAX with the kernel's upstream window policy, or the hybrid policy.
+# The daemon runs with its default --dax-copy=auto (read-only ranges from copy slots while the
+# window churns); the two -nocopy configurations run each policy with --dax-copy=off, so the
+# effect of copy slots shows in the same run.
 PRESSURE_WINDOW = "64M"
 PRESSURE_CONFIGS = [
-    ("nodax", "dax=never"),
-    ("dax-upstream", "dax=always,dax_policy=upstream"),
-    ("dax-hybrid", "dax=always,dax_policy=hybrid"),
+    ("nodax", "dax=never", []),
+    ("dax-upstream", "dax=always,dax_policy=upstream", []),
+    ("dax-hybrid", "dax=always,dax_policy=hybrid", []),
+    ("dax-upstream-nocopy", "dax=always,dax_policy=upstream", ["--dax-copy=off"]),
+    ("dax-hybrid-nocopy", "dax=always,dax_policy=hybrid", ["--dax-copy=off"]),
 ]
 # fio-vm.sh jobs, in the order each boot runs them: the guest's own tmpfs (the ceiling) and
 # the in-window cells first, on an empty window; then the working set 4x the window (the
@@ -134,9 +139,11 @@ def build_plan(a):
     if "pressure" in sections:
         for rep in range(1, a.repeats + 1):
             k = (rep - 1) % len(PRESSURE_CONFIGS)
-            for name, mo in PRESSURE_CONFIGS[k:] + PRESSURE_CONFIGS[:k]:
+            for name, mo, extra in PRESSURE_CONFIGS[k:] + PRESSURE_CONFIGS[:k]:
+                if a.configs and not re.search(a.configs, name):
+                    continue
                 boot("pressure", name, rep, "daxfsd", "never", mo,
-                     [f"--dax-window={PRESSURE_WINDOW}", "--allow-mmap"], PRESSURE_JOBS,
+                     [f"--dax-window={PRESSURE_WINDOW}", "--allow-mmap"] + extra, PRESSURE_JOBS,
                      a.pressure_file_size)
     if "mq" in sections:
         jobs = ["randread-psync-multi:randread:psync:1:4"]
@@ -503,7 +510,7 @@ def main():
     p.add_argument("--cpus", type=int, default=2)
     p.add_argument("--mem", default="1G")
     p.add_argument("--jobs", help="regex: only matrix jobs whose name matches")
-    p.add_argument("--configs", help="regex: only matrix configurations whose name matches")
+    p.add_argument("--configs", help="regex: only matrix and pressure configurations whose name matches")
     p.add_argument("--estimate", action="store_true", help="print the plan's duration and exit")
     p.add_argument("--results", default=os.path.join(HERE, "results"))
     p.add_argument("--raw")

@@ -2,13 +2,15 @@
 # DAX end to end: QEMU 11.1 (profile dax, TCG) + daxfsd with a DAX window, checked in the
 # guest and on the host after the VM exits.
 #
-#   tests/e2e/dax.sh [-v] [--dax-policy hybrid|upstream]
+#   tests/e2e/dax.sh [-v] [--dax-policy hybrid|upstream] [--dax-copy auto|always|off]
 #
 # --dax-policy mounts with -o dax_policy=P (guest-kernel/patches: the window policy; the
 # kernel's default is hybrid); without it the kernel's default policy is checked. fio_4x_window
 # wants 1,000 maps and unmaps with upstream (a remap per miss), 100 with hybrid (random misses go
 # to FUSE_READ/WRITE unless a range proves hot; the sequential md5 pass after fio is a stream,
 # which maps all 128 ranges of the file through the 32-range window).
+# --dax-copy M runs every daemon with --dax-copy=M (read-only ranges as copy slots; default
+# auto). With `always`, fio_4x_window also wants copy slots placed and parked ones reused.
 #
 # Run 1, `-o dax=always`, 64 MiB window, --cache never:
 #   mount_dax          the mount really is dax=always and the guest saw the window
@@ -32,6 +34,9 @@
 #                      range mapped reads the host's new bytes in the guest
 #   tail_both_survive  guest bytes stored into a tail page and host bytes written elsewhere in
 #                      the same page both end up in the file (and the guest sees the host's)
+#   host_rewrite_seen  a file the guest read (mapped read-only: a copy slot with --dax-copy)
+#                      and the host then rewrote in place reads the host's bytes when the
+#                      guest opens it again (close-to-open)
 # Without a VM:
 #   window_768M        --dax-window=768M is refused with the two nearest sizes; no QEMU started
 # Ends with "e2e-dax: N passed, M failed"; exits non-zero on any failure.
@@ -41,15 +46,20 @@ RIG_TAG=e2e-dax
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 cd "$RIG_ROOT"
 
-verbose=() policy_mo=""
+verbose=() policy_mo="" copy_mode=""
 while (($#)); do
     case $1 in
         -v) verbose=(-v); shift ;;
         --dax-policy) [[ ${2:-} == hybrid || ${2:-} == upstream ]] || die "--dax-policy needs hybrid or upstream"
             policy_mo=dax_policy=$2; shift 2 ;;
-        *) die "unknown argument '$1' (use -v, --dax-policy hybrid|upstream)" ;;
+        --dax-copy) [[ ${2:-} =~ ^(auto|always|off)$ ]] || die "--dax-copy needs auto, always or off"
+            copy_mode=$2; shift 2 ;;
+        *) die "unknown argument '$1' (use -v, --dax-policy hybrid|upstream, --dax-copy auto|always|off)" ;;
     esac
 done
+# Daemon arguments for every run.
+dargs=()
+[[ -n $copy_mode ]] && dargs=(-a "--dax-copy=$copy_mode")
 min_cycles=100
 [[ $policy_mo == dax_policy=upstream ]] && min_cycles=1000
 need_cmd python3
@@ -108,7 +118,7 @@ EOF
 log1="$logs/e2e-dax-$(date +%Y%m%d-%H%M%S)-$$.log"
 log "run 1: dax=always, 64 MiB window, fio over a 256 MiB file (a few minutes under TCG)"
 rc1=0
-scripts/vm.sh "${verbose[@]}" -p dax --cache never -a --dax-window=64M -o "dax=always${policy_mo:+,$policy_mo}" \
+scripts/vm.sh "${verbose[@]}" -p dax --cache never -a --dax-window=64M "${dargs[@]}" -o "dax=always${policy_mo:+,$policy_mo}" \
     -s "$share" --script "$work/run1.sh" -m 1G -T 1200 -l "$log1" >"$work/out1.txt" || rc1=$?
 grep -E '^GUEST (PASS|FAIL)' "$work/out1.txt" || true
 guest_fail=$(grep -c '^GUEST FAIL' "$work/out1.txt" || true)
@@ -149,10 +159,11 @@ big_guest=$(cat "$share/big.guest.md5" 2>/dev/null || echo missing)
 big_host=$(md5 "$share/big" 2>/dev/null || echo none)
 if grep -q '^GUEST PASS fio_verify' "$work/out1.txt" && [[ $(stat -c %s "$share/big" 2>/dev/null) == 268435456 ]] &&
     [[ $big_guest == "$big_host" ]] &&
-    ((${c[maps]:-0} >= min_cycles && ${c[unmaps]:-0} >= min_cycles && ${c[failures]:-1} == 0)); then
+    ((${c[maps]:-0} >= min_cycles && ${c[unmaps]:-0} >= min_cycles && ${c[failures]:-1} == 0)) &&
+    { [[ $copy_mode != always ]] || ((${c[copies]:-0} > 0 && ${c[reused]:-0} > 0)); }; then
     ok fio_4x_window
 else
-    bad fio_4x_window "fio verify in the guest, guest md5 $big_guest vs host $big_host, or counters (${counters:-none}) short of $min_cycles maps/unmaps with 0 failures"
+    bad fio_4x_window "fio verify in the guest, guest md5 $big_guest vs host $big_host, or counters (${counters:-none}) short of $min_cycles maps/unmaps with 0 failures${copy_mode:+ (--dax-copy=$copy_mode: copies and reused > 0 with always)}"
 fi
 ((guest_fail == 0)) || log "guest reported $guest_fail failing step(s); console log $log1"
 
@@ -165,7 +176,7 @@ want=$(cat "$share/small1" "$share/small2" "$share/large" | md5)
 log2="$logs/e2e-dax-inode-$(date +%Y%m%d-%H%M%S)-$$.log"
 log "run 2: dax=inode, --dax-policy size:1M"
 rc2=0
-scripts/vm.sh "${verbose[@]}" -p dax --cache never -a --dax-window=64M -a --dax-policy=size:1M ${policy_mo:+-o "$policy_mo"} \
+scripts/vm.sh "${verbose[@]}" -p dax --cache never -a --dax-window=64M -a --dax-policy=size:1M "${dargs[@]}" ${policy_mo:+-o "$policy_mo"} \
     -s "$share" -m 1G -T 300 -l "$log2" \
     -c "[ \"\$(cat /mnt/small1 /mnt/small2 /mnt/large | md5sum | cut -d' ' -f1)\" = $want ]" >"$work/out2.txt" || rc2=$?
 counters2=$(grep -ao 'dax: maps=.*' "${log2%.log}.daemon.log" | tail -n 1 || true)
@@ -190,6 +201,7 @@ binpid=$!
 printf '#!/bin/sh\necho host-ran-it\n' >"$share/prog.sh" && chmod 0755 "$share/prog.sh"
 head -c 5000 /dev/urandom >"$share/grow"
 head -c 6000 /dev/zero | tr '\0' '.' >"$share/page"
+head -c $((3 * 1024 * 1024)) /dev/urandom >"$share/rew"
 want_imm=$(md5 "$share/imm") want_ro=$(md5 "$share/ro0444") want_bin=$(md5 "$share/runbin")
 cat >"$work/run3.sh" <<EOF
 rc=0
@@ -200,11 +212,16 @@ check ro0444_read [ "\$(md5sum /mnt/ro0444 | cut -d' ' -f1)" = "$want_ro" ]
 check running_bin_read [ "\$(md5sum /mnt/runbin | cut -d' ' -f1)" = "$want_bin" ]
 md5sum /mnt/prog.sh >/dev/null
 md5sum /mnt/grow >/dev/null
+# Held open, so the inode (and its mapped ranges) stays while the host rewrites it.
+exec 3</mnt/rew
+md5sum /mnt/rew >/dev/null
 printf 'GUEST' | dd of=/mnt/page bs=1 seek=4100 conv=notrunc 2>/dev/null
 echo "@@E2E-DAX-READ@@"
 waitfor /mnt/host.done
 check host_exec [ "\$(cat /mnt/host.done)" = host-ran-it ]
 check grown_on_host [ "\$(md5sum /mnt/grow | cut -d' ' -f1)" = "\$(cat /mnt/grow.md5)" ]
+check host_rewrite_seen [ "\$(md5sum /mnt/rew | cut -d' ' -f1)" = "\$(cat /mnt/rew.md5)" ]
+exec 3<&-
 sync
 check tail_guest_sees_host [ "\$(dd if=/mnt/page bs=1 skip=5000 count=4 2>/dev/null)" = HOST ]
 check tail_guest_kept [ "\$(dd if=/mnt/page bs=1 skip=4100 count=5 2>/dev/null)" = GUEST ]
@@ -213,7 +230,7 @@ EOF
 log3="$logs/e2e-dax-files-$(date +%Y%m%d-%H%M%S)-$$.log"
 log "run 3: immutable, 0444 without DAC override, running binary; host exec; host and guest in one page"
 rc3=0
-scripts/vm.sh "${verbose[@]}" -p dax --cache never -a --dax-window=64M -a --modcaps=-dac_override \
+scripts/vm.sh "${verbose[@]}" -p dax --cache never -a --dax-window=64M -a --modcaps=-dac_override "${dargs[@]}" \
     -o dax=always -s "$share" --script "$work/run3.sh" -m 1G -T 600 -l "$log3" >"$work/out3.txt" &
 vmpid=$!
 # The host side, while the guest waits: execute the file the guest read, grow a file past
@@ -226,6 +243,8 @@ done
 "$share/prog.sh" >"$work/exec.out" 2>&1 || true
 head -c 9000 /dev/urandom | dd of="$share/grow" bs=1 seek=5000 conv=notrunc 2>/dev/null
 md5 "$share/grow" >"$share/grow.md5"
+head -c 100000 /dev/urandom | dd of="$share/rew" bs=4096 seek=100 conv=notrunc 2>/dev/null
+md5 "$share/rew" >"$share/rew.md5"
 printf 'HOST' | dd of="$share/page" bs=1 seek=5000 conv=notrunc 2>/dev/null
 cp "$work/exec.out" "$share/host.done.tmp" && mv "$share/host.done.tmp" "$share/host.done"
 wait "$vmpid" || rc3=$?
@@ -241,6 +260,14 @@ else
     bad host_exec "host exec of a file the guest read: '$(head -c 200 "$work/exec.out")'"
 fi
 if grep -q '^GUEST PASS grown_on_host' "$work/out3.txt"; then ok grown_on_host; else bad grown_on_host "guest read of the grown file differs from the host's"; fi
+counters3=$(grep -ao 'dax: maps=.*' "${log3%.log}.daemon.log" | tail -n 1 || true)
+recopied3=$(sed -n 's/.*recopied=\([0-9]*\).*/\1/p' <<<"$counters3")
+# With --dax-copy=always the rewritten file's copies must have been re-read in place.
+if grep -q '^GUEST PASS host_rewrite_seen' "$work/out3.txt" && { [[ $copy_mode != always ]] || ((${recopied3:-0} > 0)); }; then
+    ok host_rewrite_seen
+else
+    bad host_rewrite_seen "guest read of the file rewritten on the host differs from the host's, or no copy re-read (${counters3:-no counters})"
+fi
 if grep -q '^GUEST PASS tail_guest_sees_host' "$work/out3.txt" && grep -q '^GUEST PASS tail_guest_kept' "$work/out3.txt" &&
     [[ $(dd if="$share/page" bs=1 skip=4100 count=5 2>/dev/null) == GUEST ]] &&
     [[ $(dd if="$share/page" bs=1 skip=5000 count=4 2>/dev/null) == HOST ]] && [[ $(stat -c %s "$share/page") == 6000 ]]; then
