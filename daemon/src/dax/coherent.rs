@@ -50,6 +50,23 @@ impl<F: FileSystem> Coherent<F> {
         r
     }
 
+    /// [`Self::resizing`] for a request that writes `n` bytes (its result) at `offset`:
+    /// copies of those bytes are re-read before the reply, whatever the file's timestamps
+    /// say, and before the re-placement (which would otherwise re-read every copy of the
+    /// file because this very write moved its mtime).
+    fn written(
+        &self,
+        inode: Inode,
+        offset: u64,
+        f: impl FnOnce() -> io::Result<usize>,
+    ) -> io::Result<usize> {
+        self.mapper.sync(inode);
+        let n = f()?;
+        self.mapper.written(inode, offset, n as u64);
+        self.mapper.refresh(inode);
+        Ok(n)
+    }
+
     fn synced<T>(&self, inode: Inode, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
         self.mapper.sync(inode);
         f()
@@ -208,14 +225,10 @@ impl<F: FileSystem> FileSystem for Coherent<F> {
         offset: u64,
         kill_priv: bool,
     ) -> io::Result<usize> {
-        let n = self.resizing(inode, || {
+        self.written(inode, offset, || {
             self.inner
                 .write(ctx, inode, handle, r, size, offset, kill_priv)
-        })?;
-        // Copies of the bytes just written show them before the reply (the file's
-        // timestamps may not have moved within one clock tick).
-        self.mapper.written(inode, offset, n as u64);
-        Ok(n)
+        })
     }
     fn statfs(&self, ctx: &Context, inode: Inode) -> io::Result<Kstatfs> {
         self.inner.statfs(ctx, inode)
@@ -343,12 +356,12 @@ impl<F: FileSystem> FileSystem for Coherent<F> {
         offset: u64,
         length: u64,
     ) -> io::Result<()> {
-        self.resizing(inode, || {
+        self.written(inode, offset, || {
             self.inner
                 .fallocate(ctx, inode, handle, mode, offset, length)
-        })?;
-        self.mapper.written(inode, offset, length);
-        Ok(())
+                .map(|()| usize::try_from(length).unwrap_or(usize::MAX))
+        })
+        .map(|_| ())
     }
     fn lseek(
         &self,
@@ -375,13 +388,11 @@ impl<F: FileSystem> FileSystem for Coherent<F> {
         flags: u64,
     ) -> io::Result<usize> {
         self.mapper.sync(inode_in);
-        let n = self.resizing(inode_out, || {
+        self.written(inode_out, off_out, || {
             self.inner.copy_file_range(
                 ctx, inode_in, handle_in, off_in, inode_out, handle_out, off_out, len, flags,
             )
-        })?;
-        self.mapper.written(inode_out, off_out, n as u64);
-        Ok(n)
+        })
     }
     fn tmpfile(
         &self,
