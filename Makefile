@@ -79,6 +79,12 @@ test-lifecycle: kernel initramfs qemu virtiofsd build
 test-dax-policy: kernel initramfs qemu build
 	tests/e2e/dax.sh --dax-policy upstream
 
+# The DAX suite with every read-only range served from a copy slot (daxfsd --dax-copy=always);
+# test-dax runs the default (auto), which copies only while the window churns.
+.PHONY: test-dax-copy
+test-dax-copy: kernel initramfs qemu build
+	tests/e2e/dax.sh --dax-copy always
+
 # Escape attempts from a guest against the default sandbox; the host checks nothing changed.
 test-escape: kernel initramfs qemu build
 	tests/e2e/escape.sh
