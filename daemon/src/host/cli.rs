@@ -256,8 +256,8 @@ pub struct Cli {
     /// point in time. Host changes to the file reach the guest at OPEN, GETATTR, READ, FLUSH,
     /// FSYNC and every 5 s (close-to-open, as without DAX), not at once as through a direct
     /// mapping; writes through the guest's own FUSE requests are in the copy before the
-    /// reply, and a writable mapping always maps the file. Use `off` where the host writes
-    /// files that guests read through mmap and must see within a tick.
+    /// reply, and a writable mapping always maps the file. Use `off` where guests must see
+    /// host writes through an existing mmap at once. Ignored without `--dax-window`.
     #[arg(long, value_name = "MODE", default_value = "auto")]
     pub dax_copy: crate::dax::copy::CopyMode,
 
