@@ -76,21 +76,27 @@ impl<'m, B: Bitmap> Table<'m, B> {
     /// Entry `i` (< `len`): (addr, len, flags, next), or `None` where it cannot be read.
     fn read(&self, i: u16) -> Option<(u64, u32, u16, u16)> {
         debug_assert!(i < self.len);
+        // Entry `i` of a table that `host` maps whole: `host` maps the table's `len` entries
+        // (checked in `resolve`, inside one region of `mem`, which stays mapped while `mem` is
+        // borrowed) and `i < len`, so the 16 bytes at `p` lie inside it. The guest may change
+        // them at any time: the reads are volatile and every value read is validated by the
+        // caller before use.
         let (lo, hi): (u64, u64) = match self.host {
-            // SAFETY (both arms): `host` maps the table's `len` entries (checked in `resolve`,
-            // inside one region of `mem`, which stays mapped while `mem` is borrowed) and
-            // `i < len`, so the 16 bytes read lie inside it. The guest may change them at any
-            // time: the reads are volatile and every value read is validated before use.
-            Some(h) if h as usize % 8 == 0 => unsafe {
-                let p = h.add(usize::from(i) * DESC_SIZE as usize).cast::<u64>();
-                (p.read_volatile(), p.add(1).read_volatile())
-            },
-            // An indirect table the guest did not align: bytewise.
-            Some(h) => unsafe {
-                let raw: [u8; 16] =
-                    std::ptr::read_volatile(h.add(usize::from(i) * DESC_SIZE as usize).cast());
+            Some(h) if h as usize % 8 == 0 => {
+                // SAFETY: in bounds as above; `h` and the entry size are multiples of 8, so
+                // both u64 reads are aligned.
+                let p = unsafe { h.add(usize::from(i) * DESC_SIZE as usize) }.cast::<u64>();
+                // SAFETY: `p` and `p + 1` are the entry's two aligned words (above).
+                unsafe { (p.read_volatile(), p.add(1).read_volatile()) }
+            }
+            Some(h) => {
+                // An indirect table the guest did not align: bytewise.
+                // SAFETY: in bounds as above; a [u8; 16] read needs no alignment.
+                let raw: [u8; 16] = unsafe {
+                    std::ptr::read_volatile(h.add(usize::from(i) * DESC_SIZE as usize).cast())
+                };
                 split_raw(raw)
-            },
+            }
             None => {
                 let at = self.addr.checked_add(u64::from(i) * DESC_SIZE)?;
                 split_raw(self.mem.read_obj(GuestAddress(at)).ok()?)
