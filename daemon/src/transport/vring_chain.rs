@@ -247,7 +247,10 @@ mod tests {
 
     const QSIZE: u16 = 16;
 
-    fn spans(s: &Split<'_>) -> (Vec<(usize, usize)>, Vec<(usize, usize)>) {
+    /// Host (address, length) pieces, readable then writable.
+    type Spans = (Vec<(usize, usize)>, Vec<(usize, usize)>);
+
+    fn spans(s: &Split<'_>) -> Spans {
         let f = |v: &Vec<VolatileSlice<'_>>| {
             v.iter()
                 .map(|s| (s.ptr_guard().as_ptr() as usize, s.len()))
