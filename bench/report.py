@@ -2,11 +2,14 @@
 """Summaries, report.md and report.png for a benchmark run (bench/run.py writes the JSON).
 
     bench/report.py RESULTS.json [--md FILE] [--png FILE] [--pressure-from RUN.json]
-                    [--host-from RUN.json]
+                    [--host-from RUN.json] [--proto-from RUN.json]
+
+(run it with /usr/bin/python3: the chart needs Debian's python3-matplotlib)
 
 re-renders a run's report from its JSON (default: next to the JSON, same base name).
 --pressure-from replaces the run's `pressure` section with the one of RUN.json (a later
 `--only pressure` run): the report then says which sections come from which run.
+--proto-from replaces the `proto` section with the one of RUN.json (an `--only proto` run).
 --host-from adds (or replaces) the `host` section with the one of RUN.json (an `--only host`
 run); its heading names that run.
 """
@@ -112,10 +115,15 @@ def summarize(res):
     res["daemon_cost"] = list(cost.values())
 
     rows = res.get("proto", {}).get("rows", [])
-    ps = {"rate": [], "callgrind": []}
-    rg, cg = {}, {}
+    ps = {"rate": [], "callgrind": [], "extra": []}
+    rg, cg, ex = {}, {}, {}
     for r in rows:
         if r.get("kind") == "rate":
+            if r.get("queues", 1) != 1 or r.get("blocked_lock"):
+                k = (r["daemon"].split(",")[0], r["op"], r["depth"], r.get("queues", 1),
+                     bool(r.get("blocked_lock")))
+                ex.setdefault(k, []).append(r["req_per_s"])
+                continue
             rg.setdefault((r["daemon"], r["op"], r["depth"]), []).append(r["req_per_s"])
         elif r.get("kind") == "callgrind":
             cg.setdefault((r["daemon"], r["op"], r["requests"]), []).append(r["instructions_per_req"])
@@ -124,6 +132,9 @@ def summarize(res):
                                 "instructions_per_req": med(v), "all": v})
     for (d, op, depth), v in sorted(rg.items()):
         ps["rate"].append({"daemon": d, "op": op, "depth": depth, "req_per_s": med(v), "all": v})
+    for (d, op, depth, q, lk), v in sorted(ex.items()):
+        ps["extra"].append({"daemon": d, "op": op, "depth": depth, "queues": q,
+                            "blocked_lock": lk, "req_per_s": med(v), "all": v})
     res["proto_summary"] = ps
     return res
 
@@ -424,6 +435,10 @@ def render_md(res):
     if ps.get("rate") or ps.get("callgrind"):
         st_ = res.get("settings", {})
         w("## Protocol microbenchmark (no VM)\n")
+        fr = res.get("proto", {}).get("from_run")
+        if fr:
+            w(f"From run {fr['run_id']} (`--only proto`, started {fr['started']}; its own report: "
+              f"`bench/results/{fr['run_id']}.md`).\n")
         w("`tests/vufs-driver/examples/protobench.rs`: the userspace virtio-fs driver plays QEMU "
           "and the guest over the vhost-user socket; one request queue, requests laid out as Linux "
           "lays them out, every reply checked. READ = 4 KiB at sequential offsets of a 64 MiB file "
@@ -442,6 +457,18 @@ def render_md(res):
                 rt = f"{d['req_per_s'] / v['req_per_s']:.2f}x" if d and v and v["req_per_s"] else "-"
                 w(f"| {op.upper()} | {depth} | {num(d and d['req_per_s'])} | {num(v and v['req_per_s'])} | {rt} |")
             w("")
+        for e in ps.get("extra", []):
+            base = next((r for r in ps.get("rate", []) if r["daemon"] == e["daemon"]
+                         and r["op"] == e["op"] and r["depth"] == e["depth"]), None)
+            rt = f"{e['req_per_s'] / base['req_per_s']:.2f}x" if base and base["req_per_s"] else "-"
+            what = (f"{e['queues']} request queues" if e["queues"] != 1 else
+                    "a SETLKW waiting on the same queue (another file)")
+            if e["queues"] != 1:
+                why = "virtiofsd 1.14 serves one request queue"
+            else:
+                why = "virtiofsd 1.14 has no POSIX locks"
+            w(f"{e['daemon']} {e['op'].upper()} at depth {e['depth']} with {what}: "
+              f"{num(e['req_per_s'])} req/s, {rt} its one-queue rate above ({why}).\n")
         if ps.get("callgrind"):
             n = ps["callgrind"][0]["requests"]
             w(f"Instructions per request (callgrind `Ir`, every thread of the daemon: a run of {n} "
@@ -650,8 +677,11 @@ def render_png(res, path):
                     lab += f"\n{rr['req_per_s'] / 1000:.0f}k req/s"
                 ent.append((f"{op.upper()}\n{dmn}", r["instructions_per_req"] if r else 0, col, lab))
     if ent:
-        bars(axr, "protocol: instructions per request (callgrind); req/s at depth 1", ent,
-             ylabel="instructions / request")
+        title = "protocol: instructions per request (callgrind); req/s at depth 1"
+        fr = res.get("proto", {}).get("from_run")
+        if fr:
+            title += f"\n(run {fr['run_id']})"
+        bars(axr, title, ent, ylabel="instructions / request")
         axr.set_ylim(top=(max(e[1] for e in ent) or 1) * 1.4)
     else:
         axr.axis("off")
@@ -682,7 +712,7 @@ def main():
     base = os.path.splitext(src)[0]
     md, png = base + ".md", base + ".png"
     args = sys.argv[2:]
-    pfrom = hfrom = None
+    pfrom = hfrom = qfrom = None
     while args:
         if args[0] == "--md" and len(args) > 1:
             md = args[1]
@@ -692,6 +722,8 @@ def main():
             pfrom = args[1]
         elif args[0] == "--host-from" and len(args) > 1:
             hfrom = args[1]
+        elif args[0] == "--proto-from" and len(args) > 1:
+            qfrom = args[1]
         else:
             print(__doc__, file=sys.stderr)
             return 2
@@ -702,6 +734,12 @@ def main():
     if hfrom:
         h = json.load(open(hfrom))
         res["host"] = dict(h["host"], from_run={"run_id": h["run_id"], "started": h["started"]})
+    if qfrom:
+        q = json.load(open(qfrom))
+        res["proto"] = dict(q["proto"], from_run={"run_id": q["run_id"], "started": q["started"]})
+        for k in ("proto_seconds", "proto_rounds", "callgrind_rounds"):
+            if k in q.get("settings", {}):
+                res.setdefault("settings", {})[k] = q["settings"][k]
     render(res, md, png)
     print(f"{md}\n{png}")
     return 0
