@@ -116,15 +116,16 @@ def summarize(res):
 
     rows = res.get("proto", {}).get("rows", [])
     ps = {"rate": [], "callgrind": [], "extra": []}
-    rg, cg, ex = {}, {}, {}
+    rg, cg, ex, plain = {}, {}, {}, {}
     for r in rows:
         if r.get("kind") == "rate":
-            if r.get("queues", 1) != 1 or r.get("blocked_lock"):
-                k = (r["daemon"].split(",")[0], r["op"], r["depth"], r.get("queues", 1),
+            if r.get("queues", 1) != 1 or r.get("blocked_lock") or "," in r["daemon"]:
+                k = (r["daemon"], r["op"], r["depth"], r.get("queues", 1),
                      bool(r.get("blocked_lock")))
-                ex.setdefault(k, []).append(r["req_per_s"])
+                ex.setdefault(k, []).append((r.get("round"), r["req_per_s"]))
                 continue
             rg.setdefault((r["daemon"], r["op"], r["depth"]), []).append(r["req_per_s"])
+            plain[(r["daemon"], r["op"], r["depth"], r.get("round"))] = r["req_per_s"]
         elif r.get("kind") == "callgrind":
             cg.setdefault((r["daemon"], r["op"], r["requests"]), []).append(r["instructions_per_req"])
     for (d, op, n), v in sorted(cg.items()):
@@ -133,8 +134,13 @@ def summarize(res):
     for (d, op, depth), v in sorted(rg.items()):
         ps["rate"].append({"daemon": d, "op": op, "depth": depth, "req_per_s": med(v), "all": v})
     for (d, op, depth, q, lk), v in sorted(ex.items()):
+        # Against the same daemon's plain rate of the same round (load moves whole rounds).
+        paired = [x / plain[(d.split(",")[0], op, depth, rnd)] for rnd, x in v
+                  if plain.get((d.split(",")[0], op, depth, rnd))]
         ps["extra"].append({"daemon": d, "op": op, "depth": depth, "queues": q,
-                            "blocked_lock": lk, "req_per_s": med(v), "all": v})
+                            "blocked_lock": lk, "req_per_s": med([x for _, x in v]),
+                            "all": [x for _, x in v],
+                            "vs_plain": med(paired) if paired else None, "vs_plain_all": paired})
     res["proto_summary"] = ps
     return res
 
@@ -457,18 +463,30 @@ def render_md(res):
                 rt = f"{d['req_per_s'] / v['req_per_s']:.2f}x" if d and v and v["req_per_s"] else "-"
                 w(f"| {op.upper()} | {depth} | {num(d and d['req_per_s'])} | {num(v and v['req_per_s'])} | {rt} |")
             w("")
-        for e in ps.get("extra", []):
-            base = next((r for r in ps.get("rate", []) if r["daemon"] == e["daemon"]
-                         and r["op"] == e["op"] and r["depth"] == e["depth"]), None)
-            rt = f"{e['req_per_s'] / base['req_per_s']:.2f}x" if base and base["req_per_s"] else "-"
-            what = (f"{e['queues']} request queues" if e["queues"] != 1 else
-                    "a SETLKW waiting on the same queue (another file)")
+        extra = ps.get("extra", [])
+        if extra:
+            w("Variants at depth 16: req/s (median), and the ratio to the same daemon's plain rate "
+              "of the same round (median, range in brackets; the host's load moves whole rounds). "
+              "virtiofsd 1.14 serves one request queue and has no POSIX locks, so those two rows "
+              "are daxfsd's only:\n")
+            w("| daemon | request | variant | req/s | / plain |")
+            w("|---|---|---|--:|--:|")
+        for e in extra:
+            name, _, args = e["daemon"].partition(",")
+            rt = "-"
+            if e.get("vs_plain"):
+                rt = f"{e['vs_plain']:.2f}x"
+                if len(e.get("vs_plain_all", [])) > 1:
+                    rt += f" ({min(e['vs_plain_all']):.2f}-{max(e['vs_plain_all']):.2f})"
             if e["queues"] != 1:
-                why = "virtiofsd 1.14 serves one request queue"
+                what = f"{e['queues']} request queues"
+            elif e["blocked_lock"]:
+                what = "a SETLKW waiting on the same queue (another file)"
             else:
-                why = "virtiofsd 1.14 has no POSIX locks"
-            w(f"{e['daemon']} {e['op'].upper()} at depth {e['depth']} with {what}: "
-              f"{num(e['req_per_s'])} req/s, {rt} its one-queue rate above ({why}).\n")
+                what = " ".join(a for a in args.split(",") if a)
+            w(f"| {name} | {e['op'].upper()} | {what} | {num(e['req_per_s'])} | {rt} |")
+        if extra:
+            w("")
         if ps.get("callgrind"):
             n = ps["callgrind"][0]["requests"]
             w(f"Instructions per request (callgrind `Ir`, every thread of the daemon: a run of {n} "

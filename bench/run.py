@@ -190,7 +190,7 @@ def estimate_boot(b):
 def estimate_proto(a):
     if "proto" not in a.only:
         return 0.0
-    rate = a.proto_rounds * (len(a.proto_depths) * 2 * 2 + 2 * a.proto_extra) * (a.proto_seconds + 0.5)
+    rate = a.proto_rounds * (len(a.proto_depths) * 2 * 2 + 6 * a.proto_extra) * (a.proto_seconds + 0.5)
     return rate + 5.0 + a.callgrind_rounds * a.callgrind_requests / 2000 * 3.0
 
 
@@ -492,6 +492,12 @@ def run_proto(a, raw, results, save):
             pb(["--daemon", "daxfsd,--posix-lock", "--seconds", str(a.proto_seconds),
                 "--depth", str(depth), "--blocked-lock", "--op", "read"],
                f"round {r}/{a.proto_rounds}: daxfsd req/s with a SETLKW waiting, depth {depth}", r)
+            # What a worker pool costs (the default 0 serves on the queue thread).
+            for dmn in ("daxfsd", "virtiofsd"):
+                pb(["--daemon", f"{dmn},--thread-pool-size=4", "--seconds", str(a.proto_seconds),
+                    "--depth", str(depth)],
+                   f"round {r}/{a.proto_rounds}: {dmn} req/s with --thread-pool-size=4, "
+                   f"depth {depth}", r)
     # The count moves by up to ~10% with the host's load (the daemon's event loop takes
     # other paths when requests arrive at other moments): several runs, median reported.
     for r in range(1, a.callgrind_rounds + 1):
