@@ -118,7 +118,9 @@ fn split_raw(raw: [u8; 16]) -> (u64, u64) {
     (word(0), word(8))
 }
 
-/// Appends the host slices of guest buffer `addr`+`len` to `out`.
+/// Appends the host slices of guest buffer `addr`+`len` to `out`: one slice when the buffer
+/// lies inside one region, else `vm-memory`'s generic path splits it at region boundaries and
+/// checks it.
 fn push_buffer<'a, B: Bitmap>(
     mem: &'a GuestMemoryMmap<B>,
     addr: u64,
@@ -135,21 +137,11 @@ fn push_buffer<'a, B: Bitmap>(
         out.push(unsafe { VolatileSlice::new(p, len as usize) });
         return Ok(());
     }
-    push_slices(mem, addr, len as usize, access, out)
-}
-
-/// The generic path: `vm-memory` splits the buffer at region boundaries and checks it.
-fn push_slices<'a, B: Bitmap>(
-    mem: &'a GuestMemoryMmap<B>,
-    addr: u64,
-    len: usize,
-    access: Permissions,
-    out: &mut Vec<VolatileSlice<'a>>,
-) -> Result<(), String> {
     let bad = |e: vm_memory::GuestMemoryError| {
         format!("descriptor {addr:#x}+{len:#x} outside guest memory: {e}")
     };
-    for s in GuestMemory::get_slices(mem, GuestAddress(addr), len, access).map_err(bad)? {
+    let slices = GuestMemory::get_slices(mem, GuestAddress(addr), len as usize, access);
+    for s in slices.map_err(bad)? {
         let s = s.map_err(bad)?;
         // SAFETY: `s` lies inside a region of `mem`, which is mapped (mmap-backed memory:
         // the pointer stays valid without a guard) for as long as `mem` is borrowed, the
