@@ -2,11 +2,14 @@
 """Summaries, report.md and report.png for a benchmark run (bench/run.py writes the JSON).
 
     bench/report.py RESULTS.json [--md FILE] [--png FILE] [--pressure-from RUN.json]
-                    [--host-from RUN.json]
+                    [--host-from RUN.json] [--proto-from RUN.json]
+
+(run it with /usr/bin/python3: the chart needs Debian's python3-matplotlib)
 
 re-renders a run's report from its JSON (default: next to the JSON, same base name).
 --pressure-from replaces the run's `pressure` section with the one of RUN.json (a later
 `--only pressure` run): the report then says which sections come from which run.
+--proto-from replaces the `proto` section with the one of RUN.json (an `--only proto` run).
 --host-from adds (or replaces) the `host` section with the one of RUN.json (an `--only host`
 run); its heading names that run.
 """
@@ -114,11 +117,17 @@ def summarize(res):
     res["daemon_cost"] = list(cost.values())
 
     rows = res.get("proto", {}).get("rows", [])
-    ps = {"rate": [], "callgrind": []}
-    rg, cg = {}, {}
+    ps = {"rate": [], "callgrind": [], "extra": []}
+    rg, cg, ex, plain = {}, {}, {}, {}
     for r in rows:
         if r.get("kind") == "rate":
+            if r.get("queues", 1) != 1 or r.get("blocked_lock") or "," in r["daemon"]:
+                k = (r["daemon"], r["op"], r["depth"], r.get("queues", 1),
+                     bool(r.get("blocked_lock")))
+                ex.setdefault(k, []).append((r.get("round"), r["req_per_s"]))
+                continue
             rg.setdefault((r["daemon"], r["op"], r["depth"]), []).append(r["req_per_s"])
+            plain[(r["daemon"], r["op"], r["depth"], r.get("round"))] = r["req_per_s"]
         elif r.get("kind") == "callgrind":
             cg.setdefault((r["daemon"], r["op"], r["requests"]), []).append(r["instructions_per_req"])
     for (d, op, n), v in sorted(cg.items()):
@@ -126,6 +135,14 @@ def summarize(res):
                                 "instructions_per_req": med(v), "all": v})
     for (d, op, depth), v in sorted(rg.items()):
         ps["rate"].append({"daemon": d, "op": op, "depth": depth, "req_per_s": med(v), "all": v})
+    for (d, op, depth, q, lk), v in sorted(ex.items()):
+        # Against the same daemon's plain rate of the same round (load moves whole rounds).
+        paired = [x / plain[(d.split(",")[0], op, depth, rnd)] for rnd, x in v
+                  if plain.get((d.split(",")[0], op, depth, rnd))]
+        ps["extra"].append({"daemon": d, "op": op, "depth": depth, "queues": q,
+                            "blocked_lock": lk, "req_per_s": med([x for _, x in v]),
+                            "all": [x for _, x in v],
+                            "vs_plain": med(paired) if paired else None, "vs_plain_all": paired})
     res["proto_summary"] = ps
     return res
 
@@ -460,6 +477,10 @@ def render_md(res):
     if ps.get("rate") or ps.get("callgrind"):
         st_ = res.get("settings", {})
         w("## Protocol microbenchmark (no VM)\n")
+        fr = res.get("proto", {}).get("from_run")
+        if fr:
+            w(f"From run {fr['run_id']} (`--only proto`, started {fr['started']}; its own report: "
+              f"`bench/results/{fr['run_id']}.md`).\n")
         w("`tests/vufs-driver/examples/protobench.rs`: the userspace virtio-fs driver plays QEMU "
           "and the guest over the vhost-user socket; one request queue, requests laid out as Linux "
           "lays them out, every reply checked. READ = 4 KiB at sequential offsets of a 64 MiB file "
@@ -477,6 +498,30 @@ def render_md(res):
                 v = next((r for r in ps["rate"] if r["daemon"] == "virtiofsd" and r["op"] == op and r["depth"] == depth), None)
                 rt = f"{d['req_per_s'] / v['req_per_s']:.2f}x" if d and v and v["req_per_s"] else "-"
                 w(f"| {op.upper()} | {depth} | {num(d and d['req_per_s'])} | {num(v and v['req_per_s'])} | {rt} |")
+            w("")
+        extra = ps.get("extra", [])
+        if extra:
+            w("Variants at depth 16: req/s (median), and the ratio to the same daemon's plain rate "
+              "of the same round (median, range in brackets; the host's load moves whole rounds). "
+              "virtiofsd 1.14 serves one request queue and has no POSIX locks, so those two rows "
+              "are daxfsd's only:\n")
+            w("| daemon | request | variant | req/s | / plain |")
+            w("|---|---|---|--:|--:|")
+        for e in extra:
+            name, _, args = e["daemon"].partition(",")
+            rt = "-"
+            if e.get("vs_plain"):
+                rt = f"{e['vs_plain']:.2f}x"
+                if len(e.get("vs_plain_all", [])) > 1:
+                    rt += f" ({min(e['vs_plain_all']):.2f}-{max(e['vs_plain_all']):.2f})"
+            if e["queues"] != 1:
+                what = f"{e['queues']} request queues"
+            elif e["blocked_lock"]:
+                what = "a SETLKW waiting on the same queue (another file)"
+            else:
+                what = " ".join(a for a in args.split(",") if a)
+            w(f"| {name} | {e['op'].upper()} | {what} | {num(e['req_per_s'])} | {rt} |")
+        if extra:
             w("")
         if ps.get("callgrind"):
             n = ps["callgrind"][0]["requests"]
@@ -695,8 +740,11 @@ def render_png(res, path):
                     lab += f"\n{rr['req_per_s'] / 1000:.0f}k req/s"
                 ent.append((f"{op.upper()}\n{dmn}", r["instructions_per_req"] if r else 0, col, lab))
     if ent:
-        bars(axr, "protocol: instructions per request (callgrind); req/s at depth 1", ent,
-             ylabel="instructions / request")
+        title = "protocol: instructions per request (callgrind); req/s at depth 1"
+        fr = res.get("proto", {}).get("from_run")
+        if fr:
+            title += f"\n(run {fr['run_id']})"
+        bars(axr, title, ent, ylabel="instructions / request")
         axr.set_ylim(top=(max(e[1] for e in ent) or 1) * 1.4)
     else:
         axr.axis("off")
@@ -727,7 +775,7 @@ def main():
     base = os.path.splitext(src)[0]
     md, png = base + ".md", base + ".png"
     args = sys.argv[2:]
-    pfrom = hfrom = None
+    pfrom = hfrom = qfrom = None
     while args:
         if args[0] == "--md" and len(args) > 1:
             md = args[1]
@@ -737,6 +785,8 @@ def main():
             pfrom = args[1]
         elif args[0] == "--host-from" and len(args) > 1:
             hfrom = args[1]
+        elif args[0] == "--proto-from" and len(args) > 1:
+            qfrom = args[1]
         else:
             print(__doc__, file=sys.stderr)
             return 2
@@ -747,6 +797,12 @@ def main():
     if hfrom:
         h = json.load(open(hfrom))
         res["host"] = dict(h["host"], from_run={"run_id": h["run_id"], "started": h["started"]})
+    if qfrom:
+        q = json.load(open(qfrom))
+        res["proto"] = dict(q["proto"], from_run={"run_id": q["run_id"], "started": q["started"]})
+        for k in ("proto_seconds", "proto_rounds", "callgrind_rounds"):
+            if k in q.get("settings", {}):
+                res.setdefault("settings", {})[k] = q["settings"][k]
     render(res, md, png)
     print(f"{md}\n{png}")
     return 0

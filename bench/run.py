@@ -197,7 +197,7 @@ def estimate_boot(b):
 def estimate_proto(a):
     if "proto" not in a.only:
         return 0.0
-    rate = a.proto_rounds * len(a.proto_depths) * 2 * 2 * (a.proto_seconds + 0.5)
+    rate = a.proto_rounds * (len(a.proto_depths) * 2 * 2 + 6 * a.proto_extra) * (a.proto_seconds + 0.5)
     return rate + 5.0 + a.callgrind_rounds * a.callgrind_requests / 2000 * 3.0
 
 
@@ -488,6 +488,23 @@ def run_proto(a, raw, results, save):
             for dmn in (("daxfsd", "virtiofsd") if r % 2 else ("virtiofsd", "daxfsd")):
                 pb(["--daemon", dmn, "--seconds", str(a.proto_seconds), "--depth", str(depth)],
                    f"round {r}/{a.proto_rounds}: {dmn} req/s, depth {depth}", r)
+        if a.proto_extra:
+            depth = max(a.proto_depths)
+            # Four request queues (virtiofsd 1.14 serves one: daxfsd only), and READs of
+            # another file while a SETLKW waits on the same queue (virtiofsd 1.14 has no POSIX
+            # locks: daxfsd only, against its own plain rate above).
+            pb(["--daemon", "daxfsd", "--seconds", str(a.proto_seconds), "--depth", str(depth),
+                "--queues", "4", "--op", "read"],
+               f"round {r}/{a.proto_rounds}: daxfsd req/s, 4 queues, depth {depth}", r)
+            pb(["--daemon", "daxfsd,--posix-lock", "--seconds", str(a.proto_seconds),
+                "--depth", str(depth), "--blocked-lock", "--op", "read"],
+               f"round {r}/{a.proto_rounds}: daxfsd req/s with a SETLKW waiting, depth {depth}", r)
+            # What a worker pool costs (the default 0 serves on the queue thread).
+            for dmn in ("daxfsd", "virtiofsd"):
+                pb(["--daemon", f"{dmn},--thread-pool-size=4", "--seconds", str(a.proto_seconds),
+                    "--depth", str(depth)],
+                   f"round {r}/{a.proto_rounds}: {dmn} req/s with --thread-pool-size=4, "
+                   f"depth {depth}", r)
     # The count moves by up to ~10% with the host's load (the daemon's event loop takes
     # other paths when requests arrive at other moments): several runs, median reported.
     for r in range(1, a.callgrind_rounds + 1):
@@ -527,12 +544,14 @@ def main():
         a.repeats = a.repeats or 1
         a.file_size = a.file_size or "64M"
         a.proto_seconds, a.proto_rounds, a.proto_depths, a.callgrind_requests = 2, 1, [1], 2000
+        a.proto_extra = False
         a.callgrind_rounds = 1
     else:
         a.runtime = a.runtime or 5
         a.repeats = a.repeats or 3
         a.file_size = a.file_size or "128M"
         a.proto_seconds, a.proto_rounds, a.proto_depths, a.callgrind_requests = 3, 3, [1, 16], 5000
+        a.proto_extra = True
         a.callgrind_rounds = 3
     a.pressure_file_size = "256M"
     a.mq_file_size = "64M"

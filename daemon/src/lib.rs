@@ -30,4 +30,4 @@ pub use host::{caps, cli, daemon, runfiles, sandbox, seccomp, syslog};
 pub use protocol::{abi, backing, filesystem, iobuf, mapper, secctx, server};
 #[cfg(feature = "testing")]
 pub use testing::{fuzzing, memfs};
-pub use transport::{dev_fuse, fuse_uring, vhost_user};
+pub use transport::{dev_fuse, fuse_uring, vhost_user, vring_chain};

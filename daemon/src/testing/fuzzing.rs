@@ -168,16 +168,26 @@ const CHAIN_MEM: usize = 2 << 20;
 const DATA: u64 = 1 << 20;
 
 /// An arbitrary descriptor chain through the transport and the server:
-/// `[n][n x (addr: u32 le, len: u16 le, flags: u8)][guest memory contents...]`. Flags bit 0
-/// marks the descriptor device-writable; bit 1 makes `addr` absolute (so it may point at the
-/// queue itself or outside guest memory) instead of relative to the data area.
+/// `[n][n x (addr: u32 le, len: u16 le, flags: u8)][guest memory contents...]`, stored as
+/// entries 0..n of a 16-entry descriptor table, head 0. Flags bit 0 marks the descriptor
+/// device-writable; bit 1 makes `addr` absolute (so it may point at the queue itself or
+/// outside guest memory) instead of relative to the data area; bit 2 makes it refer to an
+/// indirect table; bit 3 sets NEXT with `next` = bits 4..7 (any index, so loops and
+/// out-of-range links too). Without bit 3, entries link to the following one and the last ends
+/// the chain. The transport's walk must agree exactly with `virtio-queue`'s own chain iterator.
 #[cfg(any(test, feature = "fuzzing"))]
 pub fn run_chain(data: &[u8]) -> Option<usize> {
-    use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
+    use virtio_bindings::bindings::virtio_ring::{
+        VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+    };
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
+    use virtio_queue::{Queue, QueueT};
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+    use crate::vring_chain::{split_chain, walk_chain, ChainAt};
+
+    const QSIZE: u16 = 16;
     let (&n, rest) = data.split_first()?;
     let n = usize::from(n % 8) + 1;
     let table = rest.get(..n * 7)?;
@@ -185,28 +195,61 @@ pub fn run_chain(data: &[u8]) -> Option<usize> {
     let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), CHAIN_MEM)]).ok()?;
     let len = contents.len().min(CHAIN_MEM - DATA as usize);
     mem.write_slice(&contents[..len], GuestAddress(DATA)).ok()?;
-    let descs: Vec<RawDescriptor> = table
-        .chunks_exact(7)
-        .map(|d| {
-            let addr = u64::from(u32::from_le_bytes([d[0], d[1], d[2], d[3]]));
-            let dlen = u32::from(u16::from_le_bytes([d[4], d[5]]));
-            let addr = if d[6] & 2 != 0 {
-                addr
-            } else {
-                DATA + addr % (CHAIN_MEM as u64 - DATA)
+    let vq = MockSplitQueue::new(&mem, QSIZE);
+    for (i, d) in table.chunks_exact(7).enumerate() {
+        let addr = u64::from(u32::from_le_bytes([d[0], d[1], d[2], d[3]]));
+        let dlen = u32::from(u16::from_le_bytes([d[4], d[5]]));
+        let addr = if d[6] & 2 != 0 {
+            addr
+        } else {
+            DATA + addr % (CHAIN_MEM as u64 - DATA)
+        };
+        let mut flags = 0;
+        if d[6] & 1 != 0 {
+            flags |= VRING_DESC_F_WRITE as u16;
+        }
+        if d[6] & 4 != 0 {
+            flags |= VRING_DESC_F_INDIRECT as u16;
+        }
+        let next = if d[6] & 8 != 0 {
+            flags |= VRING_DESC_F_NEXT as u16;
+            u16::from(d[6] >> 4)
+        } else if i + 1 < n {
+            flags |= VRING_DESC_F_NEXT as u16;
+            i as u16 + 1
+        } else {
+            0
+        };
+        let raw = RawDescriptor::from(SplitDescriptor::new(addr, dlen, flags, next));
+        vq.desc_table().store(i as u16, raw).ok()?;
+    }
+    vq.avail().ring().ref_at(0).ok()?.store(0);
+    vq.avail().idx().store(1);
+    let mut q: Queue = vq.create_queue().ok()?;
+    let chain = q.pop_descriptor_chain(&mem)?;
+    let at = ChainAt {
+        table: q.desc_table(),
+        size: q.size(),
+        head: chain.head_index(),
+    };
+    let spans = |r: &Result<crate::vring_chain::Split<'_>, String>| {
+        r.as_ref().ok().map(|(r, w)| {
+            let f = |v: &Vec<vm_memory::VolatileSlice<'_>>| {
+                v.iter()
+                    .map(|s| (s.ptr_guard().as_ptr() as usize, s.len()))
+                    .collect::<Vec<_>>()
             };
-            let flags = if d[6] & 1 != 0 {
-                VRING_DESC_F_WRITE as u16
-            } else {
-                0
-            };
-            RawDescriptor::from(SplitDescriptor::new(addr, dlen, flags, 0))
+            (f(r), f(w))
         })
-        .collect();
-    let vq = MockSplitQueue::new(&mem, 16);
-    let chain = vq.build_desc_chain(&descs).ok()?;
+    };
+    let fast = walk_chain(&mem, at);
+    assert_eq!(
+        spans(&fast),
+        spans(&split_chain(&mem, chain)),
+        "the transport's chain walk disagrees with virtio-queue's"
+    );
+    let (r, w) = fast.ok()?;
     let s = server(crate::memfs::MemFs::new().ok()?);
-    let (r, w) = crate::vhost_user::split_chain(&mem, chain).ok()?;
     let w = (!w.is_empty()).then(|| Writer::new(w));
     s.handle(Reader::new(r), w).ok().map(|h| h.written)
 }

@@ -3,3 +3,4 @@
 pub mod dev_fuse;
 pub mod fuse_uring;
 pub mod vhost_user;
+pub mod vring_chain;

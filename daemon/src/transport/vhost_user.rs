@@ -23,10 +23,9 @@ use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
-use virtio_queue::{DescriptorChain, QueueT};
+use virtio_queue::QueueT;
 use vm_memory::{
-    Address, ByteValued, Bytes, GuestAddressSpace, GuestMemory, GuestMemoryAtomic,
-    GuestMemoryLoadGuard, GuestMemoryMmap, Permissions, VolatileSlice,
+    ByteValued, Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap, VolatileSlice,
 };
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
@@ -37,12 +36,12 @@ use crate::abi::VirtioFsConfig;
 use crate::filesystem::FileSystem;
 use crate::iobuf::{Reader, Writer};
 use crate::server::Server;
+use crate::vring_chain::{walk_chain, ChainAt, Split};
 
 /// Guest memory as the backend sees it: with a dirty-page bitmap that the frontend's log
 /// (SET_LOG_BASE, during a live migration) replaces.
 pub type GuestMemoryLogged = GuestMemoryMmap<BitmapMmapRegion>;
 pub type GuestMem = GuestMemoryAtomic<GuestMemoryLogged>;
-type Chain = DescriptorChain<GuestMemoryLoadGuard<GuestMemoryLogged>>;
 type FsVring = VringRwLock<GuestMem>;
 
 /// Largest queue the frontend may set up.
@@ -127,7 +126,9 @@ impl QueueShared {
 
     /// Puts a served request into the used ring, unless the device was reset since it was
     /// popped, and notifies the guest when due. `in_batch`: the caller notifies at the end
-    /// of its batch, so only a long batch needs a notification now.
+    /// of its batch, so only a long batch needs a notification now. (Notifying as soon as an
+    /// EVENT_IDX guest asks, as virtiofsd does, measured 0.7x on 4 KiB READ at depth 16: the
+    /// driver wakes once per request instead of once per batch.)
     fn complete(&self, vring: &FsVring, done: Done, in_batch: bool) {
         let mut s = self.lock();
         s.inflight = s.inflight.saturating_sub(1);
@@ -451,12 +452,17 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                     }
                     (s.epoch, chain)
                 };
-                let Some(chain) = chain else { break };
-                let head = chain.head_index();
-                let blocking = {
-                    let mem = atomic.memory();
-                    request_opcode(&mem, &chain).is_some_and(may_block)
-                };
+                let Some(at) = chain else { break };
+                let head = at.head;
+                // Walked once here: the opcode picks the thread, and a request served on this
+                // thread uses the same walk.
+                let mem = atomic.memory();
+                let split = walk_chain(&mem, at);
+                let blocking = split
+                    .as_ref()
+                    .ok()
+                    .and_then(|(r, _)| opcode_of(r))
+                    .is_some_and(may_block);
                 if blocking {
                     q.lock().blocking += 1;
                 }
@@ -467,7 +473,8 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 };
                 match pool {
                     None => {
-                        let used = serve(&self.server, &atomic.memory(), chain);
+                        let used = serve_split(&self.server, &mem, split);
+                        drop(mem);
                         let done = Done {
                             head,
                             used,
@@ -477,6 +484,8 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                         q.complete(vring, done, true);
                     }
                     Some(pool) => {
+                        drop(split);
+                        drop(mem);
                         let (server, q, vring, atomic) = (
                             self.server.clone(),
                             q.clone(),
@@ -484,7 +493,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                             atomic.clone(),
                         );
                         pool.submit(Box::new(move || {
-                            let used = serve(&server, &atomic.memory(), chain);
+                            let used = serve(&server, &atomic.memory(), at);
                             let done = Done {
                                 head,
                                 used,
@@ -532,40 +541,51 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         }
     }
 
-    fn pop(vring: &FsVring, mem: &GuestMem) -> Option<Chain> {
-        vring
-            .get_mut()
-            .get_queue_mut()
-            .pop_descriptor_chain(mem.memory())
+    /// Takes the next available chain: where it is (the walk happens later, outside the
+    /// vring lock).
+    fn pop(vring: &FsVring, mem: &GuestMem) -> Option<ChainAt> {
+        let mut v = vring.get_mut();
+        let q = v.get_queue_mut();
+        let head = q.pop_descriptor_chain(mem.memory())?.head_index();
+        Some(ChainAt {
+            table: q.desc_table(),
+            size: q.size(),
+            head,
+        })
     }
 }
 
-/// The FUSE opcode of the request in `chain`, if its header is readable.
-fn request_opcode(mem: &GuestMemoryLogged, chain: &Chain) -> Option<u32> {
-    let first = chain.clone().next()?;
-    if !first.is_write_only() && first.len() >= 8 {
-        // The common case: the header starts in the first descriptor.
-        return mem.read_obj::<u32>(first.addr().checked_add(4)?).ok();
+/// The FUSE opcode of a request, if its header is readable.
+fn opcode_of(readable: &[VolatileSlice<'_>]) -> Option<u32> {
+    let first = readable.first()?;
+    if first.len() >= 8 {
+        // The common case: the header starts in the first buffer.
+        return first.read_obj::<u32>(4).ok();
     }
-    let (readable, _) = split_chain(mem, chain.clone()).ok()?;
     let mut head = [0u8; 8];
-    Reader::new(readable).read_exact(&mut head).ok()?;
+    Reader::new(readable.to_vec()).read_exact(&mut head).ok()?;
     Some(u32::from_le_bytes([head[4], head[5], head[6], head[7]]))
 }
 
 /// Serves one request; returns the bytes written for the used ring.
-fn serve<F: FileSystem>(server: &Server<F>, mem: &GuestMemoryLogged, chain: Chain) -> u32 {
-    let (readable, writable) = match split_chain(mem, chain) {
+fn serve<F: FileSystem>(server: &Server<F>, mem: &GuestMemoryLogged, at: ChainAt) -> u32 {
+    serve_split(server, mem, walk_chain(mem, at))
+}
+
+/// Serves a request whose chain is already split.
+fn serve_split<F: FileSystem>(
+    server: &Server<F>,
+    mem: &GuestMemoryLogged,
+    split: Result<Split<'_>, String>,
+) -> u32 {
+    let (readable, writable) = match split {
         Ok(v) => v,
         Err(e) => {
             log::warn!("dropping malformed descriptor chain: {e}");
             return 0;
         }
     };
-    let spans: Vec<(usize, usize)> = writable
-        .iter()
-        .map(|s| (s.ptr_guard().as_ptr() as usize, s.len()))
-        .collect();
+    let spans = Spans::of(&writable);
     let w = (!writable.is_empty()).then(|| Writer::new(writable));
     let used = match server.handle(Reader::new(readable), w) {
         Ok(h) => u32::try_from(h.written).unwrap_or(0),
@@ -575,8 +595,35 @@ fn serve<F: FileSystem>(server: &Server<F>, mem: &GuestMemoryLogged, chain: Chai
         }
     };
     // A migration's log must see the reply once it is written (never before).
-    mark_written(mem, &spans, used as usize);
+    mark_written(mem, spans.as_slice(), used as usize);
     used
+}
+
+/// The host (address, length) pieces of a reply, without an allocation for the usual few.
+enum Spans {
+    Inline([(usize, usize); 4], usize),
+    Heap(Vec<(usize, usize)>),
+}
+
+impl Spans {
+    fn of(writable: &[VolatileSlice<'_>]) -> Self {
+        let span = |s: &VolatileSlice<'_>| (s.ptr_guard().as_ptr() as usize, s.len());
+        if writable.len() > 4 {
+            return Spans::Heap(writable.iter().map(span).collect());
+        }
+        let mut a = [(0, 0); 4];
+        for (d, s) in a.iter_mut().zip(writable) {
+            *d = span(s);
+        }
+        Spans::Inline(a, writable.len())
+    }
+
+    fn as_slice(&self) -> &[(usize, usize)] {
+        match self {
+            Spans::Inline(a, n) => &a[..*n],
+            Spans::Heap(v) => v,
+        }
+    }
 }
 
 /// Marks the first `written` bytes of a reply dirty in the frontend's migration log (a no-op
@@ -607,49 +654,6 @@ fn mark_written(mem: &GuestMemoryLogged, spans: &[(usize, usize)], written: usiz
             }
         }
     }
-}
-
-/// Splits a chain into its device-readable and device-writable parts, resolved to host
-/// memory. Readable descriptors must all come before writable ones. Works on guest memory
-/// with any dirty bitmap; the slices it returns carry none (the caller marks what it wrote).
-pub fn split_chain<
-    B: vm_memory::bitmap::Bitmap,
-    M: std::ops::Deref<Target = GuestMemoryMmap<B>>,
->(
-    mem: &GuestMemoryMmap<B>,
-    chain: DescriptorChain<M>,
-) -> Result<(Vec<VolatileSlice<'_>>, Vec<VolatileSlice<'_>>), String> {
-    // A FUSE request is typically 2-4 buffers each way: one allocation per side.
-    let mut readable = Vec::with_capacity(4);
-    let mut writable = Vec::with_capacity(4);
-    for desc in chain {
-        if !desc.is_write_only() && !writable.is_empty() {
-            return Err("readable descriptor after a writable one".into());
-        }
-        let len = desc.len() as usize;
-        let (out, access) = if desc.is_write_only() {
-            (&mut writable, Permissions::Write)
-        } else {
-            (&mut readable, Permissions::Read)
-        };
-        let bad = |e: vm_memory::GuestMemoryError| {
-            format!(
-                "descriptor {:#x}+{len:#x} outside guest memory: {e}",
-                desc.addr().0
-            )
-        };
-        for s in mem.get_slices(desc.addr(), len, access).map_err(bad)? {
-            let s = s.map_err(bad)?;
-            // SAFETY: `s` lies inside a region of `mem`, which is mapped (mmap-backed memory:
-            // the pointer stays valid without a guard) for as long as `mem` is borrowed, the
-            // lifetime of the returned slice; only the bitmap is dropped.
-            out.push(unsafe { VolatileSlice::new(s.ptr_guard_mut().as_ptr(), s.len()) });
-        }
-    }
-    if readable.is_empty() {
-        return Err("chain has no readable descriptor".into());
-    }
-    Ok((readable, writable))
 }
 
 impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
@@ -876,6 +880,7 @@ mod tests {
     use crate::mapper::NoMapper;
     use crate::memfs::MemFs;
     use crate::server::ServerOptions;
+    use crate::vring_chain::split_chain;
     use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
@@ -890,6 +895,22 @@ mod tests {
     fn desc(addr: u64, len: u32, write: bool) -> RawDescriptor {
         let flags = if write { VRING_DESC_F_WRITE as u16 } else { 0 };
         RawDescriptor::from(SplitDescriptor::new(addr, len, flags, 0))
+    }
+
+    /// The transport's walk of `chain` (checked against the reference walk).
+    fn walk<'m>(
+        m: &'m GuestMemoryMmap,
+        vq: &MockSplitQueue<GuestMemoryMmap>,
+        chain: virtio_queue::DescriptorChain<&GuestMemoryMmap>,
+    ) -> Result<Split<'m>, String> {
+        let at = ChainAt {
+            table: vq.desc_table_addr().0,
+            size: 16,
+            head: chain.head_index(),
+        };
+        let fast = walk_chain(m, at);
+        assert_eq!(fast.is_ok(), split_chain(m, chain).is_ok());
+        fast
     }
 
     fn backend() -> FsBackend<MemFs> {
@@ -911,7 +932,7 @@ mod tests {
         let vq = MockSplitQueue::new(m, 16);
         let chain = vq.build_desc_chain(descs).unwrap();
         let b = backend();
-        match split_chain(m, chain) {
+        match walk(m, &vq, chain) {
             Ok((r, w)) => {
                 let w = (!w.is_empty()).then(|| Writer::new(w));
                 b.server()
@@ -970,7 +991,7 @@ mod tests {
         let chain = vq
             .build_desc_chain(&[reply, desc(0x10_0000, len, false)])
             .unwrap();
-        assert!(split_chain(&m, chain)
+        assert!(walk(&m, &vq, chain)
             .unwrap_err()
             .contains("after a writable"));
         // Pointing outside guest memory.
@@ -978,18 +999,18 @@ mod tests {
         let chain = vq
             .build_desc_chain(&[desc(MEM as u64 - 8, 64, false), reply])
             .unwrap();
-        assert!(split_chain(&m, chain)
+        assert!(walk(&m, &vq, chain)
             .unwrap_err()
             .contains("outside guest memory"));
         let vq = MockSplitQueue::new(&m, 16);
         let chain = vq
             .build_desc_chain(&[desc(u64::MAX - 8, 64, false), reply])
             .unwrap();
-        assert!(split_chain(&m, chain).is_err());
+        assert!(walk(&m, &vq, chain).is_err());
         // No readable part.
         let vq = MockSplitQueue::new(&m, 16);
         let chain = vq.build_desc_chain(&[reply]).unwrap();
-        assert!(split_chain(&m, chain).is_err());
+        assert!(walk(&m, &vq, chain).is_err());
     }
 
     #[test]

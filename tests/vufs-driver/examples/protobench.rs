@@ -16,6 +16,7 @@
 //!   --callgrind N     instead of the rate: instructions per request under
 //!                     `valgrind --tool=callgrind`, from a run of N requests minus a
 //!                     baseline run of 0 requests (same set-up: INIT, LOOKUP, OPEN)
+//!                     (PROTOBENCH_CALLGRIND_KEEP=DIR keeps each callgrind.out there)
 //!   --seccomp MODE    daemon --seccomp (default: kill for the rate, none under valgrind)
 //!   --json FILE       append one JSON object per result to FILE (JSON lines)
 //! ```
@@ -432,6 +433,12 @@ fn callgrind_run(
             daemon.log_contents()
         ))
     })?;
+    if let Some(keep) = std::env::var_os("PROTOBENCH_CALLGRIND_KEEP") {
+        // For callgrind_annotate: DIR/<daemon file name>-<op>-<n>.out
+        let name = bin.file_name().unwrap_or_default().to_string_lossy();
+        let to = Path::new(&keep).join(format!("{name}-{}-{n}.out", op.name()));
+        std::fs::copy(&outf, &to)?;
+    }
     // "summary: N" (or "totals: N") holds the whole run's Ir.
     text.lines()
         .find_map(|l| {
