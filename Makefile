@@ -15,7 +15,7 @@ CARGO ?= cargo
 FUZZ_SECONDS ?= 60
 DAXFSD_BIN := target/debug/daxfsd
 
-.PHONY: all build release lint fmt test test-unit test-fuzz test-dax test-escape test-lifecycle fuzz demo bench clean install uninstall test-launchers
+.PHONY: all build release lint fmt test test-unit test-fuzz test-dax test-dax-copy test-escape test-lifecycle fuzz demo bench clean install uninstall test-launchers
 all: build
 
 build:
@@ -117,7 +117,7 @@ test-host: kernel initramfs qemu virtiofsd build
 test-io-uring: build
 	tests/host/io-uring.sh $(DAXFSD_BIN)
 
-test: lint test-unit test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-escape test-lifecycle test-migrate test-launchers test-acl test-fhandles test-lima test-host test-io-uring
+test: lint test-unit test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-dax-copy test-escape test-lifecycle test-migrate test-launchers test-acl test-fhandles test-lima test-host test-io-uring
 	@echo "make test: all suites passed"
 
 demo: kernel initramfs qemu release

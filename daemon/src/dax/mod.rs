@@ -194,6 +194,30 @@ struct Placed {
     copy: Option<CopySig>,
 }
 
+impl Placed {
+    /// A copy slot holding `len` bytes of `file` from `foffset`, copied as `sig` says.
+    fn copy_slot(
+        owner: u64,
+        len: u64,
+        foffset: u64,
+        file: Option<Arc<File>>,
+        sig: CopySig,
+    ) -> Self {
+        Placed {
+            owner,
+            len,
+            foffset,
+            writable: false,
+            file,
+            file_len: 0,
+            shadow: None,
+            whole: true,
+            regions: 1,
+            copy: Some(sig),
+        }
+    }
+}
+
 /// How to place a guest mapping.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Plan {
@@ -998,18 +1022,7 @@ impl<S: WindowSink> DaxWindow<S> {
             return match res {
                 Ok(sig) => {
                     self.counters.copies.fetch_add(1, Ordering::Relaxed);
-                    Ok(Placed {
-                        owner,
-                        len,
-                        foffset,
-                        writable: false,
-                        file,
-                        file_len: 0,
-                        shadow: None,
-                        whole: true,
-                        regions: 1,
-                        copy: Some(sig),
-                    })
+                    Ok(Placed::copy_slot(owner, len, foffset, file, sig))
                 }
                 Err(e) => {
                     self.free_slot(moffset, len);
@@ -1410,18 +1423,7 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
                 match self.fill_slot(moffset, len, &source, foffset) {
                     Ok(sig) => {
                         self.counters.reused.fetch_add(1, Ordering::Relaxed);
-                        Ok(Placed {
-                            owner,
-                            len,
-                            foffset,
-                            writable: false,
-                            file,
-                            file_len: 0,
-                            shadow: None,
-                            whole: true,
-                            regions: 1,
-                            copy: Some(sig),
-                        })
+                        Ok(Placed::copy_slot(owner, len, foffset, file, sig))
                     }
                     Err(e) => {
                         // The slot stays in the frontend: park it again.
