@@ -309,13 +309,19 @@ def render_md(res):
     w(f"# daxfsd benchmark report: run {res['run_id']}\n")
     if res.get("combined"):
         full, pr = res["combined"]
-        w(f"**Two runs combined** (`bench/report.py {full['run_id']}.json --pressure-from "
-          f"{pr['run_id']}.json`): the window-pressure section comes from run {pr['run_id']} "
+        others = [(k, res[k]["from_run"]["run_id"]) for k in ("host", "proto")
+                  if isinstance(res.get(k), dict) and res[k].get("from_run")]
+        extra = "".join(f" --{k}-from {r}.json" for k, r in others)
+        w(f"**{2 + len(others)} runs combined** (`bench/report.py {full['run_id']}.json --pressure-from "
+          f"{pr['run_id']}.json{extra}`): the window-pressure section comes from run {pr['run_id']} "
           f"(started {pr['started']}, "
           f"{pr.get('daxfsd', '?')}, guest kernel {pr.get('guest_kernel', '?')} with "
           f"guest-kernel/patches, {pr.get('repeats')} boots per configuration x "
           f"{pr.get('runtime_s')} s, host load "
-          f"{' '.join((pr.get('loadavg') or [[]])[0] or [])} at its start); every other section "
+          f"{' '.join((pr.get('loadavg') or [[]])[0] or [])} at its start)"
+          + "".join(f"; the {'host-mount' if k == 'host' else 'protocol'} section from run {r}"
+                    for k, r in others)
+          + "; every other section "
           f"from run {full['run_id']} (started {full['started']}). Each run's own report: "
           f"`bench/results/{full['run_id']}.md`, `bench/results/{pr['run_id']}.md`. Ratios are "
           "only taken between configurations of the same run.\n")
