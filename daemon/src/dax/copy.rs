@@ -59,7 +59,8 @@ impl std::fmt::Display for CopyMode {
     }
 }
 
-/// Guest ranges removed per second above which `auto` places read-only mappings as copies.
+/// Guest ranges removed per second above which `auto` places read-only mappings as copies
+/// (only removals from a window at least 3/4 held count: an emptying window is not churn).
 ///
 /// A window whose working set fits recycles nothing once warm (0 removals per second in the
 /// in-window bench cells); a uniform random sweep of 4x a 64 MiB window removed several

@@ -517,7 +517,7 @@ impl<S: WindowSink> DaxWindow<S> {
                 "; copy slots {m} (read-only ranges copied into one memfd of at most {} MiB, the window's size{})",
                 self.size >> 20,
                 if m == CopyMode::Auto {
-                    format!(", while the guest recycles more than {} ranges a second", copy::CHURN_PER_SECOND)
+                    format!(", while the guest recycles more than {} ranges a second of a window at least 3/4 full", copy::CHURN_PER_SECOND)
                 } else {
                     String::new()
                 }
@@ -1478,7 +1478,14 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
                 freed += p.regions;
             }
             if let Ok(mut t) = self.table.lock() {
-                t.churn.note(taken.len() as u64);
+                // Churn is a full window recycling ranges, not one emptying: an evicted inode
+                // or a guest dropping its caches removes many ranges at once from a window
+                // with room to spare, and must not turn the next read-only maps into copies.
+                let held = t.live.values().map(|p| p.len).sum::<u64>()
+                    + taken.iter().map(|(_, p)| p.len).sum::<u64>();
+                if held.saturating_mul(4) >= self.size.saturating_mul(3) {
+                    t.churn.note(taken.len() as u64);
+                }
             }
             self.release_parking(gen, moffset, freed, &park);
             Ok(())
@@ -2283,10 +2290,28 @@ mod tests {
     #[test]
     fn auto_copies_only_while_the_window_churns() {
         let (w, rec) = copy_window(CopyMode::Auto, 8, DEFAULT_MAP_BUDGET);
-        let f = data_file(7, MB2 as usize);
+        let f = data_file(7, 8 * MB2 as usize);
         w.map(7, 0, MB2, f.as_fd(), 0, false).unwrap();
         assert_eq!(calls(&rec), vec!["map 0x0+0x200000@0x0 ro"]);
         assert_eq!(w.stats().copies, 0, "a calm window maps the file");
+        // An emptying window is not churn: the guest drops many ranges of a window with room
+        // to spare (an evicted inode, dropped caches), then maps again.
+        for i in 1..4 {
+            w.map(7, i * MB2, MB2, f.as_fd(), i * MB2, false).unwrap();
+        }
+        for _ in 0..=copy::CHURN_PER_SECOND {
+            for i in 0..4 {
+                w.unmap(i * MB2, MB2).unwrap();
+            }
+            for i in 0..4 {
+                w.map(7, i * MB2, MB2, f.as_fd(), i * MB2, false).unwrap();
+            }
+        }
+        assert_eq!(w.stats().copies, 0, "half a window recycled: {}", w.stats());
+        // A full window recycling one range is.
+        for i in 4..8 {
+            w.map(7, i * MB2, MB2, f.as_fd(), i * MB2, false).unwrap();
+        }
         for _ in 0..=copy::CHURN_PER_SECOND {
             w.unmap(0, MB2).unwrap();
             w.map(7, 0, MB2, f.as_fd(), 0, false).unwrap();
