@@ -82,6 +82,17 @@ collect() { # collect CASE OUTPUT_FILE
     done <"$2"
 }
 
+# vm_started CASE PROFILE DAEMON SHARE [vm.sh args...]: boots the case's VM in the background
+# (vm_pid) with its guest script $work/CASE.sh, monitor $work/CASE.mon and logs
+# $work/CASE.{log,out,err}.
+vm_started() {
+    local name=$1 profile=$2 daemon=$3 share=$4
+    shift 4
+    scripts/vm.sh "${verbose[@]}" -p "$profile" -d "$daemon" -s "$share" --monitor "$work/$name.mon" \
+        -T 600 -l "$work/$name.log" --script "$work/$name.sh" "$@" >"$work/$name.out" 2>"$work/$name.err" &
+    vm_pid=$!
+}
+
 # vm_finished CASE RC: waits for the case's VM (its exit status joins RC), collects the
 # guest's checks and checks the VM's exit.
 vm_finished() {
@@ -146,9 +157,7 @@ pause_case() {
     head -c $((4 << 20)) /dev/urandom >"$share/busy"
     guest_pause_script "$(md5 "$share/big48")" >"$work/$name.sh"
     log "$name: boot ($profile, $daemon), three stop/cont rounds while the guest reads"
-    scripts/vm.sh "${verbose[@]}" -p "$profile" -d "$daemon" -s "$share" --monitor "$mon" \
-        -T 600 -l "$work/$name.log" --script "$work/$name.sh" "$@" >"$work/$name.out" 2>"$work/$name.err" &
-    vm_pid=$!
+    vm_started "$name" "$profile" "$daemon" "$share" "$@"
     if ! wait_file "$share/ready" 300; then
         bad "$name/guest_ready" "the guest never got ready (see below)"
     else
@@ -205,10 +214,7 @@ check mapped_after_pauses [ "\$(md5sum /mnt/after16 | cut -d' ' -f1)" = $after ]
 exit \$rc
 GUEST
     log "$name: 30 stop/cont cycles back to back while the guest reads through DAX"
-    scripts/vm.sh "${verbose[@]}" -p dax -d daxfsd -s "$share" --monitor "$mon" -T 600 \
-        -l "$work/$name.log" -a --dax-window=64M -o dax=always --script "$work/$name.sh" \
-        >"$work/$name.out" 2>"$work/$name.err" &
-    vm_pid=$!
+    vm_started "$name" dax daxfsd "$share" -a --dax-window=64M -o dax=always
     rc=0
     if ! wait_file "$share/ready" 300; then
         bad "$name/guest_ready" "the guest never got ready"
@@ -249,10 +255,7 @@ touch /mnt/dirty
 sleep 600
 EOF
     log "$name: DAX tail writes, guest sync, then SIGTERM to the daemon"
-    scripts/vm.sh "${verbose[@]}" -p dax -d daxfsd -s "$share" --monitor "$mon" -T 600 \
-        -l "$work/$name.log" -a --dax-window=64M -o dax=always --script "$work/$name.sh" \
-        >"$work/$name.out" 2>"$work/$name.err" &
-    vm_pid=$!
+    vm_started "$name" dax daxfsd "$share" -a --dax-window=64M -o dax=always
     if ! wait_file "$share/synced" 300; then
         bad "$name/guest_ready" "the guest never synced"
     else

@@ -128,22 +128,11 @@ impl GuestMem {
         self.heap.lock().map(|h| h.free_bytes()).unwrap_or(0)
     }
 
-    /// The whole region as one slice (guest memory is a single region).
+    /// `len` bytes at `addr` as one slice (guest memory is a single region).
     fn slice(&self, addr: u64, len: usize) -> io::Result<vm_memory::VolatileSlice<'_>> {
-        let off = addr
-            .checked_sub(self.base)
-            .filter(|o| {
-                o.checked_add(len as u64)
-                    .is_some_and(|end| end <= self.size)
-            })
-            .ok_or_else(|| {
-                io::Error::other(format!(
-                    "guest access at {addr:#x}+{len:#x} outside guest memory"
-                ))
-            })?;
         self.mem
-            .get_slice(GuestAddress(self.base + off), len)
-            .map_err(|e| io::Error::other(format!("guest access at {addr:#x}: {e}")))
+            .get_slice(GuestAddress(addr), len)
+            .map_err(|e| io::Error::other(format!("guest access at {addr:#x}+{len:#x}: {e}")))
     }
 
     /// Copies `data` to guest address `addr`.
