@@ -474,7 +474,6 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 match pool {
                     None => {
                         let used = serve_split(&self.server, &mem, split);
-                        drop(mem);
                         let done = Done {
                             head,
                             used,
@@ -484,8 +483,6 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                         q.complete(vring, done, true);
                     }
                     Some(pool) => {
-                        drop(split);
-                        drop(mem);
                         let (server, q, vring, atomic) = (
                             self.server.clone(),
                             q.clone(),
