@@ -21,6 +21,7 @@
 #   --runtime SEC        seconds per job (default: 10)
 #   --bs SIZE            block size (default: 4k)
 #   --cpus N, --mem SIZE, --queues N   guest shape (defaults 1, 1G, 1)
+#   --kernel FILE        guest bzImage (default: guest-kernel/build.sh's)
 #   --log FILE           serial console log (daemon log: FILE with .daemon.log)
 #   --marks              time-stamp each job on the host: OUT/<job>.marks holds the host
 #                        times (epoch seconds) at which the job started and ended, taken from
@@ -33,7 +34,7 @@ RIG_TAG=fio-vm
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 out="" profile=dax daemon=daxfsd cache=never mountopts="" fsize=128M runtime=10 bs=4k
-cpus=1 mem=1G queues=1 logfile="" marks=0
+cpus=1 mem=1G queues=1 logfile="" marks=0 kernel=""
 daemon_args=() jobs=()
 need_arg() { (($1 >= 2)) || die "option $2 needs a value (see the header of $0)"; }
 while (($#)); do
@@ -51,8 +52,9 @@ while (($#)); do
         --mem) need_arg $# "$1"; mem=$2; shift 2 ;;
         --queues) need_arg $# "$1"; queues=$2; shift 2 ;;
         --log) need_arg $# "$1"; logfile=$2; shift 2 ;;
+        --kernel) need_arg $# "$1"; kernel=$2; shift 2 ;;
         --marks) marks=1; shift ;;
-        -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) die "unknown option '$1' (see the header of $0)" ;;
         *) jobs+=("$1"); shift ;;
     esac
@@ -137,6 +139,8 @@ gscript="$share/.run.sh"
         if ((marks)); then echo ": >/mnt/.results/$name.t0"; fi
         echo "fio --name=$name $fileopt --rw=$rw --ioengine=$engine --iodepth=$depth --numjobs=$numjobs --group_reporting --bs=$bs --size=$jobsize --runtime=$runtime --time_based --output-format=json --output=/mnt/.results/$name.json >/mnt/.results/$name.err 2>&1 || { echo \"fio-vm: $name failed\"; tail -n 5 /mnt/.results/$name.err; rc=1; }"
         if ((marks)); then echo ": >/mnt/.results/$name.t1"; fi
+        # The patched guest kernel's window counters (since boot), into guest-output.txt.
+        echo "[ -r /sys/module/fuse/parameters/dax_stats ] && echo \"dax_stats $name: \$(cat /sys/module/fuse/parameters/dax_stats)\""
     done
     echo 'exit $rc'
 } >"$gscript"
@@ -145,6 +149,7 @@ vm_args=(-p "$profile" -d "$daemon" --cache "$cache" -s "$share" --script "$gscr
     --cpus "$cpus" -m "$mem" --queues "$queues" -T $((120 + ${#jobs[@]} * (runtime + 60))))
 [[ -n $mountopts ]] && vm_args+=(-o "$mountopts")
 [[ -n $logfile ]] && vm_args+=(-l "$logfile")
+[[ -n $kernel ]] && vm_args+=(--kernel "$kernel")
 for a in "${daemon_args[@]}"; do vm_args+=(-a "$a"); done
 vm_rc=0
 "$RIG_ROOT/scripts/vm.sh" "${vm_args[@]}" >"$out/guest-output.txt" || vm_rc=$?

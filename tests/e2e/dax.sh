@@ -8,12 +8,15 @@
 # kernel's default is hybrid); without it the kernel's default policy is checked. fio_4x_window
 # wants 1,000 maps and unmaps with upstream (a remap per miss), 100 with hybrid (random misses go
 # to FUSE_READ/WRITE unless a range proves hot; the sequential md5 pass after fio is a stream,
-# which maps all 128 ranges of the file through the 32-range window).
+# which maps the whole file through the window: 128 ranges of 2 MiB through 32 with upstream,
+# 512 of 512 KiB through 128 with hybrid).
 # --dax-copy M runs every daemon with --dax-copy=M (read-only ranges as copy slots; default
 # auto). With `always`, fio_4x_window also wants copy slots placed and parked ones reused.
 #
 # Run 1, `-o dax=always`, 64 MiB window, --cache never:
 #   mount_dax          the mount really is dax=always and the guest saw the window
+#   dax_range          /proc/mounts shows the policy's range size (hybrid: 512k for the 64 MiB
+#                      window, upstream: 2048k) and a mount with dax_range=3k is refused
 #   host_write_read    a file written on the host before boot reads back intact
 #   dax_write_to_host  bytes written through DAX are in the host file after the VM exits
 #   mmap_shared        MAP_SHARED read/write coherent with read()/write()
@@ -60,8 +63,8 @@ done
 # Daemon arguments for every run.
 dargs=()
 [[ -n $copy_mode ]] && dargs=(-a "--dax-copy=$copy_mode")
-min_cycles=100
-[[ $policy_mo == dax_policy=upstream ]] && min_cycles=1000
+min_cycles=100 want_range=512k
+[[ $policy_mo == dax_policy=upstream ]] && min_cycles=1000 want_range=2048k
 need_cmd python3
 pass=0 fail=0
 ok() { pass=$((pass + 1)); printf 'CHECK PASS %s\n' "$1"; }
@@ -88,6 +91,10 @@ cat >"$work/run1.sh" <<EOF
 rc=0
 check() { n=\$1; shift; if "\$@"; then echo "GUEST PASS \$n"; else echo "GUEST FAIL \$n"; rc=1; fi; }
 grep -q 'virtiofs.*dax=always' /proc/mounts && dmesg | grep -q 'Cache len'; check mount_dax [ \$? = 0 ]
+tag=\$(awk '\$2 == "/mnt" { print \$1 }' /proc/mounts)
+mkdir -p /tmp/m2
+grep -q ' /mnt virtiofs .*dax_range=$want_range' /proc/mounts && ! mount -t virtiofs -o dax=always,dax_range=3k "\$tag" /tmp/m2 2>/dev/null
+check dax_range [ \$? = 0 ] || grep virtiofs /proc/mounts
 check host_write_read [ "\$(md5sum /mnt/hostfile | cut -d' ' -f1)" = "$want_host" ]
 dd if=/dev/urandom of=/tmp/pat bs=1M count=2 2>/dev/null
 dd if=/tmp/pat of=/mnt/dwrite bs=1M seek=1 conv=notrunc 2>/dev/null
@@ -111,7 +118,8 @@ fio --name=big --filename=/mnt/big --size=256M --rw=randwrite --bs=64k --ioengin
 frc=\$?
 check fio_verify [ \$frc = 0 ] || tail -n 20 /tmp/fio.out
 # A sequential pass over the same file: a stream, which every policy maps range by range
-# (128 ranges through a 32-range window); the host compares the digest after the VM exits.
+# (upstream: 128 ranges of 2 MiB through a 32-range window; hybrid: 512 of 512 KiB through
+# 128); the host compares the digest after the VM exits.
 md5sum /mnt/big | cut -d' ' -f1 >/mnt/big.guest.md5
 exit \$rc
 EOF
@@ -128,6 +136,7 @@ declare -A c=()
 for kv in ${counters#dax: }; do c[${kv%%=*}]=${kv#*=}; done
 
 if ((rc1 == 0)) && grep -q '^GUEST PASS mount_dax' "$work/out1.txt"; then ok mount_dax; else bad mount_dax "guest run rc=$rc1, see $log1"; fi
+grep -q '^GUEST PASS dax_range' "$work/out1.txt" && ok dax_range || bad dax_range "/proc/mounts lacks dax_range=$want_range, or dax_range=3k was accepted"
 grep -q '^GUEST PASS host_write_read' "$work/out1.txt" && ok host_write_read || bad host_write_read "guest md5 differs from the host's"
 want_dw=$(cat "$share/dwrite.md5" 2>/dev/null || echo missing)
 got_dw=$(dd if="$share/dwrite" bs=1M skip=1 count=2 2>/dev/null | md5)

@@ -55,6 +55,11 @@ use tail::{Shadow, ShadowKey};
 pub const MAP_ALIGNMENT: u64 = 4096;
 /// The unit Linux maps in (fs/fuse/dax.c `FUSE_DAX_SZ`).
 pub const RANGE_SIZE: u64 = 2 << 20;
+/// The smallest guest range size the budget makes room for: Linux with this project's patches
+/// maps ranges of `dax_range=` (hybrid policy default 256 KiB). A guest that maps smaller pieces
+/// gets no more than `size / MIN_GUEST_RANGE` frontend mappings, so it cannot make the
+/// frontend's memory map grow without bound.
+pub const MIN_GUEST_RANGE: u64 = 256 << 10;
 /// Memory regions QEMU 11.1 lets one vhost-user device's memory table hold on x86
 /// (`VHOST_USER_MAX_RAM_SLOTS` = `ACPI_MAX_RAM_SLOTS` = 256; the backend offers
 /// CONFIGURE_MEM_SLOTS and answers 509 to GET_MAX_MEM_SLOTS, so QEMU's 256 binds). QEMU puts
@@ -364,6 +369,9 @@ struct Counters {
 pub struct DaxWindow<S: WindowSink = Backend> {
     size: u64,
     budget: usize,
+    /// The smallest aligned power-of-two range the guest mapped (at least
+    /// [`MIN_GUEST_RANGE`], at most [`RANGE_SIZE`]): its range size.
+    guest_range: AtomicU64,
     sink: RwLock<Option<S>>,
     running: AtomicBool,
     /// Live mappings. Never held across a frontend round trip.
@@ -409,8 +417,8 @@ impl<S: WindowSink> DaxWindow<S> {
         Self::with_budget(size, DEFAULT_MAP_BUDGET)
     }
 
-    /// A window that keeps at most `budget` frontend mappings live (at least one per 2 MiB
-    /// range of the window, whatever `budget` says).
+    /// A window that keeps at most `budget` frontend mappings live (at least one per range of
+    /// the window, whatever `budget` says; see [`DaxWindow::ranges`]).
     pub fn with_budget(size: u64, budget: usize) -> io::Result<Self> {
         if size == 0 || size % MAP_ALIGNMENT != 0 {
             return Err(io::Error::new(
@@ -422,6 +430,7 @@ impl<S: WindowSink> DaxWindow<S> {
         Ok(DaxWindow {
             size,
             budget: budget.max(ranges),
+            guest_range: AtomicU64::new(RANGE_SIZE),
             sink: RwLock::new(None),
             running: AtomicBool::new(false),
             table: Mutex::new(Table::default()),
@@ -490,23 +499,41 @@ impl<S: WindowSink> DaxWindow<S> {
             .ok()
     }
 
-    /// 2 MiB ranges in the window.
+    /// The guest's ranges in the window: 2 MiB ranges until the guest maps a smaller aligned
+    /// power-of-two range (down to [`MIN_GUEST_RANGE`]).
     pub fn ranges(&self) -> usize {
-        self.size.div_ceil(RANGE_SIZE) as usize
+        self.size.div_ceil(self.guest_range.load(Ordering::Relaxed)) as usize
     }
 
-    /// Frontend mappings kept live at most.
+    /// Frontend mappings kept live at most: the configured budget, or one per guest range if
+    /// that is more (a guest that maps the whole window must never be refused).
     pub fn budget(&self) -> usize {
-        self.budget
+        self.budget.max(self.ranges())
+    }
+
+    /// Learns the guest's range size from a checked SETUPMAPPING.
+    fn note_guest_range(&self, moffset: u64, len: u64) {
+        if !(len.is_power_of_two() && len >= MIN_GUEST_RANGE && moffset % len == 0) {
+            return;
+        }
+        let before = self.guest_range.fetch_min(len, Ordering::Relaxed);
+        let ranges = self.size.div_ceil(len) as usize;
+        if len < before && ranges > DEFAULT_MAP_BUDGET {
+            log::warn!(
+                "the guest maps {} KiB DAX ranges: {ranges} of them fit the window, more than QEMU's memory slots allow ({DEFAULT_MAP_BUDGET}); the device may not restart after stop/cont once the guest maps them all: mount with a larger dax_range= or use a smaller --dax-window",
+                len >> 10
+            );
+        }
     }
 
     /// The start-up description: size, ranges, budget (and a warning when the window has
     /// more ranges than QEMU's memory slots allow).
     pub fn describe(&self) -> String {
         let mut d = format!(
-            "DAX window {} MiB: {} ranges of 2 MiB, at most {} frontend mappings (QEMU 11.1's {} vhost-user memory slots less {} for guest RAM; shadow tails fold into one mapping per range when short)",
+            "DAX window {} MiB: {} ranges of 2 MiB (up to {} when the guest maps smaller ones), at most {} frontend mappings or one per guest range (QEMU 11.1's {} vhost-user memory slots less {} for guest RAM; shadow tails fold into one mapping per range when short)",
             self.size >> 20,
             self.ranges(),
+            self.size.div_ceil(MIN_GUEST_RANGE),
             self.budget,
             FRONTEND_SLOT_LIMIT,
             RESERVED_SLOTS
@@ -841,7 +868,7 @@ impl<S: WindowSink> DaxWindow<S> {
             } else {
                 0
             };
-            if t.regions + n + headroom <= self.budget {
+            if t.regions + n + headroom <= self.budget() {
                 t.regions += n;
                 t.peak = t.peak.max(t.regions);
                 return true;
@@ -1004,7 +1031,7 @@ impl<S: WindowSink> DaxWindow<S> {
             if !self.reserve(gen, 1) {
                 log::warn!(
                     "DAX mapping budget of {} frontend mappings reached: SETUPMAPPING at {moffset:#x} refused",
-                    self.budget
+                    self.budget()
                 );
                 return Err(io::Error::from_raw_os_error(libc::ENOSPC));
             }
@@ -1036,7 +1063,7 @@ impl<S: WindowSink> DaxWindow<S> {
             if !can_merge {
                 log::warn!(
                     "DAX mapping budget of {} frontend mappings reached: SETUPMAPPING at {moffset:#x} refused",
-                    self.budget
+                    self.budget()
                 );
                 return Err(io::Error::from_raw_os_error(libc::ENOSPC));
             }
@@ -1178,7 +1205,9 @@ impl<S: WindowSink> DaxWindow<S> {
             let Some(set) = t.by_owner.get(&owner) else {
                 return;
             };
-            let mut sizes: HashMap<*const File, Option<u64>> = HashMap::new();
+            // Every mapping of an owner maps the same inode (through its own descriptor):
+            // one fstat for all of them, however many ranges the guest maps.
+            let mut size: Option<Option<u64>> = None;
             set.iter()
                 .filter_map(|m| {
                     let p = t.live.get(m)?;
@@ -1186,9 +1215,7 @@ impl<S: WindowSink> DaxWindow<S> {
                         return None;
                     }
                     let f = p.file.as_ref()?;
-                    let size = *sizes
-                        .entry(Arc::as_ptr(f))
-                        .or_insert_with(|| file_size(f).ok());
+                    let size = *size.get_or_insert_with(|| file_size(f).ok());
                     let size = size?;
                     (tail::layout(size, p.foffset, p.len).0 != p.file_len).then_some((*m, p.len))
                 })
@@ -1249,12 +1276,12 @@ impl<S: WindowSink> DaxWindow<S> {
     /// `owner`'s, or every live one. With `force` (a file range the request path just wrote),
     /// the slots of `owner` overlapping it are re-read whatever the timestamps say.
     fn recopy(&self, owner: Option<u64>, force: Option<(u64, u64)>) {
-        let cands: Vec<(u64, u64, u64, Arc<File>, CopySig)> = {
+        let cands: Vec<(u64, u64, u64, u64, Arc<File>, CopySig)> = {
             let Ok(t) = self.table.lock() else { return };
             let pick = |m: &u64| {
                 let p = t.live.get(m)?;
                 let sig = p.copy?;
-                Some((*m, p.len, p.foffset, p.file.clone()?, sig))
+                Some((*m, p.owner, p.len, p.foffset, p.file.clone()?, sig))
             };
             match owner {
                 Some(o) => match t.by_owner.get(&o) {
@@ -1264,12 +1291,11 @@ impl<S: WindowSink> DaxWindow<S> {
                 None => t.live.keys().filter_map(pick).collect(),
             }
         };
-        let mut sigs: HashMap<*const File, Option<CopySig>> = HashMap::new();
-        for (m, len, foffset, f, sig) in cands {
+        // One fstat per owner (its mappings all map the same inode), not one per copy.
+        let mut sigs: HashMap<u64, Option<CopySig>> = HashMap::new();
+        for (m, owner, len, foffset, f, sig) in cands {
             let forced = force.is_some_and(|(s, e)| s < foffset.saturating_add(len) && foffset < e);
-            let now = *sigs
-                .entry(Arc::as_ptr(&f))
-                .or_insert_with(|| CopySig::of(&f).ok());
+            let now = *sigs.entry(owner).or_insert_with(|| CopySig::of(&f).ok());
             if !forced && now == Some(sig) {
                 continue;
             }
@@ -1355,6 +1381,7 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
             if foffset % MAP_ALIGNMENT != 0 || foffset.checked_add(len).is_none() {
                 return Err(einval("file offset not page aligned or overflowing"));
             }
+            self.note_guest_range(moffset, len);
             let st = crate::sys::fstat(fd)?;
             let rw = fd_writable(fd);
             let exec = st.st_mode & 0o111 != 0;
@@ -2036,6 +2063,40 @@ mod tests {
         w2.map(1, 0, 4096, f.as_fd(), 0, false).unwrap();
         w2.map(1, 4096, 4096, f.as_fd(), 0, false).unwrap();
         let e = w2.map(1, 8192, 4096, f.as_fd(), 0, false).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+    }
+
+    #[test]
+    fn the_budget_makes_room_for_the_guests_smaller_ranges() {
+        // 4 MiB window, room for 2 frontend mappings: 2 ranges of 2 MiB at first.
+        let w: DaxWindow<Arc<Rec>> = DaxWindow::with_budget(2 * MB2, 2).unwrap();
+        w.set_sink(Arc::new(Rec::default()));
+        w.start();
+        assert_eq!((w.ranges(), w.budget()), (2, 2));
+        let f = tmpfile_with(&vec![7u8; 4 << 20], 0o644);
+        // A guest mounted with dax_range=512k maps 8 ranges of 512 KiB: every one fits.
+        let r = 512 << 10;
+        for i in 0..8 {
+            w.map(1, i * r, r, f.as_fd(), i * r, false).unwrap();
+        }
+        assert_eq!((w.ranges(), w.budget()), (8, 8));
+        // Below MIN_GUEST_RANGE, or unaligned, the floor stays: a hostile guest's 4 KiB
+        // pieces cannot grow the frontend's memory map.
+        let w2: DaxWindow<Arc<Rec>> = DaxWindow::with_budget(2 * MB2, 2).unwrap();
+        w2.set_sink(Arc::new(Rec::default()));
+        w2.start();
+        w2.map(1, 0, 4096, f.as_fd(), 0, false).unwrap();
+        w2.map(
+            1,
+            3 * MIN_GUEST_RANGE,
+            MIN_GUEST_RANGE * 2,
+            f.as_fd(),
+            0,
+            false,
+        )
+        .unwrap();
+        assert_eq!((w2.ranges(), w2.budget()), (2, 2));
+        let e = w2.map(1, MB2, 4096, f.as_fd(), 0, false).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
     }
 
