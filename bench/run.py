@@ -82,12 +82,14 @@ MATRIX_CONFIGS = [
 # option picks no DAX, DAX with the kernel's upstream window policy, or the hybrid policy.
 # The daemon runs with its default --dax-copy=auto (read-only ranges from copy slots while the
 # window churns); the two -nocopy configurations run each policy with --dax-copy=off, so the
-# effect of copy slots shows in the same run.
+# effect of copy slots shows in the same run. dax-hybrid-2m runs the hybrid policy with 6.12's
+# 2 MiB ranges (its default for this window is 512 KiB), so the range size's share shows too.
 PRESSURE_WINDOW = "64M"
 PRESSURE_CONFIGS = [
     ("nodax", "dax=never", []),
     ("dax-upstream", "dax=always,dax_policy=upstream", []),
     ("dax-hybrid", "dax=always,dax_policy=hybrid", []),
+    ("dax-hybrid-2m", "dax=always,dax_policy=hybrid,dax_range=2M", []),
     ("dax-upstream-nocopy", "dax=always,dax_policy=upstream", ["--dax-copy=off"]),
     ("dax-hybrid-nocopy", "dax=always,dax_policy=hybrid", ["--dax-copy=off"]),
 ]
