@@ -71,6 +71,12 @@ impl std::fmt::Display for CopyMode {
 /// past that rate copies win, below it DAX's zero-copy, coherent mappings are kept.
 pub const CHURN_PER_SECOND: u64 = 32;
 
+/// How long after the last churn a read-only map onto a parked slot still refills it in place
+/// under `auto`: a job that follows a churning one (the window still full of parked copies)
+/// would otherwise pay three frontend memory-map changes per map (the parked slot out, the
+/// file and its tail in) where a refill costs one `pread`.
+pub const CHURN_LINGER: Duration = Duration::from_secs(10);
+
 /// Guest removals in a sliding second (two one-second buckets, the older one weighted by how
 /// much of it still falls inside the last second).
 #[derive(Debug)]
@@ -78,6 +84,8 @@ pub struct Churn {
     start: Instant,
     cur: u64,
     prev: u64,
+    /// When the rate was last seen above [`CHURN_PER_SECOND`].
+    hot_at: Option<Instant>,
 }
 
 impl Default for Churn {
@@ -86,6 +94,7 @@ impl Default for Churn {
             start: Instant::now(),
             cur: 0,
             prev: 0,
+            hot_at: None,
         }
     }
 }
@@ -108,6 +117,21 @@ impl Churn {
     pub fn note(&mut self, n: u64) {
         self.roll(Instant::now());
         self.cur = self.cur.saturating_add(n);
+    }
+
+    /// Whether the window churns now (more than [`CHURN_PER_SECOND`] removals in the last
+    /// second).
+    pub fn hot(&mut self) -> bool {
+        let hot = self.rate() > CHURN_PER_SECOND;
+        if hot {
+            self.hot_at = Some(Instant::now());
+        }
+        hot
+    }
+
+    /// Whether the window churned within the last `within`.
+    pub fn hot_within(&mut self, within: Duration) -> bool {
+        self.hot() || self.hot_at.is_some_and(|t| t.elapsed() < within)
     }
 
     /// Removals in the last second (estimated).

@@ -458,15 +458,25 @@ impl<S: WindowSink> DaxWindow<S> {
         }
     }
 
-    /// Whether a read-only mapping asked now becomes a copy slot.
-    fn copy_now(&self) -> bool {
+    /// Whether a read-only mapping of `[moffset, moffset + len)` asked now becomes a copy
+    /// slot: under `auto`, while the window churns, or onto a parked slot of exactly that
+    /// range within [`copy::CHURN_LINGER`] of the last churn (a refill in place instead of
+    /// taking the slot out of the frontend).
+    fn copy_now(&self, moffset: u64, len: u64) -> bool {
         match self.copy_mode() {
             CopyMode::Off => false,
             CopyMode::Always => true,
             CopyMode::Auto => self
                 .table
                 .lock()
-                .map(|mut t| t.churn.rate() > copy::CHURN_PER_SECOND)
+                .map(|mut t| {
+                    let parked = t.parked.get(&moffset).is_some_and(|p| p.len == len);
+                    if parked {
+                        t.churn.hot_within(copy::CHURN_LINGER)
+                    } else {
+                        t.churn.hot()
+                    }
+                })
                 .unwrap_or(false),
         }
     }
@@ -1405,7 +1415,7 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
                 };
                 self.log_snapshot(&st, how);
                 (Plan::Snapshot, Some(ro))
-            } else if self.copy_now() {
+            } else if self.copy_now(moffset, len) {
                 (Plan::Copy, None)
             } else {
                 (Plan::Direct, None)
@@ -2382,6 +2392,27 @@ mod tests {
         w.unmap(0, MB2).unwrap();
         w.map(7, 0, MB2, f.as_fd(), 0, false).unwrap();
         assert_eq!(rec.calls.lock().unwrap().len(), before, "parked and reused");
+        // Calm again (the rate window is 2 s): a map onto a parked slot still refills it
+        // within CHURN_LINGER (another file too); a range with no parked slot maps the file.
+        std::thread::sleep(Duration::from_millis(2100));
+        let g = data_file(9, MB2 as usize);
+        w.unmap(0, MB2).unwrap();
+        w.map(8, 0, MB2, g.as_fd(), 0, false).unwrap();
+        assert_eq!(
+            rec.calls.lock().unwrap().len(),
+            before,
+            "refilled after the churn"
+        );
+        assert_eq!(window_read(&rec, 0, 4), vec![9u8; 4]);
+        w.unmap(MB2, MB2).unwrap();
+        w.map(7, MB2, MB2, f.as_fd(), MB2, false).unwrap();
+        assert_eq!(
+            calls(&rec)[before..],
+            [
+                "unmap 0x200000+0x200000",
+                "map 0x200000+0x200000@0x200000 ro"
+            ]
+        );
         // Off never copies (the default of a window: today's behaviour).
         let (w, rec) = copy_window(CopyMode::Off, 8, DEFAULT_MAP_BUDGET);
         for _ in 0..=copy::CHURN_PER_SECOND {

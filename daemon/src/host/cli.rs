@@ -249,7 +249,7 @@ pub struct Cli {
 
     /// When read-only DAX mappings are served from copies instead of the file: `auto`
     /// (copies only while the guest recycles more than 32 ranges a second of a window at least
-    /// 3/4 full), `always`,
+    /// 3/4 full, and for 10 s after that onto the copies it left), `always`,
     /// or `off`. A copy slot is filled with a read of the file into a memfd of at most the
     /// window's size; when the guest drops it, the frontend keeps it mapped and the next
     /// read-only mapping of that window range reuses it, so a window that churns stops
