@@ -9,6 +9,7 @@
 //! against it, these tests check that instead (so they are known to observe the real thing).
 
 use std::os::unix::fs::FileTypeExt;
+use std::os::unix::process::CommandExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -68,7 +69,24 @@ fn spawn_with(socket: &Path, share: &Path, sandbox: &str, log: &str, args: &[&st
     let bin = kind().binary().unwrap_or_else(|e| panic!("{e}"));
     let log = socket.with_file_name(log);
     let f = std::fs::File::create(&log).unwrap();
-    let child = Command::new(bin)
+    let mut cmd = Command::new(bin);
+    // SAFETY: between fork and exec the closure only calls signal(2) and sigprocmask(2), which
+    // are async-signal-safe, on the child's own dispositions and mask.
+    unsafe {
+        cmd.pre_exec(|| {
+            // The stop signals as a service manager delivers them, whatever this test inherited:
+            // a shell starts background jobs with SIGINT ignored and `nohup` ignores SIGHUP,
+            // and a daemon that keeps the default action of an ignored signal never sees it.
+            for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    let child = cmd
         .arg(format!("--socket-path={}", socket.display()))
         .arg(format!("--shared-dir={}", share.display()))
         .arg(format!("--sandbox={sandbox}"))
