@@ -368,6 +368,7 @@ struct Counters {
 /// The DAX window of one device.
 pub struct DaxWindow<S: WindowSink = Backend> {
     size: u64,
+    /// The configured budget; [`DaxWindow::budget`] raises it to one per guest range.
     budget: usize,
     /// The smallest aligned power-of-two range the guest mapped (at least
     /// [`MIN_GUEST_RANGE`], at most [`RANGE_SIZE`]): its range size.
@@ -426,10 +427,9 @@ impl<S: WindowSink> DaxWindow<S> {
                 format!("DAX window size must be a non-zero multiple of {MAP_ALIGNMENT}"),
             ));
         }
-        let ranges = size.div_ceil(RANGE_SIZE) as usize;
         Ok(DaxWindow {
             size,
-            budget: budget.max(ranges),
+            budget,
             guest_range: AtomicU64::new(RANGE_SIZE),
             sink: RwLock::new(None),
             running: AtomicBool::new(false),
@@ -544,7 +544,7 @@ impl<S: WindowSink> DaxWindow<S> {
             self.size >> 20,
             self.ranges(),
             self.size.div_ceil(MIN_GUEST_RANGE),
-            self.budget,
+            self.budget(),
             FRONTEND_SLOT_LIMIT,
             RESERVED_SLOTS
         );
