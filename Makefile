@@ -2,13 +2,26 @@
 #
 #   make            build the daemon (debug)          make release   optimized build
 #   make demo       boot a guest with a DAX share, run fio, print DAX vs non-DAX
-#   make test       every test: lint, unit + protocol, fuzz smoke, VM end-to-end
+#   make test       every test (the list below); .ci/run runs exactly this
 #   make bench      the benchmark matrix (results under bench/results/)
 #
-# Parts of `make test`: lint, test-unit (cargo tests; protocol tests against daxfsd and
-# upstream virtiofsd), test-fuzz (each fuzz target FUZZ_SECONDS), test-e2e (guest suite
-# against daxfsd on the pci and mmio profiles), test-e2e-virtiofsd (the same suite against
-# upstream virtiofsd), test-dax (DAX end to end on QEMU 11.1).
+# Every top-level target first installs its section of the one Debian package list,
+# scripts/provision-deps.sh (rig: demo, vm, and all below; test; bench).
+#
+# Parts of `make test`, in order:
+#   deps-test     the packages tests use (scripts/provision-deps.sh rig test)
+#   lint          cargo fmt, clippy -D warnings, shellcheck over every shell script
+#   test-rig      the test rig's own negative controls: a sub-suite that dies after its
+#                 first check fails every runner (tests/rig-selftest.sh)
+#   test-unit     cargo tests; protocol tests against daxfsd and upstream virtiofsd
+#   test-uidmap   --uid-map/--gid-map with a non-root daemon, daxfsd and virtiofsd
+#   test-fuzz     each fuzz target for FUZZ_SECONDS
+#   test-e2e, test-e2e-virtiofsd   the guest suite (pci, mmio) against daxfsd, virtiofsd
+#   test-dax, test-dax-policy, test-dax-copy   DAX end to end on QEMU 11.1
+#   test-escape, test-lifecycle, test-migrate  escapes, stop/cont/SIGTERM, live migration
+#   test-launchers, test-lima      libvirt, virtme-ng, Kata, podman, lima
+#   test-acl, test-fhandles        POSIX ACLs/xattrmap, file-handle descriptors
+#   test-host, test-io-uring       the same server on /dev/fuse, passthrough, io-uring
 # VM rig targets (kernel, initramfs, qemu, virtiofsd, vm, ...): see mk/vm.mk.
 
 CARGO ?= cargo
@@ -27,9 +40,15 @@ release:
 DAEMON_DEPS := build
 include mk/vm.mk
 
-lint:
+lint: deps-test
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	scripts/lint-shell.sh
+
+# The rig's runners fail when a sub-suite dies part way (negative controls, one per runner).
+.PHONY: test-rig
+test-rig: kernel initramfs qemu build
+	tests/rig-selftest.sh
 
 fmt:
 	$(CARGO) fmt --all
@@ -42,7 +61,7 @@ test-unit: build virtiofsd
 
 # --uid-map/--gid-map: a non-root daemon (user daxfsd-test, created with its /etc/subuid and
 # /etc/subgid ranges by scripts/uidmap-test-setup.sh) against daxfsd, then virtiofsd 1.14.
-test-uidmap: build virtiofsd
+test-uidmap: deps-test build virtiofsd
 	VUFS_DAEMON=daxfsd DAXFSD=$(abspath $(DAXFSD_BIN)) $(CARGO) test -p vufs-driver --test uidmap
 	VUFS_DAEMON=virtiofsd $(CARGO) test -p vufs-driver --test uidmap
 
@@ -117,13 +136,13 @@ test-host: kernel initramfs qemu virtiofsd build
 test-io-uring: build
 	tests/host/io-uring.sh $(DAXFSD_BIN)
 
-test: lint test-unit test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-dax-copy test-escape test-lifecycle test-migrate test-launchers test-acl test-fhandles test-lima test-host test-io-uring
+test: deps-test lint test-rig test-unit test-uidmap test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-dax-copy test-escape test-lifecycle test-migrate test-launchers test-acl test-fhandles test-lima test-host test-io-uring
 	@echo "make test: all suites passed"
 
 demo: kernel initramfs qemu release
 	scripts/demo.sh
 
-bench: kernel initramfs qemu virtiofsd release
+bench: deps-bench kernel initramfs qemu virtiofsd release
 	scripts/bench.sh $(if $(QUICK),--quick)
 
 # make install [PREFIX=/usr/local] [DESTDIR=]: the binary, the vhost-user backend
@@ -145,8 +164,8 @@ uninstall:
 
 # The launchers that start virtiofsd (libvirt, virtme-ng, Kata's and podman's command
 # lines), installed by the test itself, each also run against upstream virtiofsd 1.14.
-test-launchers: kernel initramfs virtiofsd build
-	tests/launchers/run.sh
+test-launchers: deps-test kernel initramfs virtiofsd build
+	DAXFSD=$(abspath $(DAXFSD_BIN)) tests/launchers/run.sh
 
 # lima (limactl 1.2.1 built from its Go module) starting a guest with a virtiofs mount: it
 # finds daxfsd through the installed vhost-user descriptor; then the same with virtiofsd.

@@ -21,7 +21,7 @@ for round in $(seq 1 "$ROUNDS"); do
         mo=dax=always,dax_policy=$pol
         [[ $pol == nodax ]] && mo=dax=never
         d=$out/$round-$pol-$mode
-        nice -n 10 scripts/fio-vm.sh --out "$d" -p dax -d daxfsd --cache never --file-size 256M \
+        nice -n 10 scripts/fio-vm.sh --out "$d" -p dax -d daxfsd-release --cache never --file-size 256M \
             --runtime "$RUNTIME" --cpus 2 --mem 2G -o "$mo" --log "$d.log" \
             -a --dax-window=64M -a --allow-mmap -a "--dax-copy=$mode" \
             randread-mmap:randread:mmap:1:1 randread-psync:randread:psync:1:1 \

@@ -1,7 +1,8 @@
 # VM test rig (issue 4): guest kernel, initramfs, QEMUs, upstream virtiofsd,
 # the VM launcher and the end-to-end suite. Included by the top Makefile.
 #
-#   make vm-deps            apt-install every Debian package the rig needs
+#   make vm-deps            apt-install every Debian package of scripts/provision-deps.sh
+#   make deps-rig|deps-test|deps-bench   one section of it
 #   make kernel             guest bzImage (cached; ~5-9 min cold on 2 cores)
 #   make initramfs          busybox + fio + test helper cpio (cached)
 #   make qemu               Debian's QEMU 7.2 + QEMU 11.1 from trixie-backports
@@ -9,7 +10,7 @@
 #   make vm                 interactive guest shell, share mounted on /mnt
 #   make test-e2e           e2e suite against $(DAEMON) on $(E2E_PROFILES)
 #   make test-e2e-virtiofsd the same against upstream virtiofsd
-#   make vm-lint            shellcheck the rig's scripts
+#   make vm-lint            shellcheck every shell script (part of `make lint`)
 #
 # Variables (override on the command line or in the top Makefile):
 #   DAXFSD_CACHE    where everything built or downloaded is cached
@@ -34,24 +35,23 @@ VM_ARGS ?=
 E2E_PROFILES ?= pci mmio
 E2E_ARGS ?=
 
-VM_RIG_SCRIPTS := $(addprefix scripts/,lib.sh provision-deps.sh provision-qemu.sh qemu-11.sh \
-	provision-virtiofsd.sh build-initramfs.sh vm.sh)
-
-.PHONY: vm-deps kernel initramfs qemu virtiofsd vm test-e2e test-e2e-virtiofsd vm-lint
+.PHONY: vm-deps deps-rig deps-test deps-bench kernel initramfs qemu virtiofsd vm test-e2e test-e2e-virtiofsd vm-lint
 
 vm-deps:
-	@$(VM_RIG_DIR)/scripts/provision-deps.sh
+	@$(VM_RIG_DIR)/scripts/provision-deps.sh all
+deps-rig deps-test deps-bench:
+	@$(VM_RIG_DIR)/scripts/provision-deps.sh $(patsubst deps-%,%,$@)
 
-kernel: vm-deps
+kernel: deps-rig
 	@$(VM_RIG_DIR)/guest-kernel/build.sh >/dev/null
 
-initramfs: vm-deps
+initramfs: deps-rig
 	@$(VM_RIG_DIR)/scripts/build-initramfs.sh >/dev/null
 
-qemu: vm-deps
+qemu: deps-rig
 	@$(VM_RIG_DIR)/scripts/provision-qemu.sh all
 
-virtiofsd: vm-deps
+virtiofsd: deps-rig
 	@$(VM_RIG_DIR)/scripts/provision-virtiofsd.sh >/dev/null
 
 # The daemon a target runs needs building (daxfsd) or installing (virtiofsd).
@@ -67,7 +67,4 @@ test-e2e-virtiofsd: kernel initramfs qemu virtiofsd
 	@$(VM_RIG_DIR)/tests/e2e/run.sh -d virtiofsd -p "$(E2E_PROFILES)" $(E2E_ARGS)
 
 vm-lint:
-	@command -v shellcheck >/dev/null || { echo "vm-lint: shellcheck not found; apt-get install shellcheck" >&2; exit 1; }
-	@cd $(VM_RIG_DIR) && shellcheck -x -P SCRIPTDIR guest-kernel/build.sh $(VM_RIG_SCRIPTS) \
-		qemu-config/*.sh tests/e2e/run.sh tests/e2e/host-check.sh && \
-		shellcheck -s sh -e SC3043 tests/e2e/guest/init tests/e2e/guest/suite.sh && echo "vm-lint: clean"
+	@$(VM_RIG_DIR)/scripts/lint-shell.sh

@@ -44,18 +44,13 @@ py=python3
 [[ -x /usr/bin/python3 ]] && py=/usr/bin/python3
 need_cmd "$py" python3
 if ((estimate == 0)); then
-    # What the suite needs beyond the VM rig: matplotlib for the chart, valgrind for the
-    # instruction counts.
-    missing=()
-    "$py" -c 'import matplotlib' 2>/dev/null || missing+=(python3-matplotlib)
-    command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
-    # The host section's traditional FUSE peer.
-    command -v bindfs >/dev/null 2>&1 || missing+=(bindfs)
-    if ((${#missing[@]})); then
-        log "installing ${missing[*]}"
-        apt_get install -y --no-install-recommends "${missing[@]}" >/dev/null ||
-            die "apt-get install ${missing[*]} failed"
-    fi
+    # What the suite needs beyond the VM rig (scripts/provision-deps.sh bench; `make bench`
+    # installs it): matplotlib for the chart, valgrind for the instruction counts, bindfs as
+    # the host section's traditional FUSE peer.
+    "$py" -c 'import matplotlib' 2>/dev/null ||
+        die "$py lacks matplotlib; run 'scripts/provision-deps.sh bench' (package python3-matplotlib)"
+    need_cmd valgrind valgrind
+    need_cmd bindfs bindfs
     [[ -x target/release/daxfsd ]] || die "target/release/daxfsd missing; run 'make release'"
 
     # The protocol microbenchmark (tests/vufs-driver/examples/protobench.rs).

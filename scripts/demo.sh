@@ -23,7 +23,7 @@ run() { # run LABEL MOUNTOPTS EXTRA-DAEMON-ARGS...
     local args=()
     for a in "$@"; do args+=(-a "$a"); done
     log "$label: booting a guest (daxfsd --cache never $*, mount -o $mo), ${#jobs[@]} fio jobs of ${runtime}s"
-    scripts/fio-vm.sh --out "$out/$label" -p dax --cache never -o "$mo" --file-size "$fsize" \
+    scripts/fio-vm.sh --out "$out/$label" -p dax -d daxfsd-release --cache never -o "$mo" --file-size "$fsize" \
         --runtime "$runtime" --log "$out/$label/console.log" -a "--dax-window=$window" "${args[@]}" \
         "${jobs[@]}" >"$out/$label/summary.txt" || {
         cat "$out/$label/summary.txt" "$out/$label/guest-output.txt" >&2 2>/dev/null || true

@@ -13,7 +13,7 @@
 #                        guest (fio lays them out there), the guest's own ceiling
 #   --out DIR            where the JSON results go (created)
 #   -p, --profile NAME   QEMU profile (default: dax)
-#   -d, --daemon D       daxfsd (default), virtiofsd or a path
+#   -d, --daemon D       daxfsd-release (default), daxfsd (debug build), virtiofsd or a path
 #   -a, --daemon-arg A   extra daemon argument (repeatable)
 #   --cache MODE         daemon cache mode (default: never)
 #   -o, --mount-opts O   guest mount options, e.g. dax=always
@@ -33,7 +33,7 @@ RIG_TAG=fio-vm
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-out="" profile=dax daemon=daxfsd cache=never mountopts="" fsize=128M runtime=10 bs=4k
+out="" profile=dax daemon=daxfsd-release cache=never mountopts="" fsize=128M runtime=10 bs=4k
 cpus=1 mem=1G queues=1 logfile="" marks=0 kernel=""
 daemon_args=() jobs=()
 need_arg() { (($1 >= 2)) || die "option $2 needs a value (see the header of $0)"; }
@@ -142,6 +142,7 @@ gscript="$share/.run.sh"
         # The patched guest kernel's window counters (since boot), into guest-output.txt.
         echo "[ -r /sys/module/fuse/parameters/dax_stats ] && echo \"dax_stats $name: \$(cat /sys/module/fuse/parameters/dax_stats)\""
     done
+    # shellcheck disable=SC2016 # $rc is the guest script's, expanded there
     echo 'exit $rc'
 } >"$gscript"
 

@@ -150,3 +150,67 @@ for root in sys.argv[1:]:
             print(p, oct(st.st_mode), st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns, st.st_ctime_ns, h, x)
 PY
 }
+
+# --- Checks and summaries, one set for every test script -------------------------------
+# Each check prints one line, `CHECK PASS NAME` or `CHECK FAIL NAME: DETAIL`; rig_summary
+# prints `LABEL: N passed, M failed` and the end marker `SUITE END LABEL pass=N fail=M`, and
+# returns non-zero when a check failed. A runner starts its sub-suites with run_subsuite,
+# which fails the run when a sub-suite exits non-zero, ends without its end marker (it died
+# part way) or prints other counts than its marker says.
+#
+# Negative control: RIG_SUBSUITE_DIE_AFTER=N on a runner makes every sub-suite it starts
+# exit (status 97, no summary) right after its N-th check; the run must then fail
+# (tests/rig-selftest.sh shows it does, for each runner).
+RIG_PASS=0 RIG_FAIL=0 RIG_FAILED=()
+rig_after_check() {
+    local n=${RIG_DIE_AFTER_CHECKS:-}
+    [[ -n $n ]] && ((RIG_PASS + RIG_FAIL >= n)) || return 0
+    printf '%s: negative control: exiting after %d check(s)\n' "${RIG_TAG:-rig}" "$n" >&2
+    exit 97
+}
+ok() { RIG_PASS=$((RIG_PASS + 1)); printf 'CHECK PASS %s\n' "$1"; rig_after_check; }
+bad() {
+    RIG_FAIL=$((RIG_FAIL + 1)) RIG_FAILED+=("$1")
+    printf 'CHECK FAIL %s: %s\n' "$1" "${2:-failed}"
+    rig_after_check
+}
+# check NAME STATUS [DETAIL]: PASS when STATUS is 0.
+check() { if (($2 == 0)); then ok "$1"; else bad "$1" "${3:-status $2}"; fi; }
+# rig_summary LABEL: the summary line and the end marker; status 1 when any check failed.
+rig_summary() {
+    ((${#RIG_FAILED[@]} == 0)) || log "failed: ${RIG_FAILED[*]}"
+    echo "$1: $RIG_PASS passed, $RIG_FAIL failed"
+    echo "SUITE END $1 pass=$RIG_PASS fail=$RIG_FAIL"
+    ((RIG_FAIL == 0))
+}
+# run_subsuite NAME OUT [MIN] -- COMMAND...: run a sub-suite with its stdout in OUT (stderr
+# in OUT.log), show its CHECK lines and count them into this script's totals. A sub-suite
+# that exits non-zero with no failed check, ends without `SUITE END`, reports other counts
+# than it printed, or has fewer than MIN checks is one more failed check, NAME/incomplete.
+run_subsuite() {
+    local name=$1 out=$2 min=0 rc=0 p f end why=""
+    shift 2
+    if [[ $1 != -- ]]; then min=$1; shift; fi
+    [[ $1 == -- ]] || die "run_subsuite: usage: NAME OUT [MIN] -- COMMAND..."
+    shift
+    RIG_DIE_AFTER_CHECKS=${RIG_SUBSUITE_DIE_AFTER:-} "$@" >"$out" 2>"$out.log" || rc=$?
+    grep -E '^(CHECK|PEER) ' "$out" || true
+    p=$(grep -c '^CHECK PASS ' "$out" || true)
+    f=$(grep -c '^CHECK FAIL ' "$out" || true)
+    RIG_PASS=$((RIG_PASS + p)) RIG_FAIL=$((RIG_FAIL + f))
+    mapfile -t names < <(sed -n 's/^CHECK FAIL \([^:]*\):.*/\1/p' "$out")
+    RIG_FAILED+=("${names[@]}")
+    end=$(sed -n 's/^SUITE END .* pass=\([0-9]*\) fail=\([0-9]*\)$/\1 \2/p' "$out" | tail -n 1)
+    if [[ -z $end ]]; then
+        why="ended without its summary after $((p + f)) check(s) (status $rc)"
+    elif [[ $end != "$p $f" ]]; then
+        why="its summary says pass/fail $end, it printed $p $f"
+    elif ((rc != 0 && f == 0)); then
+        why="exited with status $rc and no failed check"
+    elif ((p + f < min)); then
+        why="ran $((p + f)) checks, fewer than the $min it must"
+    fi
+    if [[ -n $why ]]; then
+        bad "$name/incomplete" "$why; last lines of $out.log: $(tail -n 5 "$out.log" | tr '\n' ' ')"
+    fi
+}

@@ -1,31 +1,72 @@
 #!/usr/bin/env bash
-# Install every Debian package the VM rig needs (kernel build, initramfs,
-# QEMU, debootstrap, upstream virtiofsd's build deps, host-side checks).
-# Idempotent: does nothing when all are installed. Waits for an apt/dpkg run
-# by someone else instead of failing. Runs `apt-get update` only when the
-# package lists are missing, stale, or lack a package.
+# The one list of Debian packages this project uses, in sections, and their installer:
+#   rig    the VM rig: guest kernel build, initramfs, QEMU, upstream virtiofsd's build deps
+#          (make demo, make vm and every target below start from it)
+#   test   what `make test` uses beyond the rig: lint, launchers (libvirt, virtme-ng's udev,
+#          lima's qemu-img), host-side FUSE peers and checks, uid maps
+#   bench  what `make bench` uses beyond the rig: the chart, instruction counts, bindfs
+# No script or test installs a Debian package on its own: they name what is missing and
+# point here. Idempotent: does nothing when all are installed. Waits for an apt/dpkg run by
+# someone else instead of failing. Runs `apt-get update` only when the package lists are
+# missing, stale, or lack a package.
 #
-#   scripts/provision-deps.sh [--list]     --list: print the package names
+#   scripts/provision-deps.sh [--list] [SECTION...]   (default: all sections)
 set -euo pipefail
 RIG_TAG=deps
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-PACKAGES=(
+# Rust (cargo, rustc) comes from rustup and Go (lima's test builds limactl) from go.dev;
+# neither is a Debian package of the right version on Debian 12.
+RIG=(
     # guest kernel
     linux-source-6.12 build-essential flex bison bc libelf-dev libssl-dev lz4 xz-utils patch perl
-    # initramfs
+    # initramfs (the guest's fio, ACL and xattr tools are copied from the host)
     busybox-static fio libc6-dev python3 acl attr
     # QEMU: Debian's (profiles pci, mmio) and the trixie tree for QEMU 11 (dax)
     qemu-system-x86 debootstrap debian-archive-keyring ca-certificates
-    # upstream virtiofsd built with cargo (Rust itself comes from rustup)
+    # upstream virtiofsd built with cargo
     libseccomp-dev libcap-ng-dev pkg-config
-    # launcher and host-side checks
-    util-linux procps coreutils attr
+    # the launcher and host-side checks
+    util-linux procps coreutils e2fsprogs
+)
+TEST=(
+    # make lint: shellcheck over every script
+    shellcheck
+    # tests/host: the traditional FUSE peer and fusermount3 for the non-root mount
+    bindfs fuse3
+    # tests/launchers: libvirt 9.0, virtme-ng's udev and venv, lima's qemu-img and ssh keys
+    libvirt-daemon-system libvirt-clients libvirt-daemon-driver-qemu udev python3-venv
+    qemu-utils openssh-client
+    # make test-uidmap: newuidmap/newgidmap
+    uidmap
+)
+BENCH=(
+    # the chart (Debian's python3 sees it), instruction counts, the host section's FUSE peer
+    python3-matplotlib valgrind bindfs fuse3
 )
 
-if [[ ${1:-} == --list ]]; then printf '%s\n' "${PACKAGES[@]}"; exit 0; fi
-[[ -z ${1:-} ]] || die "unknown argument '$1' (only --list)"
+sections=() list=0
+for a in "$@"; do
+    case $a in
+        --list) list=1 ;;
+        rig|test|bench) sections+=("$a") ;;
+        all) sections+=(rig test bench) ;;
+        *) die "unknown argument '$a' (--list; sections: rig, test, bench, all)" ;;
+    esac
+done
+((${#sections[@]})) || sections=(rig test bench)
+PACKAGES=()
+for sec in "${sections[@]}"; do
+    case $sec in
+        rig) PACKAGES+=("${RIG[@]}") ;;
+        test) PACKAGES+=("${TEST[@]}") ;;
+        bench) PACKAGES+=("${BENCH[@]}") ;;
+    esac
+done
+mapfile -t PACKAGES < <(printf '%s\n' "${PACKAGES[@]}" | awk '!seen[$0]++')
+
+if ((list)); then printf '%s\n' "${PACKAGES[@]}"; exit 0; fi
 command -v dpkg-query >/dev/null || die "this rig needs Debian (or a derivative) with apt"
 
 missing=()
@@ -33,10 +74,10 @@ for p in "${PACKAGES[@]}"; do
     [[ $(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true) == installed ]] || missing+=("$p")
 done
 if ((${#missing[@]} == 0)); then
-    log "all ${#PACKAGES[@]} packages installed"
+    log "all ${#PACKAGES[@]} packages of ${sections[*]} installed"
     exit 0
 fi
-[[ $(id -u) -eq 0 ]] || die "missing packages (${missing[*]}); run 'make vm-deps' as root"
+[[ $(id -u) -eq 0 ]] || die "missing packages (${missing[*]}); run 'scripts/provision-deps.sh ${sections[*]}' as root"
 
 # Package lists: update when absent, older than a day, or missing a package.
 lists_ok=1

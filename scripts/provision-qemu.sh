@@ -46,11 +46,7 @@ version_ge() { [[ $(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1) == "$2" ]]
 qemu_version_of() { "$@" -version 2>/dev/null | sed -n 's/^QEMU emulator version \([0-9.]*\).*/\1/p' | head -n1; }
 
 provision_system() {
-    if ! command -v qemu-system-x86_64 >/dev/null; then
-        log "installing Debian's qemu-system-x86"
-        apt_get install -y --no-install-recommends qemu-system-x86 >/dev/null ||
-            die "apt-get install qemu-system-x86 failed"
-    fi
+    need_cmd qemu-system-x86_64 qemu-system-x86
     local v
     v=$(qemu_version_of qemu-system-x86_64)
     [[ -n $v ]] || die "qemu-system-x86_64 -version gave no version"

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Set-up for the --uid-map/--gid-map test (tests/vufs-driver/tests/uidmap.rs), as root:
-# - newuidmap/newgidmap (Debian package uidmap), installed with apt when missing;
+# - newuidmap/newgidmap (Debian package uidmap, from scripts/provision-deps.sh test);
 # - the system user daxfsd-test, created when absent (an existing user is never modified);
 # - one /etc/subuid and one /etc/subgid range of 65536 ids for it, appended when it has
 #   none, after every range already there (nothing of the machine's is changed or removed).
@@ -10,11 +10,10 @@ USER_NAME=daxfsd-test
 COUNT=65536
 
 die() { echo "uidmap-test-setup: $*" >&2; exit 1; }
-[[ $(id -u) == 0 ]] || die "run as root (it installs uidmap and adds a system user)"
+[[ $(id -u) == 0 ]] || die "run as root (it adds a system user)"
 
 if ! command -v newuidmap >/dev/null || ! command -v newgidmap >/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q uidmap >/dev/null ||
-        die "apt-get install uidmap failed (run apt-get update?)"
+    die "newuidmap/newgidmap not found; run 'scripts/provision-deps.sh test' (package uidmap)"
 fi
 if ! id -u "$USER_NAME" >/dev/null 2>&1; then
     useradd --system --no-create-home --shell /usr/sbin/nologin "$USER_NAME"

@@ -5,8 +5,10 @@
 #   scripts/vm.sh [options] [-- GUEST COMMAND...]
 #
 #   -p, --profile NAME     QEMU profile from qemu-config/: pci (default), dax, mmio
-#   -d, --daemon D         daxfsd (default: newest of target/{release,debug}/daxfsd),
-#                          virtiofsd (upstream 1.14.0, see `make virtiofsd`) or a path
+#   -d, --daemon D         daxfsd (default: target/debug/daxfsd, `make build`),
+#                          daxfsd-release (target/release/daxfsd, `make release`),
+#                          virtiofsd (upstream 1.14.0, see `make virtiofsd`) or a path;
+#                          the binary it runs is named on stderr
 #   -a, --daemon-arg ARG   extra daemon argument (repeatable), e.g. -a --xattr
 #       --cache MODE       daemon --cache=MODE (default: auto)
 #   -s, --shared-dir DIR   directory to share (default: a new empty temp dir,
@@ -125,12 +127,12 @@ fi
 
 case $daemon in
     daxfsd)
-        daemon=""
-        for c in "$RIG_ROOT/target/release/daxfsd" "$RIG_ROOT/target/debug/daxfsd"; do
-            [[ -x $c ]] || continue
-            if [[ -z $daemon || $c -nt $daemon ]]; then daemon=$c; fi
-        done
-        [[ -n $daemon ]] || die "no daxfsd binary in target/{release,debug}; run 'cargo build' (or use --daemon virtiofsd)"
+        daemon=$RIG_ROOT/target/debug/daxfsd
+        [[ -x $daemon ]] || die "no $daemon; run 'make build' (or use --daemon daxfsd-release after 'make release')"
+        ;;
+    daxfsd-release)
+        daemon=$RIG_ROOT/target/release/daxfsd
+        [[ -x $daemon ]] || die "no $daemon; run 'make release' (or use --daemon daxfsd for the debug build)"
         ;;
     virtiofsd)
         daemon=$("$RIG_ROOT/scripts/provision-virtiofsd.sh" --print-path)
@@ -138,6 +140,8 @@ case $daemon in
         ;;
     *) [[ -x $daemon ]] || die "daemon '$daemon' is not an executable file" ;;
 esac
+
+log "daemon: $daemon"
 
 # shellcheck source=../qemu-config/common.sh
 source "$RIG_ROOT/qemu-config/common.sh"

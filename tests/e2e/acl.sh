@@ -31,14 +31,9 @@ while (($#)); do
         *) die "unknown option '$1'" ;;
     esac
 done
-if ! command -v getfacl >/dev/null; then
-    log "installing the acl package (host-side getfacl)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q acl >/dev/null || die "apt-get install acl failed"
-fi
+need_cmd getfacl acl
 need_cmd getfattr attr
-pass=0 fail=0
-ok() { pass=$((pass + 1)); printf 'CHECK PASS %s\n' "$1"; }
-bad() { fail=$((fail + 1)); printf 'CHECK FAIL %s: %s\n' "$1" "$2"; }
+# ok, bad, check and rig_summary come from scripts/lib.sh.
 # expect NAME CONDITION-COMMAND...: a host-side check.
 expect() { local n=$1; shift; if "$@" >/dev/null 2>&1; then ok "$n"; else bad "$n" "host: $*"; fi; }
 
@@ -119,8 +114,8 @@ rc=0
     --script "$work/acl-guest.sh" -T 300 >"$work/acl-out.txt" || rc=$?
 if ((rc == 0)) && grep -q GUEST-DONE "$work/acl-out.txt"; then ok acl_guest_ran; else bad acl_guest_ran "vm.sh rc=$rc: $(tail -n 5 "$work/acl-out.txt" | tr '\n' ' ')"; fi
 sed -n 's/^GUEST PASS /CHECK PASS acl_/p; s/^GUEST FAIL /CHECK FAIL acl_/p' "$work/acl-out.txt"
-pass=$((pass + $(grep -c '^GUEST PASS ' "$work/acl-out.txt" || true)))
-fail=$((fail + $(grep -c '^GUEST FAIL ' "$work/acl-out.txt" || true)))
+RIG_PASS=$((RIG_PASS + $(grep -c '^GUEST PASS ' "$work/acl-out.txt" || true)))
+RIG_FAIL=$((RIG_FAIL + $(grep -c '^GUEST FAIL ' "$work/acl-out.txt" || true)))
 # The host sees the same ACLs.
 # hostacl NAME FILE LINE: the host's getfacl -nE FILE prints LINE.
 hostacl() {
@@ -171,13 +166,13 @@ rc=0
     -s "$map_share" --script "$work/map-guest.sh" -T 300 >"$work/map-out.txt" || rc=$?
 if ((rc == 0)) && grep -q GUEST-DONE "$work/map-out.txt"; then ok map_guest_ran; else bad map_guest_ran "vm.sh rc=$rc: $(tail -n 5 "$work/map-out.txt" | tr '\n' ' ')"; fi
 sed -n 's/^GUEST PASS /CHECK PASS map_/p; s/^GUEST FAIL /CHECK FAIL map_/p' "$work/map-out.txt"
-pass=$((pass + $(grep -c '^GUEST PASS ' "$work/map-out.txt" || true)))
-fail=$((fail + $(grep -c '^GUEST FAIL ' "$work/map-out.txt" || true)))
+RIG_PASS=$((RIG_PASS + $(grep -c '^GUEST PASS ' "$work/map-out.txt" || true)))
+RIG_FAIL=$((RIG_FAIL + $(grep -c '^GUEST FAIL ' "$work/map-out.txt" || true)))
 expect map_host_prefixed sh -c "[ \"\$(getfattr --only-values -n user.virtiofs.trusted.keep '$map_share/x')\" = k ]"
 expect map_host_no_trusted sh -c "! getfattr -n trusted.keep '$map_share/x'"
 expect map_host_user_plain sh -c "[ \"\$(getfattr --only-values -n user.plain '$map_share/x')\" = p ]"
 expect map_host_owner_3000 sh -c "[ \"\$(stat -c %u:%g '$map_share/tr/by1000')\" = 3000:3000 ]"
 expect map_host_chown_3002 sh -c "[ \"\$(stat -c %u:%g '$map_share/tr/chowned')\" = 3002:3003 ]"
 
-printf 'e2e-acl: %d passed, %d failed (daemon %s)\n' "$pass" "$fail" "$daemon"
-((fail == 0))
+log "daemon $daemon"
+rig_summary e2e-acl

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2015 # "grep && ok || bad": ok never fails
 # DAX end to end: QEMU 11.1 (profile dax, TCG) + daxfsd with a DAX window, checked in the
 # guest and on the host after the VM exits.
 #
@@ -66,9 +67,7 @@ dargs=()
 min_cycles=100 want_range=512k
 [[ $policy_mo == dax_policy=upstream ]] && min_cycles=1000 want_range=2048k
 need_cmd python3
-pass=0 fail=0
-ok() { pass=$((pass + 1)); printf 'CHECK PASS %s\n' "$1"; }
-bad() { fail=$((fail + 1)); printf 'CHECK FAIL %s: %s\n' "$1" "$2"; }
+# ok, bad, check and rig_summary come from scripts/lib.sh.
 md5() { md5sum "$@" | cut -d' ' -f1; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-e2e-dax.XXXXXX")
@@ -299,5 +298,4 @@ else
     bad window_768M "rc=$rc4, console log $(stat -c %s "$log4" 2>/dev/null || echo 0) bytes: $(tail -n 3 "$work/out4.txt")"
 fi
 
-printf 'e2e-dax: %d passed, %d failed\n' "$pass" "$fail"
-((fail == 0))
+rig_summary e2e-dax

@@ -24,9 +24,7 @@ while (($#)); do
     esac
 done
 need_cmd python3
-pass=0 fail=0
-ok() { pass=$((pass + 1)); printf 'CHECK PASS %s\n' "$1"; }
-bad() { fail=$((fail + 1)); printf 'CHECK FAIL %s: %s\n' "$1" "$2"; }
+# ok, bad, check and rig_summary come from scripts/lib.sh.
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-e2e-escape.XXXXXX")
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-e2e-escape-run.XXXXXX")
@@ -90,5 +88,4 @@ if [[ -z $(find / -xdev -maxdepth 2 -name 'pwned*' -newer "$scratch/guest.sh" 2>
 else
     bad no_pwned_files_near_root "$(find / -xdev -maxdepth 2 -name 'pwned*' -newer "$scratch/guest.sh" 2>/dev/null | head -n 3)"
 fi
-printf 'e2e-escape: %d passed, %d failed\n' "$pass" "$fail"
-((fail == 0))
+rig_summary e2e-escape

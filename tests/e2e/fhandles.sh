@@ -16,9 +16,7 @@ cd "$RIG_ROOT"
 
 DIRS=100 FILES=100
 INODES=$((DIRS * (FILES + 1)))
-pass=0 fail=0
-ok() { pass=$((pass + 1)); printf 'CHECK PASS %s\n' "$1"; }
-bad() { fail=$((fail + 1)); printf 'CHECK FAIL %s: %s\n' "$1" "$2"; }
+# ok, bad, check and rig_summary come from scripts/lib.sh.
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-e2e-fhandles.XXXXXX")
 trap 'rm -rf -- "$work"' EXIT
@@ -27,6 +25,7 @@ for d in $(seq 0 $((DIRS - 1))); do
     mkdir -p "$share/d$d"
     (cd "$share/d$d" && for f in $(seq 0 $((FILES - 1))); do : >"f$f"; done)
 done
+# shellcheck disable=SC2016 # the guest's shell expands it
 printf 'n=$(ls -lR /mnt | grep -c "^-"); echo "WALKED $n"; sleep 30\n' >"$work/guest.sh"
 
 # run NAME DAEMON MODE: fds of the daemon after the walk.
@@ -73,5 +72,4 @@ done
     if ((virtiofsd_never_fds >= INODES)); then ok virtiofsd_fds_per_inode; else bad virtiofsd_fds_per_inode "$virtiofsd_never_fds < $INODES"; fi
     if ((virtiofsd_prefer_fds < 100)); then ok virtiofsd_prefer_few_fds; else bad virtiofsd_prefer_few_fds "$virtiofsd_prefer_fds"; fi
 }
-printf 'e2e-fhandles: %d passed, %d failed\n' "$pass" "$fail"
-((fail == 0))
+rig_summary e2e-fhandles

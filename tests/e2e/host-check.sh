@@ -26,6 +26,11 @@ check() {
         fail=$((fail + 1))
         failed+=" host:$name"
     fi
+    # Negative control (scripts/lib.sh run_subsuite): stop after that many checks.
+    if [[ -n ${RIG_DIE_AFTER_CHECKS:-} ]] && ((pass + fail >= RIG_DIE_AFTER_CHECKS)); then
+        echo "host-check: negative control: exiting after $RIG_DIE_AFTER_CHECKS check(s)" >&2
+        exit 97
+    fi
 }
 die() { echo "$*" >&2; exit 1; }
 eq() { [[ $1 == "$2" ]] || die "$3: got '$1', expected '$2'"; }
@@ -152,4 +157,5 @@ if [[ -d $W ]]; then
     check fio h_fio
 fi
 echo "HOST RESULT passed=$pass failed=$fail${failed:+ (failed:$failed)}"
+echo "SUITE END host-check pass=$pass fail=$fail"
 ((fail == 0))

@@ -40,9 +40,7 @@ while (($#)); do
     esac
 done
 need_cmd python3
-pass=0 fail=0
-ok() { pass=$((pass + 1)); printf 'CHECK PASS %s\n' "$1"; }
-bad() { fail=$((fail + 1)); printf 'CHECK FAIL %s: %s\n' "$1" "$2"; }
+# ok, bad, check and rig_summary come from scripts/lib.sh.
 md5() { md5sum "$@" | cut -d' ' -f1; }
 wanted() { [[ -z $only || $only == *",$1,"* ]]; }
 hmp() { python3 scripts/hmp.py "$@"; }
@@ -189,6 +187,7 @@ pause_case() {
 
 pause_case pause-pci-daxfsd pci "${LIFECYCLE_DAXFSD:-daxfsd}"
 pause_case pause-pci-virtiofsd pci virtiofsd
+# shellcheck disable=SC2086 # LIFECYCLE_DAX_ARGS is a list of words
 pause_case pause-dax dax daxfsd -a --dax-window=64M -o dax=always ${LIFECYCLE_DAX_ARGS:-}
 
 # ---- pause-dax-rapid: stop/cont back to back while the guest reads through DAX ------
@@ -289,5 +288,4 @@ EOF
     fi
 fi
 
-echo "e2e-lifecycle: $pass passed, $fail failed"
-((fail == 0))
+rig_summary e2e-lifecycle

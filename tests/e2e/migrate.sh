@@ -56,9 +56,7 @@ kernel=$(guest-kernel/build.sh --print-path)
 [[ -s $kernel ]] || die "guest kernel not built; run 'make kernel'"
 initramfs=$(scripts/build-initramfs.sh 2>/dev/null) || die "initramfs missing; run 'make initramfs'"
 
-pass=0 fail=0
-ok() { pass=$((pass + 1)); printf 'CHECK PASS %s\n' "$1"; }
-bad() { fail=$((fail + 1)); printf 'CHECK FAIL %s: %s\n' "$1" "$2"; }
+# ok, bad, check and rig_summary come from scripts/lib.sh.
 verdict() { # verdict NAME WHY CMD...: PASS when CMD succeeds, else FAIL with WHY
     local name=$1 why=$2; shift 2
     if "$@"; then ok "$name"; else bad "$name" "$why"; fi
@@ -329,5 +327,4 @@ for m in "${modes[@]}"; do run_mode "$m"; done
 ((refusal)) && run_refusal
 ((upstream)) || run_dax_blocked
 log "logs: $logs"
-printf 'e2e-migrate: %d passed, %d failed\n' "$pass" "$fail"
-((fail == 0))
+rig_summary e2e-migrate

@@ -47,6 +47,8 @@ done
 [[ $only$skip =~ ^[a-z0-9_,]*$ ]] || die "--only/--skip take check names separated by commas"
 [[ $check_timeout =~ ^[1-9][0-9]*$ ]] || die "--check-timeout must be a positive number of seconds"
 guest_args="daxfsd.xattr=$xattr daxfsd.check_timeout=$check_timeout${only:+ daxfsd.only=$only}${skip:+ daxfsd.skip=$skip}"
+# Negative control (lib.sh): the guest suite stops after that many checks.
+[[ -z ${RIG_SUBSUITE_DIE_AFTER:-} ]] || guest_args+=" daxfsd.die_after=$RIG_SUBSUITE_DIE_AFTER"
 
 # Prerequisites: each step is cached and quick when already done.
 "$RIG_ROOT/guest-kernel/build.sh" >/dev/null
@@ -85,17 +87,33 @@ for p in $profiles; do
         n_fail=1
         failures+=("$p:vm(rc=$vm_rc)")
     fi
+    # The suite's last line counts what it ran: a suite that died part way has none, and
+    # one whose lines were lost counts differently (an all-PASS partial run fails here).
+    result=$(sed -n 's/^E2E RESULT passed=\([0-9]*\) failed=\([0-9]*\) skipped=\([0-9]*\).*/\1 \2 \3/p' "$out" | tail -n 1)
+    if [[ -z $result ]]; then
+        echo "  CHECK FAIL $p:incomplete: the guest suite ended without its E2E RESULT line after $((n_pass + n_fail + n_skip)) check(s)"
+        n_fail=$((n_fail + 1)) failures+=("$p:incomplete")
+    elif [[ $result != "$n_pass $n_fail $n_skip" && $vm_rc == 0 ]]; then
+        echo "  CHECK FAIL $p:incomplete: E2E RESULT says $result (pass fail skip), the console shows $n_pass $n_fail $n_skip"
+        n_fail=$((n_fail + 1)) failures+=("$p:incomplete")
+    fi
     if [[ -n $only$skip ]]; then
         log "profile $p: host-side checks not run (partial run: --only/--skip)"
     elif grep -q '^E2E RESULT ' "$out"; then
         log "profile $p: host-side checks"
         hout=$run_dir/host-$p.txt
-        "$RIG_ROOT/tests/e2e/host-check.sh" "$share" "$xattr" >"$hout" || true
+        hrc=0
+        RIG_DIE_AFTER_CHECKS=${RIG_SUBSUITE_DIE_AFTER:-} "$RIG_ROOT/tests/e2e/host-check.sh" "$share" "$xattr" >"$hout" || hrc=$?
         sed 's/^/  /' "$hout"
-        n_pass=$((n_pass + $(grep -c '^CHECK PASS ' "$hout" || true)))
-        n_fail=$((n_fail + $(grep -c '^CHECK FAIL ' "$hout" || true)))
+        hp=$(grep -c '^CHECK PASS ' "$hout" || true)
+        hf=$(grep -c '^CHECK FAIL ' "$hout" || true)
+        n_pass=$((n_pass + hp)) n_fail=$((n_fail + hf))
         mapfile -t names < <(sed -n "s/^CHECK FAIL \([^:]*:[^:]*\):.*/$p:\1/p" "$hout")
         failures+=("${names[@]}")
+        if ! grep -qx "SUITE END host-check pass=$hp fail=$hf" "$hout" || ((hrc != 0 && hf == 0)); then
+            echo "  CHECK FAIL $p:host-check:incomplete: status $hrc after $((hp + hf)) check(s), no matching SUITE END line"
+            n_fail=$((n_fail + 1)) failures+=("$p:host-check:incomplete")
+        fi
     fi
     log "profile $p: $n_pass passed, $n_fail failed, $n_skip skipped in $((SECONDS - pt0))s"
     total_skip=$((total_skip + n_skip))

@@ -1,4 +1,5 @@
 #!/bin/bash
+# shellcheck disable=SC2015 # "A && B || fail": fail when either A or B fails
 # Host-mount tests of the FUSE-over-io-uring transport (daxfsd --mount --io-uring=...).
 # Needs root (mount(2), the fuse module parameter) and a kernel with FUSE_IO_URING.
 #
@@ -26,8 +27,7 @@
 # travels through the ring payloads (passthrough has its own variant).
 # Usage: tests/host/io-uring.sh [DAXFSD] (default target/debug/daxfsd)
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-ROOT=$PWD
+cd "$(dirname "$0")/../.." || exit 1
 DAXFSD=${1:-target/debug/daxfsd}
 PARAM=/sys/module/fuse/parameters/enable_uring
 
@@ -70,9 +70,9 @@ start() { # start LOG ARGS...: daemon in the background, waits for the mount
     return 1
 }
 stop() { # stop: SIGTERM, wait (20 s at most, then SIGKILL: status 137); the daemon's status
-    local rc=0 i
+    local rc=0
     kill -TERM "$PID" 2>/dev/null
-    for i in $(seq 200); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
+    for _ in $(seq 200); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
     kill -0 "$PID" 2>/dev/null && kill -KILL "$PID"
     wait "$PID" || rc=$?
     PID=
@@ -130,6 +130,7 @@ workload() { # runs on $W/mnt; prints what failed
     # Both CPUs at once (one ring queue each), 200 files apiece, then read back.
     local pids=""
     for cpu in 0 1; do
+        # shellcheck disable=SC2016 # expanded by the inner shell
         taskset -c "$cpu" sh -c '
             for i in $(seq 200); do echo "$0-$i" >"$1/p$0-$i"; done
             for i in $(seq 200); do [ "$(cat "$1/p$0-$i")" = "$0-$i" ] || exit 1; done

@@ -45,9 +45,7 @@ if [[ ! -x $pjd ]] || [[ $("$pjd" --version 2>/dev/null) != *"$version"* ]]; the
         { tail -n 20 "$root.install.log" >&2; die "cargo install pjdfstest failed"; }
 fi
 
-pass=0 fail=0
-ok() { pass=$((pass + 1)); printf 'CHECK PASS %s\n' "$1"; }
-bad() { fail=$((fail + 1)); printf 'CHECK FAIL %s: %s\n' "$1" "$2"; }
+# ok, bad, check and rig_summary come from scripts/lib.sh.
 
 run=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-pjd.XXXXXX")
 chmod 0755 "$run"
@@ -139,9 +137,12 @@ RUST_BACKTRACE=0 /lib64/ld-linux-x86-64.so.2 --library-path /mnt/.pjd:/usr/lib/x
     /mnt/.pjd/pjdfstest -c /mnt/.pjd/pjd.toml -p /mnt/m-gues >/tmp/pjd.out 2>&1
 echo "PJD-RC $?"
 sed -n 's/^\([a-z0-9_:]*\) \{1,\}\(ok\|FAILED\|skipped\)$/PJD \2 \1/p' /tmp/pjd.out
+# The whole output (with each failure's reason) travels to the host, kept there on failure.
+sed 's/^/PJDOUT /' /tmp/pjd.out
 for t in $(sed -n 's/^\([a-z0-9_:]*\) \{1,\}FAILED$/\1/p' /tmp/pjd.out); do
     RUST_BACKTRACE=0 /lib64/ld-linux-x86-64.so.2 --library-path /mnt/.pjd:/usr/lib/x86_64-linux-gnu \
         /mnt/.pjd/pjdfstest -c /mnt/.pjd/pjd.toml -p /mnt/m-gues -e "pjdfstest::tests::$t" >/tmp/pjd.retry 2>&1
+    sed "s/^/PJDRETRY $t /" /tmp/pjd.retry
     grep -qE "^$t +ok\$" /tmp/pjd.retry && echo "PJD retried $t"
 done
 GUEST
@@ -152,6 +153,17 @@ GUEST
     sed -n 's/^PJD FAILED //p' "$3" | sort -u >"$3.fail"
     sed -n 's/^PJD retried //p' "$3" | sort -u >"$3.retried"
     retried_into "$3"
+    sed -n 's/^PJDOUT //p' "$3" >"$3.full"
+}
+
+# keep_output T: a transport's full pjdfstest output (and its retries' and the guest's
+# console) copied out of the run directory, which is removed at exit; prints where.
+keep_output() {
+    local dest
+    dest=$DAXFSD_CACHE/logs/pjdfstest-$(date +%Y%m%d-%H%M%S)-$1
+    mkdir -p "$dest"
+    cp -- "$run/$1"* "$dest/" 2>/dev/null || true
+    printf '%s' "$dest"
 }
 
 for t in $transports; do
@@ -160,6 +172,7 @@ for t in $transports; do
         [[ $t == guest-virtiofsd ]] && dmn=virtiofsd
         log "$t: pjdfstest in a guest (virtio-fs, $dmn)"
         guest "$dmn" "$t" "$run/$t"
+        [[ ! -s $run/$t.retried ]] || log "$t: cases that passed only on a retry; output kept in $(keep_output "$t")"
         missing=$(comm -23 "$run/expected" "$run/$t.pass" | tr '\n' ' ')
         extra=$(comm -13 "$run/expected" "$run/$t.pass" | tr '\n' ' ')
         if [[ $t == guest-virtiofsd ]]; then
@@ -168,7 +181,7 @@ for t in $transports; do
         elif [[ -s $run/$t.pass && -z $missing && -z $extra ]]; then
             ok "$t: passes the reference's $n_ref minus ${#exceptions[@]} exception(s) ($(wc -l <"$run/$t.pass") passed, $(wc -l <"$run/$t.fail") failed$(retried_note "$run/$t"))"
         else
-            bad "$t" "missing: ${missing:-none}; beyond: ${extra:-none}; failed: $(tr '\n' ' ' <"$run/$t.fail") $(tail -n 3 "$run/$t.err")"
+            bad "$t" "missing: ${missing:-none}; beyond: ${extra:-none}; failed: $(tr '\n' ' ' <"$run/$t.fail") $(tail -n 3 "$run/$t.err"); full output kept in $(keep_output "$t")"
         fi
         continue
     fi
@@ -200,8 +213,9 @@ for t in $transports; do
     if [[ -z $missing && -z $extra ]]; then
         ok "$t: passes the reference's $n_ref minus ${#exceptions[@]} exception(s) ($(wc -l <"$run/$t.pass") passed, $(wc -l <"$run/$t.fail") failed$(retried_note "$run/$t"))"
     else
-        bad "$t" "missing: ${missing:-none}; passing beyond reference minus exceptions (drop them from the list): ${extra:-none}; failed: $(tr '\n' ' ' <"$run/$t.fail")"
+        bad "$t" "missing: ${missing:-none}; passing beyond reference minus exceptions (drop them from the list): ${extra:-none}; failed: $(tr '\n' ' ' <"$run/$t.fail"); full output kept in $(keep_output "$t")"
     fi
+    [[ ! -s $run/$t.retried ]] || log "$t: cases that passed only on a retry; output kept in $(keep_output "$t")"
     if [[ $t == io-uring ]]; then
         line=$(grep -o 'read(2) requests other than.*' "$run/$t.log" | tail -n 1)
         n=$(sed -n 's/.*io-uring: \([0-9]*\) requests served from.*/\1/p' <<<"$line")
@@ -225,5 +239,4 @@ for a in devfuse passthrough io-uring; do
         bad "$a: same tests as the guest" "$(diff "$run/guest.pass" "$run/$a.pass" | head -n 6 | tr '\n' ' ')"
     fi
 done
-printf 'pjdfstest: %d passed, %d failed\n' "$pass" "$fail"
-((fail == 0))
+rig_summary pjdfstest

@@ -41,7 +41,7 @@ need_cmd fio
 need_cmd setpriv
 need_cmd python3
 if [[ " $transports " == *" bindfs "* ]] && ! command -v bindfs >/dev/null; then
-    die "bindfs is not installed: apt-get install bindfs (or leave it out with -t)"
+    die "bindfs is not installed: run 'scripts/provision-deps.sh test' (or leave it out with -t)"
 fi
 
 pass=0 fail=0 failures=() peer=0 peer_pass=0 peer_fail=0 peer_failures=()
@@ -213,7 +213,7 @@ EOF
     out=$d/suite.txt
     # From the transport's own directory: fio leaves its verify state files in the cwd.
     (cd "$d" && E2E_HOST=1 E2E_VFSTEST=$run/vfstest E2E_FSTYPE=$fstype E2E_REMOUNT=$d/remount.sh \
-        E2E_CMDLINE="daxfsd.xattr=on daxfsd.check_timeout=120${skip:+ daxfsd.skip=$skip}" \
+        E2E_CMDLINE="daxfsd.xattr=on daxfsd.check_timeout=120${skip:+ daxfsd.skip=$skip}${RIG_SUBSUITE_DIE_AFTER:+ daxfsd.die_after=$RIG_SUBSUITE_DIE_AFTER}" \
         sh "$RIG_ROOT/tests/e2e/guest/suite.sh" "$m") >"$out" 2>&1 || true
     ((verbose)) && sed 's/^/  /' "$out"
     while read -r line; do
@@ -224,7 +224,7 @@ EOF
         name=${line#CHECK FAIL }; name=${name%%:*}
         bad "$t:$name" "${line#*: }"
     done < <(grep '^CHECK FAIL ' "$out")
-    grep -q '^E2E RESULT ' "$out" || bad "$t:suite" "no E2E RESULT line: $(tail -n 3 "$out")"
+    grep -q '^E2E RESULT ' "$out" || bad "$t:suite:incomplete" "no E2E RESULT line: $(tail -n 3 "$out")"
     escape_checks "$t" "$share" "$m" "$outside"
     if [[ $t == devfuse ]]; then
         # This kernel (6.18) predates the 2026 zero-copy series: the daemon must say so.

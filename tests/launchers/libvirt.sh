@@ -7,50 +7,61 @@
 #
 #   RUN_DIR=DIR tests/launchers/libvirt.sh DAEMON-BINARY NAME
 #
-# Installs libvirt with apt when it is missing, and runs libvirtd/virtlogd when they are not
-# running (stopping the ones it started at the end). libvirt under this root sandbox needs:
-# qemu as root, no security driver, no cgroup controllers, no private namespaces, and
-# shared (memfd) guest memory, which vhost-user needs anyway. Prints CHECK PASS/FAIL lines.
+# libvirt comes from scripts/provision-deps.sh (section test). Runs libvirtd/virtlogd when
+# they are not running (stopping the ones it started at the end). libvirt under this root
+# sandbox needs: qemu as root, no security driver, no cgroup controllers, no private
+# namespaces, and shared (memfd) guest memory, which vhost-user needs anyway. The lines this
+# adds to /etc/libvirt/qemu.conf are removed again at the end (a libvirtd that was running
+# before is restarted with the file as it was). Prints CHECK lines and a rig_summary.
 set -euo pipefail
 RIG_TAG=libvirt
 # shellcheck source=../../scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 bin=$1 name=$2
 work=$(mktemp -d "${RUN_DIR:-/tmp}/libvirt-$name.XXXXXX")
-started=()
+need_cmd virsh libvirt-clients
+[[ -x /usr/sbin/libvirtd ]] || die "libvirtd not found; install it with 'make vm-deps' (package libvirt-daemon-system)"
+conf=/etc/libvirt/qemu.conf
+conf_begin='# daxfsd launcher tests (tests/launchers/libvirt.sh): QEMU as root, no confinement.'
+conf_end='# end of daxfsd launcher tests'
+started=() restart_libvirtd=0
 cleanup() {
     local pid
     for pid in "${started[@]}"; do kill "$pid" 2>/dev/null || true; done
+    # Take our lines out of qemu.conf again (also ones a killed earlier run left behind).
+    if grep -qxF -- "$conf_begin" "$conf" 2>/dev/null; then
+        sed -i "\|^$conf_begin\$|,\|^$conf_end\$|d" "$conf"
+        log "restored $conf"
+    fi
+    if ((restart_libvirtd)); then
+        sleep 0.5
+        /usr/sbin/libvirtd -d || log "WARNING: could not restart the libvirtd that ran before"
+    fi
     rm -rf -- "$work"
 }
 trap cleanup EXIT
 
-if ! command -v virsh >/dev/null || ! [[ -x /usr/sbin/libvirtd ]]; then
-    log "installing libvirt (apt)"
-    apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-        libvirt-daemon-system libvirt-clients libvirt-daemon-driver-qemu >/dev/null
-fi
-conf=/etc/libvirt/qemu.conf
-if ! grep -q '^# daxfsd launcher tests' "$conf"; then
-    log "configuring $conf for this root sandbox"
-    cat >>"$conf" <<'CONF'
-# daxfsd launcher tests (tests/launchers/libvirt.sh): QEMU as root, no confinement.
+if ! grep -qxF -- "$conf_begin" "$conf"; then
+    log "configuring $conf for this root sandbox (undone at exit)"
+    cat >>"$conf" <<CONF
+$conf_begin
 user = "root"
 group = "root"
 security_driver = "none"
 cgroup_controllers = [ ]
 namespaces = [ ]
+$conf_end
 CONF
-    # A running libvirtd reads qemu.conf at start only.
-    if pid=$(pidof libvirtd); then kill "$pid"; sleep 1; fi
+fi
+# A running libvirtd reads qemu.conf at start only.
+if pid=$(pidof libvirtd); then
+    kill "$pid"; restart_libvirtd=1
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 fi
 if ! pidof virtlogd >/dev/null; then
     /usr/sbin/virtlogd -d; sleep 0.3; started+=("$(pidof virtlogd)")
 fi
-if ! pidof libvirtd >/dev/null; then
-    /usr/sbin/libvirtd -d; started+=("$(pidof libvirtd)")
-fi
+/usr/sbin/libvirtd -d; started+=("$(pidof libvirtd)")
 for _ in $(seq 1 50); do virsh -q -c qemu:///system version >/dev/null 2>&1 && break; sleep 0.2; done
 virsh -c qemu:///system version | grep -i 'running hypervisor\|libvirt' >&2 || true
 
@@ -112,7 +123,7 @@ XML
     rc=0
     virsh -q -c qemu:///system create "$work/$vname.xml" >"$work/$vname.virsh" 2>&1 || rc=$?
     if ((rc != 0)); then
-        echo "CHECK FAIL libvirt/$name/$vname: virsh create failed: $(tr '\n' ' ' <"$work/$vname.virsh")"
+        bad "libvirt/$name/$vname" "virsh create failed: $(tr '\n' ' ' <"$work/$vname.virsh")"
         log "daemon log:"; tail -n 5 "/var/log/libvirt/qemu/$dom-fs0-virtiofsd.log" >&2 2>/dev/null || true
         continue
     fi
@@ -124,15 +135,13 @@ XML
     done
     if virsh -q -c qemu:///system domstate "$dom" >/dev/null 2>&1; then
         virsh -q -c qemu:///system destroy "$dom" >/dev/null 2>&1 || true
-        echo "CHECK FAIL libvirt/$name/$vname: the guest did not finish within 300 s"
+        bad "libvirt/$name/$vname" "the guest did not finish within 300 s"
         continue
     fi
     grep -aq "host file for libvirt $vname" "$console" 2>/dev/null && st=0 || st=$?
-    ((st == 0)) && echo "CHECK PASS libvirt/$name/$vname: guest reads the host's file" ||
-        echo "CHECK FAIL libvirt/$name/$vname: guest reads the host's file: $(grep -a 'CHECK FAIL\|RESULT' "$console" 2>/dev/null | tr '\n' ' ')"
-    if [[ $(cat "$share/from-guest.txt" 2>/dev/null) == "written by the guest" ]]; then
-        echo "CHECK PASS libvirt/$name/$vname: host sees the guest's file"
-    else
-        echo "CHECK FAIL libvirt/$name/$vname: host sees the guest's file"
-    fi
+    check "libvirt/$name/$vname guest reads the host's file" "$st" \
+        "$(grep -a 'CHECK FAIL\|RESULT' "$console" 2>/dev/null | tr '\n' ' ')"
+    [[ $(cat "$share/from-guest.txt" 2>/dev/null) == "written by the guest" ]] && st=0 || st=$?
+    check "libvirt/$name/$vname host sees the guest's file" "$st"
 done
+rig_summary "libvirt/$name"

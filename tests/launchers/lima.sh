@@ -35,13 +35,8 @@ done
 need_cmd go golang
 need_cmd qemu-system-x86_64 qemu-system-x86
 need_cmd ssh-keygen openssh-client
-if ! command -v qemu-img >/dev/null; then
-    log "installing qemu-utils (lima runs qemu-img)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q qemu-utils >/dev/null || die "apt-get install qemu-utils failed"
-fi
-pass=0 fail=0
-ok() { pass=$((pass + 1)); printf 'CHECK PASS %s\n' "$1"; }
-bad() { fail=$((fail + 1)); printf 'CHECK FAIL %s: %s\n' "$1" "$2"; }
+need_cmd qemu-img qemu-utils
+# ok, bad, check and rig_summary come from scripts/lib.sh.
 
 # limactl from the Go module proxy (go install ...@version refuses here: the proxy does not
 # list lima's versions, which `go install` asks for; a build inside a module does not ask).
@@ -201,10 +196,10 @@ else
 fi
 log "backend as lima ran it: $(head -n1 "$work/daemon-args.txt" | cut -c1-300)"
 grep -a 'LIMA-GUEST' "$serial" 2>/dev/null | sed 's/^/  guest: /' || true
-if ((fail > 0)); then
+if ((RIG_FAIL > 0)); then
     echo "--- limactl start (exit $rc), last lines:"; tail -n 15 "$work/start.log" || true
     echo "--- lima ha.stderr.log, last lines:"; tail -n 15 <<<"$ha_log"
     echo "--- serial log, last lines:"; tail -n 15 "$serial" 2>/dev/null || true
 fi
-printf 'launchers-lima: %d passed, %d failed (backend %s, limactl %s)\n' "$pass" "$fail" "$daemon" "$LIMA_VERSION"
-((fail == 0))
+log "backend $daemon, limactl $LIMA_VERSION"
+rig_summary launchers-lima

@@ -13,7 +13,8 @@
 #
 #   tests/launchers/run.sh [--only probe,cmdline,libvirt,vng,options,install] [--daemons "daxfsd virtiofsd"]
 #
-# Ends with "launchers: N passed, M failed" and exits non-zero on any failure.
+# Ends with "launchers: N passed, M failed" and exits non-zero on any failure, also when
+# libvirt.sh or vng.sh dies part way or runs fewer checks than it must (run_subsuite).
 set -euo pipefail
 RIG_TAG=launchers
 # shellcheck source=../../scripts/lib.sh
@@ -30,15 +31,12 @@ while (($#)); do
     esac
 done
 
-daemon_bin() { # daemon_bin NAME: path of daxfsd (newest build) or upstream virtiofsd
+daemon_bin() { # daemon_bin NAME: path of daxfsd ($DAXFSD, default the debug build) or virtiofsd
     case $1 in
         daxfsd)
-            local c best=""
-            for c in "$RIG_ROOT/target/release/daxfsd" "$RIG_ROOT/target/debug/daxfsd"; do
-                [[ -x $c ]] && { [[ -z $best || $c -nt $best ]] && best=$c; }
-            done
-            [[ -n $best ]] || die "no daxfsd build; run 'make build'"
-            echo "$best" ;;
+            local b=${DAXFSD:-$RIG_ROOT/target/debug/daxfsd}
+            [[ -x $b ]] || die "no daxfsd at $b; run 'make build' (or set DAXFSD)"
+            echo "$b" ;;
         virtiofsd) "$RIG_ROOT/scripts/provision-virtiofsd.sh" 2>/dev/null ;;
         *) die "unknown daemon '$1'" ;;
     esac
@@ -47,12 +45,6 @@ export -f daemon_bin
 
 run_dir=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-launchers.XXXXXX")
 trap 'rm -rf -- "$run_dir"' EXIT
-pass=0 fail=0 failed=()
-check() { # check NAME CONDITION-STATUS [detail]
-    if (($2 == 0)); then echo "CHECK PASS $1"; pass=$((pass + 1))
-    else echo "CHECK FAIL $1${3:+: $3}"; fail=$((fail + 1)); failed+=("$1"); fi
-}
-
 # The guest's part, run in the mounted share.
 GUEST_CMD='cat from-host.txt && echo "written by the guest" > from-guest.txt && sync'
 
@@ -143,25 +135,15 @@ PY
                 grep -q 'shared\\-dir' "$dest/usr/share/man/man1/daxfsd.1" && s=0 || s=$?
             check "install: man page daxfsd.1 (from the clap definitions)" "$s" ;;
         libvirt|vng)
+            # libvirt: 6 variants x 2 checks; vng: 6 checks.
+            min=6; [[ $part == libvirt ]] && min=12
             for d in $daemons; do
                 log "$part with $d"
-                out=$run_dir/$part-$d.txt
-                RUN_DIR=$run_dir "$here/$part.sh" "$(daemon_bin "$d")" "$d" >"$out" 2>"$out.log" || true
-                cat "$out"
-                p=$(grep -c '^CHECK PASS ' "$out" || true)
-                f=$(grep -c '^CHECK FAIL ' "$out" || true)
-                pass=$((pass + p)) fail=$((fail + f))
-                mapfile -t names < <(sed -n 's/^CHECK FAIL \([^:]*\):.*/\1/p' "$out")
-                failed+=("${names[@]}")
-                if ((p + f == 0)); then
-                    echo "CHECK FAIL $part/$d: no result"; tail -n 20 "$out.log"
-                    fail=$((fail + 1)) failed+=("$part/$d")
-                fi
+                run_subsuite "$part/$d" "$run_dir/$part-$d.txt" "$min" -- \
+                    env RUN_DIR="$run_dir" "$here/$part.sh" "$(daemon_bin "$d")" "$d"
             done ;;
         *) die "unknown part '$part' (probe, cmdline, libvirt, vng, options, install)" ;;
     esac
 done
 log "done in $((SECONDS - t0))s"
-((${#failed[@]} == 0)) || log "failed: ${failed[*]}"
-echo "launchers: $pass passed, $fail failed"
-((fail == 0))
+rig_summary launchers

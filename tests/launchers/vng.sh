@@ -23,11 +23,7 @@ if [[ $have != "$VNG_VERSION" ]]; then
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q "virtme-ng==$VNG_VERSION"
 fi
-if ! command -v udevadm >/dev/null; then
-    log "installing udev (apt)"
-    apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends udev >/dev/null
-fi
+need_cmd udevadm udev
 kernel=$("$RIG_ROOT/guest-kernel/build.sh" --print-path)
 work=$(mktemp -d "${RUN_DIR:-/tmp}/vng-$name.XXXXXX")
 trap 'rm -rf -- "$work"' EXIT
@@ -42,8 +38,7 @@ rc=0
     >"$work/out" 2>&1 || rc=$?
 out=$work/out
 result() { # result NAME STATUS
-    if (($2 == 0)); then echo "CHECK PASS vng/$name: $1"; else
-        echo "CHECK FAIL vng/$name: $1 (vng rc=$rc; $(grep -a 'virtiofsd\|fallback\|rror\|panic' "$out" | tail -n 3 | cut -c1-200 | tr '\n' ' '))"; fi
+    check "vng/$name $1" "$2" "vng rc=$rc; $(grep -a 'virtiofsd\|fallback\|rror\|panic' "$out" | tail -n 3 | cut -c1-200 | tr '\n' ' ')"
 }
 # vng falls back to 9p silently (without --verbose's message on some paths): look at what
 # the guest kernel was told to mount.
@@ -54,3 +49,4 @@ grep -aq " $work/rw virtiofs " "$out" && s=0 || s=$?; result "--rwdir is a virti
 [[ $(cat "$work/rw/from-guest" 2>/dev/null) == "written by the guest" ]] && s=0 || s=$?; result "host sees the guest's file in the rwdir" "$s"
 sleep 0.5
 pgrep -f -- "--shared-dir $work/rw" >/dev/null && s=1 || s=0; result "no daemon left after vng exits" "$s"
+rig_summary "vng/$name"

@@ -12,6 +12,7 @@
 #                         seek_data_hole needs sparse_large_file before it
 #   daxfsd.skip=a,b       skip these checks (printed as CHECK SKIP)
 #   daxfsd.check_timeout=S  seconds before a hung check is killed (default 90)
+#   daxfsd.die_after=N    negative control: exit after N checks, without E2E RESULT
 # On a host mount (tests/host/run.sh) the environment replaces the guest's pieces:
 #   E2E_VFSTEST (the helper), E2E_CMDLINE (instead of /proc/cmdline), E2E_FSTYPE
 #   (instead of virtiofs), E2E_REMOUNT (a command that unmounts and mounts again),
@@ -36,6 +37,7 @@ pass=0 fail=0 skip=0 failed=
 ONLY=$(param only "" | tr ',' ' ')
 SKIP=$(param skip "" | tr ',' ' ')
 CHECK_TIMEOUT=$(param check_timeout 90)
+DIE_AFTER=$(param die_after "")
 HUNG=0
 now() { cut -d' ' -f1 /proc/uptime; }
 kill_tree() { # kill_tree PID: SIGKILL PID and all its descendants
@@ -93,6 +95,10 @@ check() {
             kill_tree "$wpid"; wait "$wpid" 2>/dev/null
             ;;
         esac
+    fi
+    if [ -n "$DIE_AFTER" ] && [ $((pass + fail)) -ge "$DIE_AFTER" ]; then
+        echo "E2E: negative control: exiting after $DIE_AFTER check(s)"
+        exit 97
     fi
 }
 
