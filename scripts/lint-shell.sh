@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# shellcheck over every shell script in the repository: each tracked file whose name ends in
+# Runs shellcheck on every shell script in the repository: each tracked file whose name ends in
 # .sh or whose first line names sh or bash. The guest's scripts (busybox sh) are checked as
 # POSIX sh; all others as bash, following `source` relative to the script.
 #
