@@ -535,6 +535,100 @@ static int cmd_seekedges(const char *path)
     return 0;
 }
 
+/* ---- mtime/ctime after stores through a shared mapping, and write(2) ----
+ * As on a local file system: a store through a MAP_SHARED mapping moves mtime
+ * and ctime by the next msync, fsync or munmap at the latest, and write(2)
+ * moves them at once. Each round sets a fixed old mtime, waits past any
+ * timestamp granularity, stores, syncs, and wants both times moved; then waits
+ * past the attribute timeout of `--cache auto` and wants them still moved (the
+ * host file has them, not only the guest's cache). On a DAX mount every store
+ * goes straight into the host file through the window. */
+static void mtime_round_start(const char *path, struct stat *before)
+{
+    struct timespec old[2] = { { 1000000000, 0 }, { 1000000000, 0 } };
+    OK(utimensat(AT_FDCWD, path, old, 0));
+    OK(stat(path, before));
+    usleep(1100 * 1000);
+    /* Fetch the attributes again now, as the lookup of an open() would: the store and
+     * the check that follow run within the guest's attribute timeout. */
+    struct stat st;
+    OK(stat(path, &st));
+    ASSERT(st.st_mtim.tv_sec == before->st_mtim.tv_sec, "mtime moved before the store");
+}
+
+static void mtime_moved(const char *what, const char *path, const struct stat *before)
+{
+    struct stat st;
+    for (int pass = 0; pass < 2; pass++) {
+        OK(stat(path, &st));
+        ASSERT(st.st_mtim.tv_sec > before->st_mtim.tv_sec,
+               "%s%s: mtime %lld.%09ld, before the store %lld.%09ld", what,
+               pass ? " (after the attribute timeout)" : "",
+               (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
+               (long long)before->st_mtim.tv_sec, before->st_mtim.tv_nsec);
+        ASSERT(st.st_ctim.tv_sec > before->st_ctim.tv_sec ||
+               (st.st_ctim.tv_sec == before->st_ctim.tv_sec && st.st_ctim.tv_nsec > before->st_ctim.tv_nsec),
+               "%s%s: ctime %lld.%09ld, before the store %lld.%09ld", what,
+               pass ? " (after the attribute timeout)" : "",
+               (long long)st.st_ctim.tv_sec, st.st_ctim.tv_nsec,
+               (long long)before->st_ctim.tv_sec, before->st_ctim.tv_nsec);
+        if (!pass)
+            usleep(1100 * 1000);
+    }
+}
+
+static int cmd_mmapmtime(const char *path, const char *size_s)
+{
+    const size_t len = size_s ? strtoul(size_s, NULL, 0) : 64 * 1024;
+    ASSERT(len >= 200, "size %zu: at least 200 bytes", len);
+    char buf[4096];
+    struct stat before;
+    int fd = OK(open(path, O_RDWR | O_CREAT | O_TRUNC, 0644));
+    fill(buf, sizeof buf, 3);
+    for (size_t off = 0; off < len; off += sizeof buf)
+        write_all(fd, buf, len - off < sizeof buf ? len - off : sizeof buf, off);
+    OK(fsync(fd));
+
+    /* msync(MS_SYNC) after a read fault then a store (fstests generic/080's order). */
+    mtime_round_start(path, &before);
+    char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ASSERT(m != MAP_FAILED, "mmap");
+    volatile char c = m[0];
+    (void)c;
+    m[1] = 'a';
+    OK(msync(m, len, MS_SYNC));
+    mtime_moved("store, msync", path, &before);
+
+    /* The same mapping, a page stored to before the msync above: fsync. */
+    mtime_round_start(path, &before);
+    m[2] = 'b';
+    OK(fsync(fd));
+    mtime_moved("store again, fsync", path, &before);
+
+    /* Another page (len >= 8 KiB), then munmap with the descriptor still open (no close, no sync). */
+    mtime_round_start(path, &before);
+    m[len / 2] = 'c';
+    OK(munmap(m, len));
+    mtime_moved("store, munmap", path, &before);
+
+    /* A fresh mapping after close: munmap is the last reference (RELEASE, no FLUSH after). */
+    mtime_round_start(path, &before);
+    m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ASSERT(m != MAP_FAILED, "mmap again");
+    close(fd);
+    m[len - 1] = 'd'; /* the last page: a shadow tail on DAX when len is not page-aligned */
+    OK(munmap(m, len));
+    mtime_moved("store after close, munmap", path, &before);
+
+    /* write(2) inside the file (on DAX: through the window, no FUSE_WRITE): at once. */
+    fd = OK(open(path, O_RDWR));
+    mtime_round_start(path, &before);
+    write_all(fd, "e", 1, 100);
+    mtime_moved("pwrite", path, &before);
+    close(fd);
+    return 0;
+}
+
 /* ---- renameat2 flags and rename edge cases ----------------------------- */
 static void put(const char *path, const char *s)
 {
@@ -728,7 +822,8 @@ static void usage(void)
             "  locks FILE | mmap FILE | xattr FILE on|off | statfs DIR OUT\n"
             "  unlinkopen DIR | sparse FILE | seekdata FILE | utimes FILE\n"
             "  rename2 DIR | readdir DIR COUNT | append FILE | special DIR | direct FILE\n"
-            "  mmapdirty FILE OFFSET TEXT | timeedges DIR set|check | seekedges FILE\n");
+            "  mmapdirty FILE OFFSET TEXT | timeedges DIR set|check | seekedges FILE\n"
+            "  mmapmtime FILE [SIZE]\n");
     exit(2);
 }
 
@@ -753,6 +848,7 @@ int main(int argc, char **argv)
     if (!strcmp(c, "direct")) return cmd_direct(argv[2]);
     if (!strcmp(c, "timeedges") && argc == 4) return cmd_timeedges(argv[2], argv[3]);
     if (!strcmp(c, "seekedges")) return cmd_seekedges(argv[2]);
+    if (!strcmp(c, "mmapmtime")) return cmd_mmapmtime(argv[2], argc > 3 ? argv[3] : NULL);
     if (!strcmp(c, "mmapdirty") && argc == 5) return cmd_mmapdirty(argv[2], argv[3], argv[4]);
     usage();
 }
