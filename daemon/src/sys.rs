@@ -328,11 +328,11 @@ pub fn getdents64(fd: BorrowedFd, buf: &mut [u8]) -> io::Result<usize> {
     Ok(check_long(n)? as usize)
 }
 
-/// `lseek(fd, offset, whence)`.
-pub fn lseek(fd: BorrowedFd, offset: u64, whence: libc::c_int) -> io::Result<u64> {
-    let off = to_off(offset)?;
+/// `lseek(fd, offset, whence)`; a negative offset is the kernel's to judge (SEEK_END and
+/// SEEK_DATA/SEEK_HOLE give it a meaning or an errno of their own).
+pub fn lseek(fd: BorrowedFd, offset: i64, whence: libc::c_int) -> io::Result<u64> {
     // SAFETY: `fd` is valid for the call.
-    let ret = unsafe { libc::lseek64(fd.as_raw_fd(), off, whence) };
+    let ret = unsafe { libc::lseek64(fd.as_raw_fd(), offset, whence) };
     if ret < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -642,3 +642,162 @@ fn translated_ids_as_virtiofsd_translate_uid_and_gid() {
         Err(libc::EACCES)
     );
 }
+
+/// `utimensat(path, [atime, mtime])` on the host, without the daemon.
+fn host_utimens(p: &std::path::Path, at: (i64, i64), mt: (i64, i64)) -> Result<(), i32> {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let ts = [
+        libc::timespec {
+            tv_sec: at.0,
+            tv_nsec: at.1,
+        },
+        libc::timespec {
+            tv_sec: mt.0,
+            tv_nsec: mt.1,
+        },
+    ];
+    // SAFETY: `c` is NUL-terminated and `ts` holds the two timespecs the call reads.
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+    }
+}
+
+/// ((atime, atime ns), (mtime, mtime ns)) of a host file.
+fn host_times(p: &std::path::Path) -> ((i64, i64), (i64, i64)) {
+    let md = std::fs::metadata(p).unwrap();
+    ((md.atime(), md.atime_nsec()), (md.mtime(), md.mtime_nsec()))
+}
+
+/// The times of an attribute reply, the seconds read as the signed time64 the kernel
+/// stored in them (two's complement).
+fn attr_times(a: &Attr) -> ((i64, i64), (i64, i64)) {
+    (
+        (a.atime as i64, i64::from(a.atimensec)),
+        (a.mtime as i64, i64::from(a.mtimensec)),
+    )
+}
+
+/// Timestamps a guest can send (seconds as the kernel's signed time64, nanoseconds).
+const EDGE_TIMES: &[(i64, u32)] = &[
+    (0, 0),
+    (-1, 0),
+    (-1, 999_999_999),
+    (-315_619_200, 0),        // 1960-01-01, `touch -d 1960-01-01`
+    (i32::MIN as i64, 0),     // 1901-12-13, the signed 32-bit minimum
+    (i32::MIN as i64 - 1, 1), // before it
+    (-62_135_596_800, 500),   // year 1
+    (i64::MIN, 0),            // far below any file system's limit
+    (i32::MAX as i64, 999_999_999),
+    (i32::MAX as i64 + 1, 0),     // 2038-01-19 03:14:08
+    (4_102_444_800, 999_999_999), // 2100-01-01
+    (1 << 34, 0),                 // 2514, past ext4's 2446
+    (i64::MAX, 999_999_999),      // far above any file system's limit
+];
+
+#[test]
+fn setattr_times_are_stored_as_the_host_stores_them() {
+    let h = Harness::new();
+    let ino = h.make_file(ROOT, "f", b"x");
+    std::fs::write(h.host("ref"), b"x").unwrap();
+    for &(s, ns) in EDGE_TIMES {
+        // The host's own answer for these times, on a file of the same file system.
+        let want = host_utimens(&h.host("ref"), (s, ns.into()), (s, ns.into()))
+            .map(|()| host_times(&h.host("ref")));
+        let mut a = setattr_in(fattr::ATIME | fattr::MTIME);
+        (a.atime, a.atimensec, a.mtime, a.mtimensec) = (s as u64, ns, s as u64, ns);
+        let got = h.setattr(ino, &a);
+        match want {
+            Err(e) => assert_eq!(got.unwrap_err(), e, "({s}, {ns}): the host's errno"),
+            Ok(t) => {
+                let got =
+                    got.unwrap_or_else(|e| panic!("({s}, {ns}): errno {e}, host stored {t:?}"));
+                assert_eq!(attr_times(&got), t, "({s}, {ns}): reply");
+                assert_eq!(host_times(&h.host("f")), t, "({s}, {ns}): host file");
+                assert_eq!(
+                    attr_times(&h.getattr(ino).unwrap()),
+                    t,
+                    "({s}, {ns}): GETATTR"
+                );
+            }
+        }
+    }
+    // atime and mtime are independent: a negative atime beside a post-2038 mtime.
+    let (at, mt) = ((-315_619_200, 1), (4_102_444_800, 2));
+    host_utimens(&h.host("ref"), at, mt).unwrap();
+    let want = host_times(&h.host("ref"));
+    let mut a = setattr_in(fattr::ATIME | fattr::MTIME);
+    (a.atime, a.atimensec, a.mtime, a.mtimensec) = (at.0 as u64, 1, mt.0 as u64, 2);
+    assert_eq!(attr_times(&h.setattr(ino, &a).unwrap()), want);
+    assert_eq!(host_times(&h.host("f")), want);
+}
+
+#[test]
+fn setattr_time_flags_and_bad_nanoseconds() {
+    let h = Harness::new();
+    let ino = h.make_file(ROOT, "f", b"x");
+    let path = h.host("f");
+    host_utimens(&path, (-2, 7), (-3, 8)).unwrap();
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+    };
+    // Only ATIME: mtime stays.
+    let mut a = setattr_in(fattr::ATIME);
+    (a.atime, a.atimensec) = ((-5i64) as u64, 9);
+    h.setattr(ino, &a).unwrap();
+    assert_eq!(host_times(&path), ((-5, 9), (-3, 8)));
+    // ATIME_NOW: atime now, the given seconds ignored; mtime stays.
+    let mut a = setattr_in(fattr::ATIME | fattr::ATIME_NOW);
+    (a.atime, a.atimensec) = ((-7i64) as u64, 1);
+    let t0 = now();
+    h.setattr(ino, &a).unwrap();
+    let ((at, _), mt) = host_times(&path);
+    assert!(at >= t0 && at <= now(), "ATIME_NOW: {at}");
+    assert_eq!(mt, (-3, 8));
+    // MTIME with ATIME_NOW: the given mtime and the current atime.
+    let mut a = setattr_in(fattr::ATIME | fattr::ATIME_NOW | fattr::MTIME);
+    (a.mtime, a.mtimensec) = ((-11i64) as u64, 12);
+    h.setattr(ino, &a).unwrap();
+    let ((at, _), mt) = host_times(&path);
+    assert!(at >= t0, "ATIME_NOW: {at}");
+    assert_eq!(mt, (-11, 12));
+    // Nanoseconds past 999999999 are no time: EINVAL (what utimensat gives), also for the
+    // values utimensat reads as UTIME_NOW / UTIME_OMIT: the protocol says "now" with
+    // FATTR_*_NOW and "leave" by leaving the flag out. Nothing changes.
+    for ns in [
+        1_000_000_000u32,
+        libc::UTIME_NOW as u32,
+        libc::UTIME_OMIT as u32,
+        u32::MAX,
+    ] {
+        let mut a = setattr_in(fattr::MTIME);
+        (a.mtime, a.mtimensec) = (100, ns);
+        assert_eq!(
+            h.setattr(ino, &a).unwrap_err(),
+            libc::EINVAL,
+            "mtime ns {ns}"
+        );
+        let mut a = setattr_in(fattr::ATIME);
+        (a.atime, a.atimensec) = (100, ns);
+        assert_eq!(
+            h.setattr(ino, &a).unwrap_err(),
+            libc::EINVAL,
+            "atime ns {ns}"
+        );
+    }
+    assert_eq!(
+        host_times(&path).1,
+        (-11, 12),
+        "refused requests change nothing"
+    );
+    // A bad nanosecond count beside a _NOW flag for the same time is not looked at.
+    let mut a = setattr_in(fattr::MTIME | fattr::MTIME_NOW);
+    a.mtimensec = u32::MAX;
+    h.setattr(ino, &a).unwrap();
+    assert!(host_times(&path).1 .0 >= t0, "MTIME_NOW");
+}

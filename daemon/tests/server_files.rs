@@ -751,3 +751,93 @@ fn killpriv_v2_clears_suid_on_write_and_truncate() {
         .unwrap();
     assert_eq!(host_mode(&n.host("f")) & 0o7777, 0o4755);
 }
+
+/// `lseek` of a host descriptor: the offset or the errno.
+fn host_lseek(fd: &std::fs::File, offset: i64, whence: i32) -> Result<u64, i32> {
+    // SAFETY: `fd` is an open descriptor for the call.
+    let r = unsafe { libc::lseek64(fd.as_raw_fd(), offset, whence) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+    } else {
+        Ok(r as u64)
+    }
+}
+
+#[test]
+fn lseek_answers_every_whence_as_the_host_does() {
+    let h = Harness::new();
+    let (e, o) = h.create(ROOT, "sparse", 0o644, libc::O_RDWR).unwrap();
+    let ino = e.nodeid;
+    h.write(ino, o.fh, 0, &[1u8; 4096]).unwrap();
+    h.write(ino, o.fh, 1 << 20, &[2u8; 100]).unwrap();
+    let (empty, eo) = h.create(ROOT, "empty", 0o644, libc::O_RDWR).unwrap();
+    let size = (1i64 << 20) + 100;
+    for (name, node, fh, size) in [
+        ("sparse", ino, o.fh, size),
+        ("empty", empty.nodeid, eo.fh, 0),
+    ] {
+        let host = std::fs::File::open(h.host(name)).unwrap();
+        for whence in [
+            libc::SEEK_SET,
+            libc::SEEK_END,
+            libc::SEEK_DATA,
+            libc::SEEK_HOLE,
+        ] {
+            for off in [
+                0,
+                1,
+                4095,
+                4096,
+                size - 1,
+                size,
+                size + 1,
+                -1,
+                -size,
+                -size - 1,
+                i64::MIN,
+                i64::MAX,
+                1 << 62,
+            ] {
+                let want = host_lseek(&host, off, whence);
+                assert_eq!(
+                    lseek(&h, node, fh, off as u64, whence),
+                    want,
+                    "{name}: lseek({off}, {whence})"
+                );
+            }
+        }
+    }
+    // Past or at EOF, and before the start: ENXIO for SEEK_DATA and SEEK_HOLE (lseek(2)).
+    for off in [size, size + 1, 1 << 40, -1, i64::MIN] {
+        for whence in [libc::SEEK_DATA, libc::SEEK_HOLE] {
+            assert_eq!(
+                lseek(&h, ino, o.fh, off as u64, whence),
+                Err(libc::ENXIO),
+                "lseek({off}, {whence})"
+            );
+        }
+    }
+    // Negative results: EINVAL.
+    assert_eq!(
+        lseek(&h, ino, o.fh, -1i64 as u64, libc::SEEK_SET),
+        Err(libc::EINVAL)
+    );
+    assert_eq!(
+        lseek(&h, ino, o.fh, (-size - 1) as u64, libc::SEEK_END),
+        Err(libc::EINVAL)
+    );
+    assert_eq!(
+        lseek(&h, ino, o.fh, -1i64 as u64, libc::SEEK_END),
+        Ok(size as u64 - 1)
+    );
+    // The file position is the guest's: SEEK_CUR has nothing to be relative to.
+    assert_eq!(lseek(&h, ino, o.fh, 0, libc::SEEK_CUR), Err(libc::EINVAL));
+    // Unknown whence values.
+    for whence in [5, 99, -1] {
+        assert_eq!(
+            lseek(&h, ino, o.fh, 0, whence),
+            Err(libc::EINVAL),
+            "whence {whence}"
+        );
+    }
+}

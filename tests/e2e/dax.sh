@@ -41,6 +41,13 @@
 #   host_rewrite_seen  a file the guest read (mapped read-only: a copy slot with --dax-copy)
 #                      and the host then rewrote in place reads the host's bytes when the
 #                      guest opens it again (close-to-open)
+# Run 4, `-o dax=always`, --cache auto (the guest caches attributes for 1 s):
+#   mmap_mtime         stores through a shared mapping move mtime and ctime as the guest sees
+#                      them by the next msync, fsync or munmap (after a read fault, a store to a
+#                      page stored to before, another page, after close), and a write(2) inside
+#                      the file at once; in a 64 KiB file (whole pages: the host page cache) and
+#                      a 6000-byte one (its last page a shadow tail); still so after the
+#                      attribute timeout; the host files' mtimes are the guest's last ones
 # Without a VM:
 #   window_768M        --dax-window=768M is refused with the two nearest sizes; no QEMU started
 # Ends with "e2e-dax: N passed, M failed"; exits non-zero on any failure.
@@ -286,6 +293,27 @@ else
     bad tail_both_survive "host file has '$(dd if="$share/page" bs=1 skip=4100 count=5 2>/dev/null)' at 4100 and '$(dd if="$share/page" bs=1 skip=5000 count=4 2>/dev/null)' at 5000"
 fi
 chattr -i "$share/imm" 2>/dev/null || true
+
+# ---- run 4: times after stores through the window, attributes cached ------------------
+# A share of its own: the EXIT trap still runs chattr -i on run 3's file.
+share5=$work/share-mtime
+mkdir -p "$share5"
+log5="$logs/e2e-dax-mtime-$(date +%Y%m%d-%H%M%S)-$$.log"
+log "run 4: dax=always, --cache auto: mtime/ctime after stores through mappings (about 30 s in the guest)"
+cat >"$work/run5.sh" <<'EOF'
+/e2e/vfstest mmapmtime /mnt/whole 65536 && /e2e/vfstest mmapmtime /mnt/tail 6000 &&
+    stat -c '%n %Y' /mnt/whole /mnt/tail
+EOF
+rc5=0
+scripts/vm.sh "${verbose[@]}" -p dax --cache auto -a --dax-window=64M "${dargs[@]}" -o "dax=always${policy_mo:+,$policy_mo}" \
+    -s "$share5" --script "$work/run5.sh" -m 1G -T 300 -l "$log5" >"$work/out5.txt" 2>&1 || rc5=$?
+guest_t=$(grep -E '^/mnt/(whole|tail) [0-9]+$' "$work/out5.txt" | sed 's,^/mnt/,,' | sort)
+host_t=$(cd "$share5" && stat -c '%n %Y' whole tail 2>/dev/null | sort)
+if ((rc5 == 0)) && [[ -n $guest_t && $guest_t == "$host_t" ]]; then
+    ok mmap_mtime
+else
+    bad mmap_mtime "rc=$rc5: $(grep -a 'vfstest' "$work/out5.txt" | tail -n 2 | tr '\n' '|') guest '$guest_t' host '$host_t' (see $log5)"
+fi
 
 # ---- --dax-window 768M: refused at start, no QEMU ----------------------------------
 log4="$logs/e2e-dax-768-$(date +%Y%m%d-%H%M%S)-$$.log"

@@ -95,6 +95,15 @@ h_times() {
     eq "$(TZ=UTC stat -c %y "$W/times/touched" | cut -c1-19)" "2001-02-03 04:05:06" "touched mtime"
 }
 
+h_time_edges() { # the guest's timeedges files, in the range every 64-bit-time file system stores
+    local e=$W/times/edges
+    eq "$(stat -c '%.9X %.9Y' "$e/e0")" "-315619200.000000000 -0.000000001" "e0 (1960; -1 s + 999999999 ns)"
+    eq "$(stat -c '%.9X %.9Y' "$e/e1")" "-2147483648.000000000 -2147483646.999999999" "e1 (INT32_MIN; +1 s 1 ns)"
+    eq "$(stat -c '%.9X %.9Y' "$e/e2")" "4102444800.999999999 2147483648.000000000" "e2 (2100; 2038)"
+    eq "$(stat -c '%.9X %.9Y' "$e/e3")" "0.000000000 2147483647.999999999" "e3 (0; INT32_MAX)"
+    eq "$(stat -c %Y "$e/t1960")" -315619200 "t1960 (touch -d 1960-01-01)"
+}
+
 h_xattr() {
     local f=$W/xattr/x
     if [[ $XATTR == off ]]; then
@@ -149,6 +158,7 @@ if [[ -d $W ]]; then
     check links h_links
     check perm h_perm
     check times h_times
+    check time_edges h_time_edges
     check xattr h_xattr
     check statfs h_statfs
     check sparse h_sparse

@@ -82,7 +82,8 @@ impl PassthroughFs {
         };
         // The descriptor's position is shared state: one lister at a time.
         let _pos = lock.lock().unwrap_or_else(|p| p.into_inner());
-        sys::lseek(h.fd(), offset, libc::SEEK_SET)?;
+        // The offset is a host d_off cookie (a signed loff_t) handed back as the guest got it.
+        sys::lseek(h.fd(), offset as i64, libc::SEEK_SET)?;
         let mut buf = vec![0u8; DIRENT_BUF];
         loop {
             let n = sys::getdents64(h.fd(), &mut buf)?;

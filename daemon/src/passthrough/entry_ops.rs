@@ -10,6 +10,15 @@ use crate::abi::{fattr, Attr, Kstatfs, SetattrIn};
 use crate::filesystem::{Context, Entry, Handle, Inode};
 use crate::sys;
 
+/// One time of a SETATTR as `utimensat` takes it: `UTIME_NOW` for FATTR_*_NOW, the given time
+/// for FATTR_*, else `UTIME_OMIT`.
+///
+/// The seconds travel as a `u64` that the guest kernel filled from its signed `time64_t`:
+/// they are read back as two's complement, so times before 1970 stay negative. Every value
+/// goes to the host, which stores it or clamps it to its file system's range (and the reply
+/// shows what it stored). Nanoseconds past 999999999 are no time: EINVAL, as `utimensat`
+/// gives, also for the values `utimensat` would read as UTIME_NOW or UTIME_OMIT (the protocol
+/// says those with the flags, never with the nanoseconds).
 fn timespec(valid: u32, set: u32, now: u32, secs: u64, nsecs: u32) -> io::Result<libc::timespec> {
     let mut t = libc::timespec {
         tv_sec: 0,
@@ -18,7 +27,11 @@ fn timespec(valid: u32, set: u32, now: u32, secs: u64, nsecs: u32) -> io::Result
     if valid & now != 0 {
         t.tv_nsec = libc::UTIME_NOW;
     } else if valid & set != 0 {
-        t.tv_sec = libc::time_t::try_from(secs).map_err(|_| err(libc::EINVAL))?;
+        if nsecs >= 1_000_000_000 {
+            return Err(err(libc::EINVAL));
+        }
+        // Two's complement on purpose (see above); `time_t` is 64 bits on every target.
+        t.tv_sec = secs as i64 as libc::time_t;
         t.tv_nsec = libc::c_long::from(nsecs);
     }
     Ok(t)
@@ -52,6 +65,17 @@ impl PassthroughFs {
             .negotiated
             .killpriv_v2
             .load(std::sync::atomic::Ordering::Relaxed);
+
+        // Checked before anything changes: a refused time leaves the file as it was.
+        let times =
+            if valid & (fattr::ATIME | fattr::MTIME | fattr::ATIME_NOW | fattr::MTIME_NOW) != 0 {
+                Some([
+                    timespec(valid, fattr::ATIME, fattr::ATIME_NOW, a.atime, a.atimensec)?,
+                    timespec(valid, fattr::MTIME, fattr::MTIME_NOW, a.mtime, a.mtimensec)?,
+                ])
+            } else {
+                None
+            };
 
         if valid & fattr::MODE != 0 {
             let mode = a.mode & 0o7777;
@@ -117,11 +141,7 @@ impl PassthroughFs {
             }
         }
 
-        if valid & (fattr::ATIME | fattr::MTIME | fattr::ATIME_NOW | fattr::MTIME_NOW) != 0 {
-            let times = [
-                timespec(valid, fattr::ATIME, fattr::ATIME_NOW, a.atime, a.atimensec)?,
-                timespec(valid, fattr::MTIME, fattr::MTIME_NOW, a.mtime, a.mtimensec)?,
-            ];
+        if let Some(times) = times {
             match &h {
                 Some(h) => sys::futimens(h.fd(), &times)?,
                 None => sys::utimensat(

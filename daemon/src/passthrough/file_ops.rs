@@ -462,11 +462,15 @@ impl PassthroughFs {
         whence: u32,
     ) -> io::Result<u64> {
         let h = self.handles.get_file(inode, handle)?;
-        match whence as libc::c_int {
-            libc::SEEK_SET | libc::SEEK_END | libc::SEEK_DATA | libc::SEEK_HOLE => {}
+        // SEEK_CUR: the file position is the guest's, the handle's own means nothing to it.
+        let whence = match libc::c_int::try_from(whence) {
+            Ok(w @ (libc::SEEK_SET | libc::SEEK_END | libc::SEEK_DATA | libc::SEEK_HOLE)) => w,
             _ => return Err(err(libc::EINVAL)),
-        }
-        sys::lseek(h.fd(), offset, whence as libc::c_int)
+        };
+        // The offset is the guest's signed loff_t in two's complement: the host answers a
+        // negative one as lseek(2) says (EINVAL for SEEK_SET, ENXIO for SEEK_DATA/SEEK_HOLE,
+        // a position before the end for SEEK_END).
+        sys::lseek(h.fd(), offset as i64, whence)
     }
 
     #[allow(clippy::too_many_arguments)]

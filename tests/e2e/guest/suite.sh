@@ -309,6 +309,19 @@ t_utimes() {
     eq "$(TZ=UTC stat -c %y "$d/touched" | cut -c1-19)" "2001-02-03 04:05:06" "touch -d mtime"
 }
 
+# Times before 1970, past 2038 and past the host file system's range (issue 26); the files
+# stay for host-check.sh's h_time_edges.
+t_time_edges() {
+    d=$W/times/edges
+    mkdir -p "$d"
+    $VT timeedges "$d" set || die "vfstest timeedges set"
+    dropc
+    $VT timeedges "$d" check || die "vfstest timeedges check (after drop_caches)"
+    TZ=UTC touch -d '1960-01-01 00:00:00' "$d/t1960" || die "touch -d 1960-01-01"
+    dropc
+    eq "$(TZ=UTC stat -c '%Y %y' "$d/t1960")" "-315619200 1960-01-01 00:00:00.000000000 +0000" "touch -d 1960-01-01"
+}
+
 t_xattr() {
     d=$W/xattr
     mkdir -p "$d"
@@ -323,6 +336,7 @@ t_statfs() {
 }
 t_sparse() { mkdir -p "$W/sparse" && $VT sparse "$W/sparse/big" || die "vfstest sparse"; }
 t_seek_data_hole() { $VT seekdata "$W/sparse/big" || die "vfstest seekdata"; }
+t_seek_edges() { mkdir -p "$W/sparse" && $VT seekedges "$W/sparse/edges" || die "vfstest seekedges"; }
 t_unlink_open() { mkdir "$W/unlink" && $VT unlinkopen "$W/unlink" || die "vfstest unlinkopen"; }
 t_special() { mkdir "$W/special" && $VT special "$W/special" || die "vfstest special"; }
 t_direct_io() { mkdir -p "$W/basic" && $VT direct "$W/basic/direct" || die "vfstest direct"; }
@@ -375,12 +389,14 @@ check hardlinks t_hardlinks
 check symlinks t_symlinks
 check chmod_chown t_chmod_chown
 check utimes t_utimes
+check time_edges t_time_edges
 check xattr t_xattr
 check fcntl_flock_locks t_locks
 check mmap_shared t_mmap
 check statfs t_statfs
 check sparse_large_file t_sparse
 check seek_data_hole t_seek_data_hole
+check seek_edges t_seek_edges
 check unlink_open_file t_unlink_open
 check special_files t_special
 check direct_io t_direct_io

@@ -412,6 +412,223 @@ static int cmd_utimes(const char *path)
     return 0;
 }
 
+/* ---- timestamps across the range the protocol carries ------------------
+ * `timeedges DIR set` gives each file DIR/eN its own atime/mtime pair, then
+ * `timeedges DIR check` (after drop_caches) reads them back. The first pairs
+ * lie inside the range of every file system with 64-bit times (ext4 with
+ * large inodes, xfs bigtime, btrfs, tmpfs): they must come back exactly, and
+ * tests/e2e/host-check.sh reads the same files on the host. The last pairs lie
+ * outside any file system's range: the host clamps them, so they must come
+ * back on the same side of 1970 and at least as far out as 32-bit time_t. */
+struct time_edge { struct timespec at, mt; int exact; };
+static const struct time_edge time_edges[] = {
+    { { -315619200, 0 }, { -1, 999999999 }, 1 },             /* 1960-01-01; -1 s */
+    { { INT32_MIN, 0 }, { INT32_MIN + 1LL, 1 }, 1 },           /* 1901-12-13 20:45:52, and 1 s later */
+    { { 4102444800LL, 999999999 }, { 2147483648LL, 0 }, 1 }, /* 2100; 2038-01-19 03:14:08 */
+    { { 0, 0 }, { INT32_MAX, 999999999 }, 1 },
+    { { INT64_MIN, 0 }, { INT64_MAX, 999999999 }, 0 },       /* clamped by the host */
+    { { INT64_MAX, 0 }, { INT64_MIN, 0 }, 0 },
+};
+
+static void check_time(const char *what, const char *path, struct timespec got, struct timespec want, int exact)
+{
+    if (exact) {
+        ASSERT(got.tv_sec == want.tv_sec && got.tv_nsec == want.tv_nsec, "%s %s: %lld.%09ld, expected %lld.%09ld",
+               path, what, (long long)got.tv_sec, got.tv_nsec, (long long)want.tv_sec, want.tv_nsec);
+    } else if (want.tv_sec < 0) {
+        ASSERT(got.tv_sec <= INT32_MIN, "%s %s: %lld, expected a time at or before 1901-12-13",
+               path, what, (long long)got.tv_sec);
+    } else {
+        ASSERT(got.tv_sec >= INT32_MAX, "%s %s: %lld, expected a time at or after 2038-01-19",
+               path, what, (long long)got.tv_sec);
+    }
+}
+
+static int cmd_timeedges(const char *dir, const char *mode)
+{
+    int set = !strcmp(mode, "set");
+    ASSERT(set || !strcmp(mode, "check"), "mode %s", mode);
+    for (size_t i = 0; i < sizeof time_edges / sizeof time_edges[0]; i++) {
+        const struct time_edge *e = &time_edges[i];
+        char path[4096], name[16];
+        snprintf(name, sizeof name, "e%zu", i);
+        join(path, dir, name);
+        if (set) {
+            close(OK(open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644)));
+            struct timespec ts[2] = { e->at, e->mt };
+            OK(utimensat(AT_FDCWD, path, ts, 0));
+        }
+        struct stat st;
+        OK(stat(path, &st));
+        check_time("atime", path, st.st_atim, e->at, e->exact);
+        check_time("mtime", path, st.st_mtim, e->mt, e->exact);
+        if (set) {
+            /* Through a descriptor (SETATTR with a handle) the same. */
+            int fd = OK(open(path, O_WRONLY));
+            struct timespec ts[2] = { e->at, e->mt };
+            OK(futimens(fd, ts));
+            OK(fstat(fd, &st));
+            close(fd);
+            check_time("atime after futimens", path, st.st_atim, e->at, e->exact);
+            check_time("mtime after futimens", path, st.st_mtim, e->mt, e->exact);
+        }
+    }
+    if (set) {
+        char path[4096];
+        join(path, dir, "e0");
+        /* No time has 10^9 nanoseconds: EINVAL, in the guest's VFS already. */
+        struct timespec bad[2] = { { 5, 1000000000 }, { 5, 0 } };
+        FAILS(utimensat(AT_FDCWD, path, bad, 0), EINVAL);
+    }
+    return 0;
+}
+
+/* ---- lseek: every whence at and around the ends of a file --------------- */
+static void seek_is(int fd, off_t off, int whence, off_t want, int err)
+{
+    errno = 0;
+    off_t got = lseek(fd, off, whence);
+    if (err)
+        ASSERT(got == -1 && errno == err, "lseek(%lld, %d) = %lld, expected errno %d",
+               (long long)off, whence, (long long)got, err);
+    else
+        ASSERT(got == want, "lseek(%lld, %d) = %lld, expected %lld",
+               (long long)off, whence, (long long)got, (long long)want);
+}
+
+static int cmd_seekedges(const char *path)
+{
+    const off_t size = 1 * MiB + 100;
+    int fd = OK(open(path, O_RDWR | O_CREAT | O_TRUNC, 0644));
+    char buf[4096];
+    memset(buf, 'd', sizeof buf);
+    write_all(fd, buf, sizeof buf, 0);
+    write_all(fd, buf, 100, 1 * MiB);
+    OK(fsync(fd));
+    /* lseek(2): SEEK_DATA/SEEK_HOLE at or past the end, or before the start: ENXIO. */
+    const off_t outside[] = { size, size + 1, 1LL << 40, INT64_MAX, -1, -size, INT64_MIN };
+    for (size_t i = 0; i < sizeof outside / sizeof outside[0]; i++) {
+        seek_is(fd, outside[i], SEEK_DATA, 0, ENXIO);
+        seek_is(fd, outside[i], SEEK_HOLE, 0, ENXIO);
+    }
+    seek_is(fd, 0, SEEK_DATA, 0, 0);
+    seek_is(fd, size - 1, SEEK_DATA, size - 1, 0);
+    seek_is(fd, size - 1, SEEK_HOLE, size, 0);
+    /* Negative results: EINVAL; the position is left alone. */
+    seek_is(fd, 7, SEEK_SET, 7, 0);
+    seek_is(fd, -1, SEEK_SET, 0, EINVAL);
+    seek_is(fd, -8, SEEK_CUR, 0, EINVAL);
+    seek_is(fd, -size - 1, SEEK_END, 0, EINVAL);
+    seek_is(fd, 0, SEEK_CUR, 7, 0);
+    seek_is(fd, 3, SEEK_CUR, 10, 0);
+    seek_is(fd, -1, SEEK_END, size - 1, 0);
+    seek_is(fd, 0, 5, 0, EINVAL);
+    seek_is(fd, 0, 99, 0, EINVAL);
+    close(fd);
+    /* An empty file has neither data nor a hole at 0. */
+    fd = OK(open(path, O_RDWR | O_TRUNC));
+    seek_is(fd, 0, SEEK_DATA, 0, ENXIO);
+    seek_is(fd, 0, SEEK_HOLE, 0, ENXIO);
+    seek_is(fd, -1, SEEK_HOLE, 0, ENXIO);
+    seek_is(fd, 0, SEEK_END, 0, 0);
+    close(fd);
+    return 0;
+}
+
+/* ---- mtime/ctime after stores through a shared mapping, and write(2) ----
+ * As on a local file system: a store through a MAP_SHARED mapping moves mtime
+ * and ctime by the next msync, fsync or munmap at the latest, and write(2)
+ * moves them at once. Each round sets a fixed old mtime, waits past any
+ * timestamp granularity, stores, syncs, and wants both times moved; then waits
+ * past the attribute timeout of `--cache auto` and wants them still moved (the
+ * host file has them, not only the guest's cache). On a DAX mount every store
+ * goes straight into the host file through the window. */
+static void mtime_round_start(const char *path, struct stat *before)
+{
+    struct timespec old[2] = { { 1000000000, 0 }, { 1000000000, 0 } };
+    OK(utimensat(AT_FDCWD, path, old, 0));
+    OK(stat(path, before));
+    usleep(1100 * 1000);
+    /* Fetch the attributes again now, as the lookup of an open() would: the store and
+     * the check that follow run within the guest's attribute timeout. */
+    struct stat st;
+    OK(stat(path, &st));
+    ASSERT(st.st_mtim.tv_sec == before->st_mtim.tv_sec, "mtime moved before the store");
+}
+
+static void mtime_moved(const char *what, const char *path, const struct stat *before)
+{
+    struct stat st;
+    for (int pass = 0; pass < 2; pass++) {
+        OK(stat(path, &st));
+        ASSERT(st.st_mtim.tv_sec > before->st_mtim.tv_sec,
+               "%s%s: mtime %lld.%09ld, before the store %lld.%09ld", what,
+               pass ? " (after the attribute timeout)" : "",
+               (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
+               (long long)before->st_mtim.tv_sec, before->st_mtim.tv_nsec);
+        ASSERT(st.st_ctim.tv_sec > before->st_ctim.tv_sec ||
+               (st.st_ctim.tv_sec == before->st_ctim.tv_sec && st.st_ctim.tv_nsec > before->st_ctim.tv_nsec),
+               "%s%s: ctime %lld.%09ld, before the store %lld.%09ld", what,
+               pass ? " (after the attribute timeout)" : "",
+               (long long)st.st_ctim.tv_sec, st.st_ctim.tv_nsec,
+               (long long)before->st_ctim.tv_sec, before->st_ctim.tv_nsec);
+        if (!pass)
+            usleep(1100 * 1000);
+    }
+}
+
+static int cmd_mmapmtime(const char *path, const char *size_s)
+{
+    const size_t len = size_s ? strtoul(size_s, NULL, 0) : 64 * 1024;
+    ASSERT(len >= 200, "size %zu: at least 200 bytes", len);
+    char buf[4096];
+    struct stat before;
+    int fd = OK(open(path, O_RDWR | O_CREAT | O_TRUNC, 0644));
+    fill(buf, sizeof buf, 3);
+    for (size_t off = 0; off < len; off += sizeof buf)
+        write_all(fd, buf, len - off < sizeof buf ? len - off : sizeof buf, off);
+    OK(fsync(fd));
+
+    /* msync(MS_SYNC) after a read fault then a store (fstests generic/080's order). */
+    mtime_round_start(path, &before);
+    char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ASSERT(m != MAP_FAILED, "mmap");
+    volatile char c = m[0];
+    (void)c;
+    m[1] = 'a';
+    OK(msync(m, len, MS_SYNC));
+    mtime_moved("store, msync", path, &before);
+
+    /* The same mapping, a page stored to before the msync above: fsync. */
+    mtime_round_start(path, &before);
+    m[2] = 'b';
+    OK(fsync(fd));
+    mtime_moved("store again, fsync", path, &before);
+
+    /* Another page (len >= 8 KiB), then munmap with the descriptor still open (no close, no sync). */
+    mtime_round_start(path, &before);
+    m[len / 2] = 'c';
+    OK(munmap(m, len));
+    mtime_moved("store, munmap", path, &before);
+
+    /* A fresh mapping after close: munmap is the last reference (RELEASE, no FLUSH after). */
+    mtime_round_start(path, &before);
+    m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ASSERT(m != MAP_FAILED, "mmap again");
+    close(fd);
+    m[len - 1] = 'd'; /* the last page: a shadow tail on DAX when len is not page-aligned */
+    OK(munmap(m, len));
+    mtime_moved("store after close, munmap", path, &before);
+
+    /* write(2) inside the file (on DAX: through the window, no FUSE_WRITE): at once. */
+    fd = OK(open(path, O_RDWR));
+    mtime_round_start(path, &before);
+    write_all(fd, "e", 1, 100);
+    mtime_moved("pwrite", path, &before);
+    close(fd);
+    return 0;
+}
+
 /* ---- renameat2 flags and rename edge cases ----------------------------- */
 static void put(const char *path, const char *s)
 {
@@ -605,7 +822,8 @@ static void usage(void)
             "  locks FILE | mmap FILE | xattr FILE on|off | statfs DIR OUT\n"
             "  unlinkopen DIR | sparse FILE | seekdata FILE | utimes FILE\n"
             "  rename2 DIR | readdir DIR COUNT | append FILE | special DIR | direct FILE\n"
-            "  mmapdirty FILE OFFSET TEXT\n");
+            "  mmapdirty FILE OFFSET TEXT | timeedges DIR set|check | seekedges FILE\n"
+            "  mmapmtime FILE [SIZE]\n");
     exit(2);
 }
 
@@ -628,6 +846,9 @@ int main(int argc, char **argv)
     if (!strcmp(c, "append")) return cmd_append(argv[2]);
     if (!strcmp(c, "special")) return cmd_special(argv[2]);
     if (!strcmp(c, "direct")) return cmd_direct(argv[2]);
+    if (!strcmp(c, "timeedges") && argc == 4) return cmd_timeedges(argv[2], argv[3]);
+    if (!strcmp(c, "seekedges")) return cmd_seekedges(argv[2]);
+    if (!strcmp(c, "mmapmtime")) return cmd_mmapmtime(argv[2], argc > 3 ? argv[3] : NULL);
     if (!strcmp(c, "mmapdirty") && argc == 5) return cmd_mmapdirty(argv[2], argv[3], argv[4]);
     usage();
 }
