@@ -59,46 +59,175 @@ pub struct Synced {
     pub pulled: u64,
 }
 
+/// Bytes a merge or a copy handles at a time: the heap a shadow costs per sync, whatever
+/// the length of the guest's mapping.
+const CHUNK: usize = 256 << 10;
+
+/// A new memfd of `size` bytes (nothing allocated until written).
+pub(crate) fn memfd(name: &std::ffi::CStr, size: u64) -> io::Result<File> {
+    // SAFETY: `name` is NUL-terminated; memfd_create takes no other pointers.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by memfd_create and nothing else owns it.
+    let memfd = unsafe { File::from_raw_fd(fd) };
+    memfd.set_len(size)?;
+    Ok(memfd)
+}
+
+/// Copies `len` bytes of `src` from `from` to `dst` at `to`, a chunk at a time; stops early
+/// at the end of `src`. Returns the bytes copied.
+pub(crate) fn copy_range(src: &File, from: u64, dst: &File, to: u64, len: u64) -> io::Result<u64> {
+    let mut buf = vec![0u8; CHUNK.min(usize::try_from(len).unwrap_or(CHUNK))];
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(buf.len() as u64) as usize;
+        let got = pread_full(src, &mut buf[..n], from + done)?;
+        dst.write_all_at(&buf[..got], to + done)?;
+        done += got as u64;
+        if got < n {
+            break;
+        }
+    }
+    Ok(done)
+}
+
+/// One side of a three-way merge: `len` bytes of a file at an offset.
+#[derive(Clone, Copy)]
+pub(crate) struct Span<'a> {
+    pub file: &'a File,
+    pub at: u64,
+}
+
+/// The three-way merge of [`Shadow::sync`] over `size` bytes, a chunk at a time (the heap
+/// it uses is bounded by [`CHUNK`], not by `size`):
+/// - `now`: the guest's view (a memfd the frontend maps);
+/// - `agreed`: the bytes both sides agreed on at the last merge, its first `old` bytes valid;
+///   `None` when the guest cannot store into `now` (then `now` holds them);
+/// - `host`: the file from `at`.
+///
+/// Returns what moved and the new agreed length (the file's bytes in the range now).
+pub(crate) fn merge(
+    now: Span,
+    agreed: Option<Span>,
+    old: u64,
+    size: u64,
+    host: Span,
+    writable: bool,
+) -> io::Result<(Synced, u64)> {
+    let mut out = Synced::default();
+    let file_size = crate::sys::fstat(host.file.as_fd())?.st_size.max(0) as u64;
+    let in_file = file_size.saturating_sub(host.at).min(size);
+    let end = old.max(in_file);
+    let mut nowb = vec![0u8; CHUNK];
+    let mut agb = vec![0u8; CHUNK];
+    let mut hostb = vec![0u8; CHUNK];
+    let mut c = 0u64;
+    while c < end {
+        let n = (end - c).min(CHUNK as u64) as usize;
+        // Agreed and current bytes of this chunk that lie inside the old agreed length.
+        let old_c = old.saturating_sub(c).min(n as u64) as usize;
+        let in_c = in_file.saturating_sub(c).min(n as u64) as usize;
+        let nowc = &mut nowb[..n];
+        now.file.read_exact_at(nowc, now.at + c)?;
+        let agc = &mut agb[..old_c];
+        match agreed {
+            Some(a) => a.file.read_exact_at(agc, a.at + c)?,
+            None => agc.copy_from_slice(&nowc[..old_c]),
+        }
+        let guest_changed = |i: usize, nowc: &[u8], agc: &[u8]| i < old_c && nowc[i] != agc[i];
+        // 1. The guest's runs go to the file, one run at a time, never past its end.
+        if writable {
+            for (s, e) in runs(&nowc[..old_c], agc) {
+                let e = e.min(in_c);
+                if s >= e {
+                    continue;
+                }
+                host.file
+                    .write_all_at(&nowc[s..e], host.at + c + s as u64)?;
+                out.written += (e - s) as u64;
+            }
+        }
+        // 2. The host's changes (and growth) come in where the guest changed nothing.
+        let hostc = &mut hostb[..in_c];
+        let got = pread_full(host.file, hostc, host.at + c)?;
+        let hostc = &mut hostb[..got];
+        let mut i = 0;
+        while i < got {
+            let differs = |i: usize| {
+                !guest_changed(i, nowc, agc)
+                    && (i >= old_c || hostc[i] != agc[i] || nowc[i] != hostc[i])
+            };
+            if !differs(i) {
+                i += 1;
+                continue;
+            }
+            let s = i;
+            while i < got && differs(i) {
+                i += 1;
+            }
+            now.file.write_all_at(&hostc[s..i], now.at + c + s as u64)?;
+            out.pulled += (i - s) as u64;
+        }
+        // 3. Bytes past a shrunken end read as zeros, as past EOF of a mapped file.
+        if got < old_c {
+            let zeros = vec![0u8; old_c - got];
+            now.file.write_all_at(&zeros, now.at + c + got as u64)?;
+        }
+        // The agreed bytes are now the file's (guest runs included, as just written).
+        if let Some(a) = agreed {
+            for k in 0..got {
+                if guest_changed(k, nowc, agc) {
+                    hostc[k] = nowc[k];
+                }
+            }
+            if got != old_c || hostc[..] != agc[..] {
+                a.file.write_all_at(hostc, a.at + c)?;
+            }
+        }
+        c += n as u64;
+    }
+    Ok((out, in_file))
+}
+
 /// The shadow of one host file range.
 pub struct Shadow {
     memfd: File,
     /// Bytes of the memfd (the longest guest mapping that uses it).
     size: u64,
-    /// The file's bytes from `at` as of the last sync (at most `size`).
-    snapshot: Vec<u8>,
+    /// The bytes both sides agreed on at the last sync (`valid` of them): a memfd once a
+    /// writable guest mapping uses the shadow; before that the guest cannot store into
+    /// `memfd`, which then holds them.
+    agreed: Option<File>,
+    /// The file's bytes in the shadow as of the last sync (at most `size`).
+    valid: u64,
     /// File offset of the memfd's first byte.
     at: u64,
     /// A descriptor for the file (read-write when a writable guest mapping uses the shadow);
     /// `None` for snapshots of files the daemon keeps no descriptor for.
     file: Option<Arc<File>>,
     writable: bool,
+    /// The file as of the last sync of a read-only shadow: unchanged, nothing to merge.
+    seen: Option<super::copy::CopySig>,
 }
 
 impl Shadow {
     /// A memfd of `size` bytes holding the file's bytes from offset `at` (zero padded).
     pub fn new(file: &File, at: u64, size: u64) -> io::Result<Shadow> {
-        let name = c"daxfsd-shadow";
-        // SAFETY: `name` is NUL-terminated; memfd_create takes no other pointers.
-        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just returned by memfd_create and nothing else owns it.
-        let memfd = unsafe { File::from_raw_fd(fd) };
-        memfd.set_len(size)?;
+        let memfd = memfd(c"daxfsd-shadow", size)?;
         let file_size = crate::sys::fstat(file.as_fd())?.st_size.max(0) as u64;
-        let valid = file_size.saturating_sub(at).min(size);
-        let mut snapshot = vec![0u8; usize::try_from(valid).map_err(|_| einval())?];
-        let n = pread_full(file, &mut snapshot, at)?;
-        snapshot.truncate(n);
-        memfd.write_all_at(&snapshot, 0)?;
+        let want = file_size.saturating_sub(at).min(size);
+        let valid = copy_range(file, at, &memfd, 0, want)?;
         Ok(Shadow {
             memfd,
             size,
-            snapshot,
+            agreed: None,
+            valid,
             at,
             file: None,
             writable: false,
+            seen: None,
         })
     }
 
@@ -110,23 +239,44 @@ impl Shadow {
         self.size
     }
 
-    /// Makes the memfd at least `size` bytes (another guest mapping of the range is longer).
-    pub fn grow(&mut self, size: u64) -> io::Result<()> {
-        if size > self.size {
-            self.memfd.set_len(size)?;
-            self.size = size;
+    /// Makes the memfd at least `size` bytes (another guest mapping of the range is longer),
+    /// the grown part holding `file`'s bytes (zeros past its end).
+    pub fn grow(&mut self, size: u64, file: &File) -> io::Result<()> {
+        if size <= self.size {
+            return Ok(());
+        }
+        let old = self.size;
+        self.memfd.set_len(size)?;
+        if let Some(a) = &self.agreed {
+            a.set_len(size)?;
+        }
+        self.size = size;
+        if self.valid == old {
+            // The file covered the whole old shadow: its next bytes belong in the new part.
+            let n = copy_range(file, self.at + old, &self.memfd, old, size - old)?;
+            if let Some(a) = &self.agreed {
+                copy_range(&self.memfd, old, a, old, n)?;
+            }
+            self.valid += n;
         }
         Ok(())
     }
 
     /// Gives the shadow a descriptor to sync with; a writable one enables write-back.
-    pub fn attach(&mut self, file: Option<Arc<File>>, writable: bool) {
+    pub fn attach(&mut self, file: Option<Arc<File>>, writable: bool) -> io::Result<()> {
+        if writable && self.agreed.is_none() {
+            // From now on the guest may store into the memfd: keep the agreed bytes apart.
+            let a = memfd(c"daxfsd-shadow-agreed", self.size)?;
+            copy_range(&self.memfd, 0, &a, 0, self.valid)?;
+            self.agreed = Some(a);
+        }
         if writable {
             self.writable = true;
         }
         if file.is_some() && (self.file.is_none() || writable) {
             self.file = file;
         }
+        Ok(())
     }
 
     /// Whether the guest may have stored into the memfd since the last sync.
@@ -139,59 +289,27 @@ impl Shadow {
         let Some(file) = self.file.clone() else {
             return Ok(Synced::default());
         };
-        let mut out = Synced::default();
-        let old = self.snapshot.len();
-        let mut now = vec![0u8; old];
-        self.memfd.read_exact_at(&mut now, 0)?;
-        let file_size = crate::sys::fstat(file.as_fd())?.st_size.max(0) as u64;
-        let in_file = usize::try_from(file_size.saturating_sub(self.at).min(self.size))
-            .map_err(|_| einval())?;
-        // 1. The guest's runs go to the file, one run at a time, never past its end.
-        if self.writable {
-            for (s, e) in runs(&now, &self.snapshot) {
-                let e = e.min(in_file);
-                if s >= e {
-                    continue;
-                }
-                file.write_all_at(&now[s..e], self.at + s as u64)?;
-                self.snapshot[s..e].copy_from_slice(&now[s..e]);
-                out.written += (e - s) as u64;
-            }
+        let sig = super::copy::CopySig::of(&file).ok();
+        if !self.writable && sig.is_some() && sig == self.seen {
+            // Read-only and the file did not move: nothing to merge.
+            return Ok(Synced::default());
         }
-        // 2. The host's changes (and growth) come into the memfd where the guest changed
-        //    nothing.
-        let mut host = vec![0u8; in_file];
-        let n = pread_full(&file, &mut host, self.at)?;
-        host.truncate(n);
-        let guest_changed = |i: usize| i < old && now[i] != self.snapshot[i];
-        let mut i = 0;
-        while i < host.len() {
-            let differs = |i: usize| {
-                !guest_changed(i) && (i >= old || host[i] != self.snapshot[i] || now[i] != host[i])
-            };
-            if !differs(i) {
-                i += 1;
-                continue;
-            }
-            let s = i;
-            while i < host.len() && differs(i) {
-                i += 1;
-            }
-            self.memfd.write_all_at(&host[s..i], s as u64)?;
-            out.pulled += (i - s) as u64;
-        }
-        // 3. Bytes past a shrunken end read as zeros, as past EOF of a mapped file.
-        if host.len() < old {
-            let zeros = vec![0u8; old - host.len()];
-            self.memfd.write_all_at(&zeros, host.len() as u64)?;
-        }
-        // The agreed bytes are now the file's (guest runs included, as just written).
-        for (k, b) in host.iter_mut().enumerate() {
-            if guest_changed(k) {
-                *b = now[k];
-            }
-        }
-        self.snapshot = host;
+        let (out, valid) = merge(
+            Span {
+                file: &self.memfd,
+                at: 0,
+            },
+            self.agreed.as_ref().map(|a| Span { file: a, at: 0 }),
+            self.valid,
+            self.size,
+            Span {
+                file: &file,
+                at: self.at,
+            },
+            self.writable,
+        )?;
+        self.valid = valid;
+        self.seen = sig;
         Ok(out)
     }
 }
@@ -213,10 +331,6 @@ fn runs(a: &[u8], b: &[u8]) -> Vec<(usize, usize)> {
         out.push((s, i));
     }
     out
-}
-
-fn einval() -> io::Error {
-    io::Error::from_raw_os_error(libc::EINVAL)
 }
 
 /// Reads up to `buf.len()` bytes at `at`, stopping early only at end of file.
@@ -242,7 +356,8 @@ mod tests {
 
     fn shadow_of(f: &File, at: u64, size: u64, writable: bool) -> Shadow {
         let mut s = Shadow::new(f, at, size).unwrap();
-        s.attach(Some(Arc::new(f.try_clone().unwrap())), writable);
+        s.attach(Some(Arc::new(f.try_clone().unwrap())), writable)
+            .unwrap();
         s
     }
 
