@@ -2600,6 +2600,46 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_setattr_that_shrank_the_file_still_replaces_its_mappings() {
+        // Issue #20 a: a SETATTR that truncates and then fails (an invalid mtime after the
+        // size) leaves whole-page file mappings past the new EOF unless the mappings are
+        // re-placed whatever the result.
+        use crate::filesystem::{Context, FileSystem, Handle, Inode};
+        struct TruncatesThenFails(File);
+        impl FileSystem for TruncatesThenFails {
+            fn setattr(
+                &self,
+                _: &Context,
+                _: Inode,
+                _: &crate::abi::SetattrIn,
+                _: Option<Handle>,
+            ) -> io::Result<(crate::abi::Attr, Duration)> {
+                self.0.set_len(0)?;
+                Err(io::Error::from_raw_os_error(libc::EINVAL))
+            }
+        }
+        let (w, rec, f) = window();
+        let w = Arc::new(w);
+        w.map(7, 0, MB2, f.as_fd(), 0, true).unwrap();
+        calls(&rec);
+        let fs = coherent::Coherent::new(TruncatesThenFails(f.try_clone().unwrap()), w.clone());
+        let ctx = Context {
+            uid: 0,
+            gid: 0,
+            pid: 0,
+        };
+        let e = fs
+            .setattr(&ctx, 7, &crate::abi::SetattrIn::default(), None)
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+        assert_eq!(
+            calls(&rec),
+            vec!["unmap 0x0+0x200000", "map 0x0+0x200000@0x0 rw"],
+            "the file's pages leave the window; the range is a shadow of the empty file"
+        );
+    }
+
+    #[test]
     fn a_grown_shadow_holds_the_files_bytes() {
         // Issue #20 e: a longer mapping of a shadowed range grows the shadow; the grown part
         // must hold the file's bytes, not zeros.

@@ -1,0 +1,131 @@
+//! DAX windows of any size stay within QEMU 11.1's memory slots (issue #20): the frontend
+//! never holds more than daxfsd's budget of mappings, and no SETUPMAPPING is refused for it
+//! when the guest maps every range of a window with more ranges than the budget. Only daxfsd
+//! has a window; upstream virtiofsd gets a message and no checks.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::FileExt;
+
+use daxfsd::abi::SETUPMAPPING_FLAG_WRITE as WRITE;
+use daxfsd::abi::{self, RemovemappingOne, SETUPMAPPING_FLAG_READ as READ};
+use daxfsd::dax::DEFAULT_MAP_BUDGET;
+use vufs_driver::dax::QEMU_SLOT_LIMIT;
+use vufs_driver::{DaemonKind, DriverConfig};
+
+const MIB2: u64 = 2 << 20;
+
+fn only_daxfsd(test: &str) -> bool {
+    if common::kind() != DaemonKind::Daxfsd {
+        eprintln!(
+            "{test}: {} has no DAX window; this test is for daxfsd",
+            common::kind().name()
+        );
+        return false;
+    }
+    true
+}
+
+fn bytes(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+/// A 1 GiB window has 512 ranges of 2 MiB, more than the budget: a guest (upstream policy,
+/// which fails the read when SETUPMAPPING fails) that maps every one of them, each a small
+/// file (half writable), gets every mapping, the frontend never holds more than the budget,
+/// every range reads its file, and guest stores reach the files.
+#[test]
+fn setupmappings_past_the_budget_stay_within_qemus_slots() {
+    if !only_daxfsd("setupmappings_past_the_budget_stay_within_qemus_slots") {
+        return;
+    }
+    const N: usize = 512;
+    let sizes: Vec<usize> = (0..N).map(|i| 4096 + 17 + (i % 97) * 13).collect();
+    let sz = sizes.clone();
+    let mut r = common::start_with(&["--dax-window=1G"], &DriverConfig::default(), |d| {
+        for (i, n) in sz.iter().enumerate() {
+            fs::write(d.join(format!("f{i}")), bytes(*n, i as u8)).unwrap();
+        }
+    });
+    let w =
+        r.s.dax()
+            .cloned()
+            .expect("daxfsd --dax-window=1G offered no window");
+    assert_eq!(w.len(), 1 << 30);
+    let mut handles = Vec::new();
+    for i in 0..N {
+        let e = r.s.lookup(abi::ROOT_ID, format!("f{i}")).unwrap();
+        let o = r.s.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+        let flags = if i % 2 == 1 { READ | WRITE } else { READ };
+        r.s.setupmapping(e.nodeid, o.fh, 0, MIB2, flags, i as u64 * MIB2)
+            .unwrap_or_else(|err| panic!("SETUPMAPPING {i}: {err}\n{}", r.daemon.log_contents()));
+        handles.push((e.nodeid, o.fh));
+    }
+    assert!(
+        w.violations().is_empty(),
+        "{:?}\n{}",
+        w.violations(),
+        r.daemon.log_contents()
+    );
+    assert!(
+        w.peak() <= DEFAULT_MAP_BUDGET && DEFAULT_MAP_BUDGET < QEMU_SLOT_LIMIT,
+        "{} frontend mappings live at once; budget {DEFAULT_MAP_BUDGET}, QEMU {QEMU_SLOT_LIMIT}",
+        w.peak()
+    );
+    for (i, n) in sizes.iter().enumerate() {
+        let mut got = vec![0u8; 8192];
+        w.read(i as u64 * MIB2, &mut got).unwrap();
+        let mut want = bytes(*n, i as u8);
+        want.resize(8192, 0);
+        assert_eq!(got, want, "range {i}");
+    }
+    // Guest stores into the writable ranges, then fsync: the host has them.
+    for (i, (node, fh)) in handles.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
+        w.write(i as u64 * MIB2 + 4096, b"GUEST").unwrap();
+        r.s.fsync(*node, *fh, false).unwrap();
+    }
+    for (i, n) in sizes.iter().enumerate() {
+        let host = fs::read(r.host(&format!("f{i}"))).unwrap();
+        assert_eq!(host.len(), *n, "file {i} size");
+        let want: &[u8] = if i % 2 == 1 {
+            b"GUEST"
+        } else {
+            &bytes(*n, i as u8)[4096..4101]
+        };
+        assert_eq!(&host[4096..4101], want, "file {i}");
+    }
+    // The guest reclaims and maps again (another file in each range): still within.
+    for (i, (node, fh)) in handles.iter().enumerate() {
+        let one = RemovemappingOne {
+            moffset: i as u64 * MIB2,
+            len: MIB2,
+        };
+        r.s.removemapping(*node, &[one]).unwrap();
+        let j = (i + 1) % N;
+        let (n2, f2) = handles[j];
+        r.s.setupmapping(n2, f2, 0, MIB2, READ, i as u64 * MIB2)
+            .unwrap_or_else(|err| panic!("SETUPMAPPING again {i}: {err}"));
+        let mut got = vec![0u8; 16];
+        w.read(i as u64 * MIB2, &mut got).unwrap();
+        let host = fs::read(r.host(&format!("f{j}"))).unwrap();
+        assert_eq!(got, host[..16], "range {i} now maps f{j}");
+        let _ = fh;
+    }
+    assert!(w.peak() <= DEFAULT_MAP_BUDGET, "peak {}", w.peak());
+    assert!(w.violations().is_empty(), "{:?}", w.violations());
+    // A host change reaches a read-only range at the next sync point (GETATTR, OPEN, READ).
+    let f0 = fs::OpenOptions::new()
+        .write(true)
+        .open(r.host("f1"))
+        .unwrap();
+    f0.write_all_at(b"HOST", 0).unwrap();
+    let (n1, fh1) = handles[1];
+    r.s.getattr(n1, None).unwrap();
+    let mut got = [0u8; 4];
+    w.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"HOST");
+    let _ = fh1;
+}
