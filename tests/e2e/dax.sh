@@ -40,6 +40,16 @@
 #   host_rewrite_seen  a file the guest read (mapped read-only: a copy slot with --dax-copy)
 #                      and the host then rewrote in place reads the host's bytes when the
 #                      guest opens it again (close-to-open)
+# Runs 5-7, `-o dax=always`, windows of 1G, 2G and 8G (more 2 MiB ranges than daxfsd's budget
+# of frontend mappings: served pooled), --cache never:
+#   window_<size>      700 small files read (700 ranges mapped at once: past QEMU 11.1's 512
+#                      memory regions when each is a frontend mapping, its abort of issue #20),
+#                      with the 1G window also a 256 MiB file after them (a working set of
+#                      more ranges than the window has), and fio verify over psync and mmap:
+#                      no QEMU abort, no guest I/O error, digests equal the host's, 0 failures
+#                      in the daemon's counters, the frontend's memory table
+#                      (peak_table_regions in the daemon's log) under QEMU's 512 regions and
+#                      the window's mappings (peak_regions) within the budget
 # Without a VM:
 #   window_768M        --dax-window=768M is refused with the two nearest sizes; no QEMU started
 # Ends with "e2e-dax: N passed, M failed"; exits non-zero on any failure.
@@ -287,6 +297,57 @@ else
     bad tail_both_survive "host file has '$(dd if="$share/page" bs=1 skip=4100 count=5 2>/dev/null)' at 4100 and '$(dd if="$share/page" bs=1 skip=5000 count=4 2>/dev/null)' at 5000"
 fi
 chattr -i "$share/imm" 2>/dev/null || true
+
+# ---- runs 5-7: windows with more ranges than QEMU's memory slots ---------------------
+rm -rf -- "$share" && mkdir -p "$share/small"
+for i in $(seq 1 700); do head -c $((4096 + i)) /dev/urandom >"$share/small/s$i"; done
+want_small=$(cat $(seq -f "$share/small/s%g" 1 700) | md5)
+head -c $((256 * 1024 * 1024)) /dev/urandom >"$share/huge"
+want_huge=$(md5 "$share/huge")
+budget=445
+cat >"$work/run5.sh" <<EOF
+rc=0
+check() { n=\$1; shift; if "\$@"; then echo "GUEST PASS \$n"; else echo "GUEST FAIL \$n"; rc=1; fi; }
+check small_read [ "\$(for i in \$(seq 1 700); do cat /mnt/small/s\$i; done | md5sum | cut -d' ' -f1)" = "$want_small" ]
+if [ "\$1" = 1G ]; then
+    check huge_read [ "\$(md5sum /mnt/huge | cut -d' ' -f1)" = "$want_huge" ]
+else
+    echo "GUEST PASS huge_read (not run: the small files exceed QEMU's slots already)"
+fi
+fio --name=p --filename=/mnt/fio-psync --size=32M --rw=randwrite --bs=64k --ioengine=psync \
+    --verify=crc32c --do_verify=1 --verify_fatal=1 --output=/tmp/fio1.out >/dev/null 2>&1
+check fio_psync [ \$? = 0 ] || tail -n 5 /tmp/fio1.out
+fio --name=m --filename=/mnt/fio-mmap --size=32M --rw=randwrite --bs=64k --ioengine=mmap \
+    --verify=crc32c --do_verify=1 --verify_fatal=1 --output=/tmp/fio2.out >/dev/null 2>&1
+check fio_mmap [ \$? = 0 ] || tail -n 5 /tmp/fio2.out
+check no_io_error [ "\$(dmesg | grep -ci 'virtiofs.*error\\|I/O error')" = 0 ]
+exit \$rc
+EOF
+for win in 1G 2G 8G; do
+    log5="$logs/e2e-dax-win$win-$(date +%Y%m%d-%H%M%S)-$$.log"
+    log "run: dax=always, $win window (more ranges than frontend mappings), 700 files + fio"
+    sed "1a set -- $win" "$work/run5.sh" >"$work/run5-$win.sh"
+    rc5=0
+    scripts/vm.sh "${verbose[@]}" -p dax --cache never -a "--dax-window=$win" "${dargs[@]}" -o "dax=always${policy_mo:+,$policy_mo}" \
+        -s "$share" --script "$work/run5-$win.sh" -m 1G -T 600 -l "$log5" >"$work/out5.txt" || rc5=$?
+    grep -E '^GUEST (PASS|FAIL)' "$work/out5.txt" || true
+    counters5=$(grep -ao 'dax: maps=.*' "${log5%.log}.daemon.log" | tail -n 1 || true)
+    log "daemon counters ($win): ${counters5:-none}"
+    declare -A c5=()
+    for kv in ${counters5#dax: }; do c5[${kv%%=*}]=${kv#*=}; done
+    g_ok=1
+    for g in small_read huge_read fio_psync fio_mmap no_io_error; do
+        grep -q "^GUEST PASS $g" "$work/out5.txt" || g_ok=0
+    done
+    if ((rc5 == 0 && g_ok)) && ((${c5[maps]:-0} > 700 && ${c5[failures]:-1} == 0)) &&
+        ((${c5[peak_regions]:-999} <= budget && ${c5[peak_table_regions]:-999} > 0 && ${c5[peak_table_regions]:-999} < 512)) &&
+        ! grep -q 'Assertion' "$log5"; then
+        ok "window_$win"
+    else
+        bad "window_$win" "vm rc=$rc5, guest checks $(grep -c '^GUEST PASS' "$work/out5.txt")/5, counters ${counters5:-none} (want failures=0, peak_regions<=$budget, peak_table_regions<512), see $log5"
+    fi
+    rm -f "$share/fio-psync" "$share/fio-mmap"
+done
 
 # ---- --dax-window 768M: refused at start, no QEMU ----------------------------------
 log4="$logs/e2e-dax-768-$(date +%Y%m%d-%H%M%S)-$$.log"

@@ -17,12 +17,9 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::os::unix::fs::FileExt;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
-
-use super::MAP_ALIGNMENT;
 
 /// When read-only guest mappings are placed as copy slots (`--dax-copy`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -218,7 +215,7 @@ impl Slots {
         if !matches!(foffset.checked_add(len), Some(e) if i64::try_from(e).is_ok()) {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
-        let done = super::tail::copy_range(file, foffset, &self.memfd, at, len)?;
+        let done = super::tail::copy_range(file, foffset, &self.memfd, at, len, false)?;
         self.zero(at + done, len - done)?;
         Ok(done)
     }
@@ -226,7 +223,7 @@ impl Slots {
     /// Copies `[at, at + len)` of `other` (a memfd of the same size) into the same range.
     pub fn copy_from(&self, other: &Slots, at: u64, len: u64) -> io::Result<()> {
         self.check(at, len)?;
-        let done = super::tail::copy_range(&other.memfd, at, &self.memfd, at, len)?;
+        let done = super::tail::copy_range(&other.memfd, at, &self.memfd, at, len, false)?;
         self.zero(at + done, len - done)
     }
 
@@ -234,44 +231,14 @@ impl Slots {
     /// frees them), the partial pages at either end by a write.
     pub fn zero(&self, at: u64, len: u64) -> io::Result<()> {
         self.check(at, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let end = at + len;
-        let first = at.next_multiple_of(MAP_ALIGNMENT).min(end);
-        let last = (end / MAP_ALIGNMENT * MAP_ALIGNMENT).max(first);
-        let zeros = [0u8; MAP_ALIGNMENT as usize];
-        self.memfd
-            .write_all_at(&zeros[..(first - at) as usize], at)?;
-        self.memfd
-            .write_all_at(&zeros[..(end - last) as usize], last)?;
-        if last > first {
-            // SAFETY: fallocate takes no pointers; the range is inside the memfd.
-            let r = unsafe {
-                libc::fallocate(
-                    self.memfd.as_raw_fd(),
-                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                    first as i64,
-                    (last - first) as i64,
-                )
-            };
-            if r < 0 {
-                let zeros = vec![0u8; 256 << 10];
-                let mut o = first;
-                while o < last {
-                    let n = (last - o).min(zeros.len() as u64);
-                    self.memfd.write_all_at(&zeros[..n as usize], o)?;
-                    o += n;
-                }
-            }
-        }
-        Ok(())
+        super::tail::zero_range(&self.memfd, at, len)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::FileExt;
 
     #[test]
     fn modes_parse() {

@@ -25,7 +25,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
@@ -77,20 +77,105 @@ pub(crate) fn memfd(name: &std::ffi::CStr, size: u64) -> io::Result<File> {
 }
 
 /// Copies `len` bytes of `src` from `from` to `dst` at `to`, a chunk at a time; stops early
-/// at the end of `src`. Returns the bytes copied.
-pub(crate) fn copy_range(src: &File, from: u64, dst: &File, to: u64, len: u64) -> io::Result<u64> {
-    let mut buf = vec![0u8; CHUNK.min(usize::try_from(len).unwrap_or(CHUNK))];
-    let mut done = 0u64;
-    while done < len {
-        let n = (len - done).min(buf.len() as u64) as usize;
-        let got = pread_full(src, &mut buf[..n], from + done)?;
-        dst.write_all_at(&buf[..got], to + done)?;
-        done += got as u64;
-        if got < n {
+/// at the end of `src`. Returns the bytes of `src` the range covered. Holes of `src` (found
+/// with `SEEK_DATA`/`SEEK_HOLE`) are not read: with `dst_zero` the destination is known to
+/// read zeros there already and is left alone, otherwise they are zeroed in `dst` (punched
+/// out where whole pages). So a sparse file costs neither reads nor memory.
+pub(crate) fn copy_range(
+    src: &File,
+    from: u64,
+    dst: &File,
+    to: u64,
+    len: u64,
+    dst_zero: bool,
+) -> io::Result<u64> {
+    let size = crate::sys::fstat(src.as_fd())?.st_size.max(0) as u64;
+    let end = size.min(from.saturating_add(len));
+    if end <= from {
+        return Ok(0);
+    }
+    let mut buf = vec![0u8; CHUNK.min(usize::try_from(end - from).unwrap_or(CHUNK))];
+    let mut pos = from;
+    while pos < end {
+        // The next data at or after `pos`, and the hole after it.
+        let data = seek(src, pos, libc::SEEK_DATA).unwrap_or(pos).min(end);
+        if data > pos && !dst_zero {
+            zero_range(dst, to + (pos - from), data - pos)?;
+        }
+        if data >= end {
             break;
         }
+        let hole = seek(src, data, libc::SEEK_HOLE).unwrap_or(end).min(end);
+        let hole = if hole <= data { end } else { hole };
+        let mut at = data;
+        while at < hole {
+            let n = (hole - at).min(buf.len() as u64) as usize;
+            let got = pread_full(src, &mut buf[..n], at)?;
+            dst.write_all_at(&buf[..got], to + (at - from))?;
+            at += got as u64;
+            if got < n {
+                // The file shrank meanwhile.
+                return Ok(at - from);
+            }
+        }
+        pos = hole;
     }
-    Ok(done)
+    Ok(end - from)
+}
+
+/// `lseek(2)` for `SEEK_DATA`/`SEEK_HOLE`; `None` when the file system cannot tell (then the
+/// caller treats everything as data) or there is no data past `at`.
+fn seek(f: &File, at: u64, whence: libc::c_int) -> Option<u64> {
+    let at = i64::try_from(at).ok()?;
+    // SAFETY: lseek takes no pointers; `f` is a valid descriptor for the call.
+    let r = unsafe { libc::lseek(f.as_raw_fd(), at, whence) };
+    if r < 0 {
+        if whence == libc::SEEK_DATA
+            && io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO)
+        {
+            // No data at or after `at`: a hole to the end.
+            return Some(u64::MAX);
+        }
+        return None;
+    }
+    Some(r as u64)
+}
+
+/// Zeros `[at, at + len)` of `f`: whole pages by punching them out (which also frees them),
+/// the partial pages at either end by a write.
+pub(crate) fn zero_range(f: &File, at: u64, len: u64) -> io::Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let end = at
+        .checked_add(len)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let first = at.next_multiple_of(MAP_ALIGNMENT).min(end);
+    let last = (end / MAP_ALIGNMENT * MAP_ALIGNMENT).max(first);
+    let zeros = [0u8; MAP_ALIGNMENT as usize];
+    f.write_all_at(&zeros[..(first - at) as usize], at)?;
+    f.write_all_at(&zeros[..(end - last) as usize], last)?;
+    if last > first {
+        // SAFETY: fallocate takes no pointers; `f` is a valid descriptor for the call.
+        let r = unsafe {
+            libc::fallocate(
+                f.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                first as i64,
+                (last - first) as i64,
+            )
+        };
+        if r < 0 {
+            let zeros = vec![0u8; CHUNK];
+            let mut o = first;
+            while o < last {
+                let n = (last - o).min(zeros.len() as u64);
+                f.write_all_at(&zeros[..n as usize], o)?;
+                o += n;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One side of a three-way merge: `len` bytes of a file at an offset.
@@ -135,6 +220,16 @@ pub(crate) fn merge(
         match agreed {
             Some(a) => a.file.read_exact_at(agc, a.at + c)?,
             None => agc.copy_from_slice(&nowc[..old_c]),
+        }
+        if nowc[..old_c] == agc[..] {
+            // Fast path (memcmp): the guest changed nothing in this chunk, and when the
+            // host's bytes are the agreed ones up to the same end there is nothing to move.
+            let hostc = &mut hostb[..in_c];
+            let got = pread_full(host.file, hostc, host.at + c)?;
+            if got == old_c && hostb[..got] == agc[..] {
+                c += n as u64;
+                continue;
+            }
         }
         let guest_changed = |i: usize, nowc: &[u8], agc: &[u8]| i < old_c && nowc[i] != agc[i];
         // 1. The guest's runs go to the file, one run at a time, never past its end.
@@ -216,9 +311,11 @@ impl Shadow {
     /// A memfd of `size` bytes holding the file's bytes from offset `at` (zero padded).
     pub fn new(file: &File, at: u64, size: u64) -> io::Result<Shadow> {
         let memfd = memfd(c"daxfsd-shadow", size)?;
+        // Taken before the copy: a change during it shows at the next sync.
+        let seen = super::copy::CopySig::of(file).ok();
         let file_size = crate::sys::fstat(file.as_fd())?.st_size.max(0) as u64;
         let want = file_size.saturating_sub(at).min(size);
-        let valid = copy_range(file, at, &memfd, 0, want)?;
+        let valid = copy_range(file, at, &memfd, 0, want, true)?;
         Ok(Shadow {
             memfd,
             size,
@@ -227,7 +324,7 @@ impl Shadow {
             at,
             file: None,
             writable: false,
-            seen: None,
+            seen,
         })
     }
 
@@ -253,9 +350,9 @@ impl Shadow {
         self.size = size;
         if self.valid == old {
             // The file covered the whole old shadow: its next bytes belong in the new part.
-            let n = copy_range(file, self.at + old, &self.memfd, old, size - old)?;
+            let n = copy_range(file, self.at + old, &self.memfd, old, size - old, true)?;
             if let Some(a) = &self.agreed {
-                copy_range(&self.memfd, old, a, old, n)?;
+                copy_range(&self.memfd, old, a, old, n, true)?;
             }
             self.valid += n;
         }
@@ -267,7 +364,7 @@ impl Shadow {
         if writable && self.agreed.is_none() {
             // From now on the guest may store into the memfd: keep the agreed bytes apart.
             let a = memfd(c"daxfsd-shadow-agreed", self.size)?;
-            copy_range(&self.memfd, 0, &a, 0, self.valid)?;
+            copy_range(&self.memfd, 0, &a, 0, self.valid, true)?;
             self.agreed = Some(a);
         }
         if writable {

@@ -45,7 +45,7 @@ fn setupmappings_past_the_budget_stay_within_qemus_slots() {
     const N: usize = 512;
     let sizes: Vec<usize> = (0..N).map(|i| 4096 + 17 + (i % 97) * 13).collect();
     let sz = sizes.clone();
-    let mut r = common::start_with(&["--dax-window=1G"], &DriverConfig::default(), |d| {
+    let r = common::start_with(&["--dax-window=1G"], &DriverConfig::default(), |d| {
         for (i, n) in sz.iter().enumerate() {
             fs::write(d.join(format!("f{i}")), bytes(*n, i as u8)).unwrap();
         }
@@ -98,7 +98,7 @@ fn setupmappings_past_the_budget_stay_within_qemus_slots() {
         assert_eq!(&host[4096..4101], want, "file {i}");
     }
     // The guest reclaims and maps again (another file in each range): still within.
-    for (i, (node, fh)) in handles.iter().enumerate() {
+    for (i, (node, _)) in handles.iter().enumerate() {
         let one = RemovemappingOne {
             moffset: i as u64 * MIB2,
             len: MIB2,
@@ -112,7 +112,6 @@ fn setupmappings_past_the_budget_stay_within_qemus_slots() {
         w.read(i as u64 * MIB2, &mut got).unwrap();
         let host = fs::read(r.host(&format!("f{j}"))).unwrap();
         assert_eq!(got, host[..16], "range {i} now maps f{j}");
-        let _ = fh;
     }
     assert!(w.peak() <= DEFAULT_MAP_BUDGET, "peak {}", w.peak());
     assert!(w.violations().is_empty(), "{:?}", w.violations());
@@ -122,10 +121,68 @@ fn setupmappings_past_the_budget_stay_within_qemus_slots() {
         .open(r.host("f1"))
         .unwrap();
     f0.write_all_at(b"HOST", 0).unwrap();
-    let (n1, fh1) = handles[1];
+    let (n1, _) = handles[1];
     r.s.getattr(n1, None).unwrap();
     let mut got = [0u8; 4];
     w.read(0, &mut got).unwrap();
     assert_eq!(&got, b"HOST");
-    let _ = fh1;
+}
+
+/// Peak resident memory of a process (`VmHWM`), in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status")
+}
+
+/// Issue #20 d: one read-only guest mapping as long as the window (1 GiB: served from the
+/// pool; 512 MiB: a snapshot shadow, as the file is executable) must not cost the daemon
+/// memory in proportion to its length, at the map or at each READ/FLUSH sync point after it.
+#[test]
+fn a_window_long_read_only_map_keeps_the_daemons_memory_bounded() {
+    if !only_daxfsd("a_window_long_read_only_map_keeps_the_daemons_memory_bounded") {
+        return;
+    }
+    for (win, len) in [
+        ("--dax-window=1G", 1u64 << 30),
+        ("--dax-window=512M", 512 << 20),
+    ] {
+        let r = common::start_with(&[win], &DriverConfig::default(), |d| {
+            let f = fs::File::create(d.join("big")).unwrap();
+            f.set_len(len).unwrap();
+            f.write_all_at(b"head", 0).unwrap();
+            f.write_all_at(b"tail", len - 4).unwrap();
+            // Executable: the daemon keeps no writable descriptor and maps a snapshot.
+            use std::os::unix::fs::PermissionsExt;
+            f.set_permissions(fs::Permissions::from_mode(0o755))
+                .unwrap();
+        });
+        let pid = r.daemon.pid().expect("daemon pid");
+        let w = r.s.dax().cloned().expect("no window");
+        let e = r.s.lookup(abi::ROOT_ID, "big").unwrap();
+        let o = r.s.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
+        let before = peak_rss_kib(pid);
+        r.s.setupmapping(e.nodeid, o.fh, 0, len, READ, 0)
+            .unwrap_or_else(|err| panic!("SETUPMAPPING {win}: {err}\n{}", r.daemon.log_contents()));
+        for _ in 0..2 {
+            r.s.read(e.nodeid, o.fh, 0, 4096).unwrap();
+            r.s.flush(e.nodeid, o.fh, 0).unwrap();
+        }
+        let mut got = [0u8; 4];
+        w.read(0, &mut got).unwrap();
+        assert_eq!(&got, b"head", "{win}");
+        w.read(len - 4, &mut got).unwrap();
+        assert_eq!(&got, b"tail", "{win}");
+        let grew = peak_rss_kib(pid).saturating_sub(before);
+        eprintln!("{win}: peak RSS {before} KiB before the map, grew by {grew} KiB");
+        assert!(
+            grew < 64 << 10,
+            "{win}: the daemon's peak RSS grew by {grew} KiB for a {} MiB read-only map",
+            len >> 20
+        );
+        r.s.release(e.nodeid, o.fh, libc::O_RDONLY as u32).unwrap();
+    }
 }
