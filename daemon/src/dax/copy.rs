@@ -268,6 +268,26 @@ mod tests {
     }
 
     #[test]
+    fn slots_are_never_mapped_into_the_daemon() {
+        // Issue #20 f: the frontend maps slots writable (the pool), and a reset or DESTROY
+        // frees parked slots without a claim while the guest may store into them. The
+        // daemon therefore never maps the memfd itself: no store of its own can race one.
+        let s = Slots::named(c"daxfsd-test-unmapped-slots", 4 << 20).unwrap();
+        let f = tempfile::tempfile().unwrap();
+        f.write_all_at(&[3u8; 5000], 0).unwrap();
+        s.fill(0, 2 << 20, &f, 0).unwrap();
+        s.zero(0, 2 << 20).unwrap();
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        assert!(
+            !maps.contains("daxfsd-test-unmapped-slots"),
+            "the slots' memfd is mapped into the daemon"
+        );
+        let mut got = vec![1u8; 8192];
+        s.file().read_exact_at(&mut got, 0).unwrap();
+        assert!(got.iter().all(|&b| b == 0));
+    }
+
+    #[test]
     fn churn_counts_the_last_second() {
         let mut c = Churn::default();
         assert_eq!(c.rate(), 0);
