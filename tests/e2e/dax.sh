@@ -312,7 +312,7 @@ rc=0
 check() { n=\$1; shift; if "\$@"; then echo "GUEST PASS \$n"; else echo "GUEST FAIL \$n"; rc=1; fi; }
 check small_read [ "\$(for i in \$(seq 1 700); do cat /mnt/small/s\$i; done | md5sum | cut -d' ' -f1)" = "$want_small" ]
 # One page of every 2 MiB through one mmap (page faults map under either policy).
-fio --name=s --filename=/mnt/huge --size=1100M --rw=read:2044k --bs=4k --ioengine=mmap \
+fio --name=s --filename=/mnt/huge --size=1100M --rw=read:2044k --bs=4k --number_ios=550 --ioengine=mmap \
     --output=/tmp/fio0.out >/dev/null 2>&1
 check huge_strided [ \$? = 0 ] || tail -n 5 /tmp/fio0.out
 check huge_read [ "\$(head -c 67108864 /mnt/huge | md5sum | cut -d' ' -f1)" = "$want_huge" ]

@@ -924,6 +924,16 @@ impl<S: WindowSink> DaxWindow<S> {
             }
         } else if let Some(p) = placed {
             log::warn!("DAX mapping {moffset:#x} completed across a device reset: dropped");
+            if p.pooled {
+                // Nothing of its own in the frontend; its bytes are freed below.
+                drop(t);
+                self.free_pooled(moffset, &p);
+                t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+                t.unbusy(moffset);
+                drop(t);
+                self.idle.notify_all();
+                return;
+            }
             if p.file_len > 0 {
                 t.orphans.push((moffset, p.file_len));
             }
@@ -2561,6 +2571,39 @@ mod tests {
             calls(&rec),
             vec!["map 0x0+0x2000000@0x0 rw", "unmap 0x0+0x2000000"]
         );
+    }
+
+    #[test]
+    fn a_reset_during_the_pools_map_drops_it_and_maps_it_again() {
+        let w: DaxWindow<Arc<Rec>> = DaxWindow::with_budget(8 * MB2, 2).unwrap();
+        let w = Arc::new(w);
+        let rec = Arc::new(Rec::default());
+        w.set_sink(rec.clone());
+        w.start();
+        let f = data_file(4, MB2 as usize);
+        let gate = rec.gate.lock().unwrap();
+        let (w2, fd) = (w.clone(), f.try_clone().unwrap());
+        let t = std::thread::spawn(move || w2.map(1, 0, MB2, fd.as_fd(), 0, false));
+        std::thread::sleep(Duration::from_millis(100));
+        let started = std::time::Instant::now();
+        w.stop();
+        assert!(started.elapsed() < Duration::from_secs(1), "reset waited");
+        drop(gate);
+        assert!(t.join().unwrap().is_err(), "the map raced a reset");
+        w.start();
+        w.map(1, MB2, MB2, f.as_fd(), 0, false).unwrap();
+        assert_eq!(
+            calls(&rec),
+            vec![
+                "map 0x0+0x1000000@0x0 rw",
+                "unmap 0x0+0x1000000",
+                "map 0x0+0x1000000@0x0 rw"
+            ],
+            "the pool the frontend may have kept is taken out before it is mapped again"
+        );
+        assert_eq!(pool_read(&rec, MB2, 4), vec![4u8; 4]);
+        let s = w.stats();
+        assert_eq!((s.regions, s.mapped_bytes), (1, MB2), "{s}");
     }
 
     #[test]
