@@ -220,9 +220,10 @@ struct Placed {
     /// Served from the pool (the window's one frontend mapping of [`Slots`]): no frontend
     /// mapping of its own. Read-only ones are copies (`copy`); writable ones are merged
     /// with the file at sync points, `Some(agreed length)` of their bytes in the pool's
-    /// agreed copy.
+    /// agreed copy, and the file as the last merge left it (`pool_sig`).
     pooled: bool,
     pool_agreed: Option<u64>,
+    pool_sig: Option<CopySig>,
 }
 
 impl Placed {
@@ -247,6 +248,7 @@ impl Placed {
             copy: Some(sig),
             pooled: false,
             pool_agreed: None,
+            pool_sig: None,
         }
     }
 }
@@ -1116,11 +1118,13 @@ impl<S: WindowSink> DaxWindow<S> {
     }
 
     /// Merges a writable pooled range with its file (three ways, as a shadow); returns the
-    /// new agreed length, `None` when there is nothing to merge or it failed (logged).
-    fn merge_pooled(&self, m: u64, p: &Placed) -> Option<u64> {
+    /// new agreed length and the file's signature after it, `None` when there is nothing to
+    /// merge or it failed (logged).
+    fn merge_pooled(&self, m: u64, p: &Placed) -> Option<(u64, Option<CopySig>)> {
         let old = p.pool_agreed?;
         let f = p.file.as_ref()?;
         let (slots, agreed) = (self.slots.get()?, self.agreed.get()?);
+        let unchanged = p.pool_sig.is_some() && CopySig::of(f).ok() == p.pool_sig;
         let r = tail::merge(
             tail::Span {
                 file: slots.file(),
@@ -1137,6 +1141,7 @@ impl<S: WindowSink> DaxWindow<S> {
                 at: p.foffset,
             },
             true,
+            unchanged,
         );
         match r {
             Ok((r, valid)) => {
@@ -1144,7 +1149,7 @@ impl<S: WindowSink> DaxWindow<S> {
                     .written_back
                     .fetch_add(r.written, Ordering::Relaxed);
                 self.counters.pulled.fetch_add(r.pulled, Ordering::Relaxed);
-                Some(valid)
+                Some((valid, CopySig::of(f).ok()))
             }
             Err(e) => {
                 log::error!("merging pooled DAX range {m:#x} with its file failed: {e}");
@@ -1188,8 +1193,9 @@ impl<S: WindowSink> DaxWindow<S> {
             let mut placed = None;
             for (s, mut p) in taken {
                 if s == m && placed.is_none() {
-                    if let Some(v) = self.merge_pooled(m, &p) {
+                    if let Some((v, sig)) = self.merge_pooled(m, &p) {
                         p.pool_agreed = Some(v);
+                        p.pool_sig = sig;
                     }
                     placed = Some(p);
                 } else {
@@ -1304,6 +1310,7 @@ impl<S: WindowSink> DaxWindow<S> {
             copy: if writable { None } else { Some(sig) },
             pooled: true,
             pool_agreed,
+            pool_sig: Some(sig),
         }))
     }
 
@@ -1427,6 +1434,7 @@ impl<S: WindowSink> DaxWindow<S> {
             copy: None,
             pooled: false,
             pool_agreed: None,
+            pool_sig: None,
         };
         if file_len > 0 {
             let f = file.as_ref().ok_or_else(eio)?;
@@ -1743,7 +1751,7 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
                 None => Some(source.clone()),
             };
             if self.use_pool() {
-                let (gen, taken) = self.claim(moffset, end)?;
+                let (gen, taken, parked) = self.claim_parked(moffset, end, true)?;
                 let mut freed = 0;
                 if !taken.is_empty() {
                     self.counters.upgrades.fetch_add(1, Ordering::Relaxed);
@@ -1751,6 +1759,10 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
                 for (s, p) in &taken {
                     self.unplace(*s, p);
                     freed += p.regions;
+                }
+                // Parked copy slots from before the window turned pooled.
+                for (s, l) in parked {
+                    self.drop_parked(gen, s, l);
                 }
                 self.unreserve(gen, freed);
                 let placed = match self.place_pooled(
