@@ -186,3 +186,34 @@ fn a_window_long_read_only_map_keeps_the_daemons_memory_bounded() {
         r.s.release(e.nodeid, o.fh, libc::O_RDONLY as u32).unwrap();
     }
 }
+
+/// The largest windows: 64 GiB (32,768 ranges of 2 MiB) is one pooled frontend mapping;
+/// ranges anywhere in it map, read their files and write back.
+#[test]
+fn a_64g_window_is_one_frontend_mapping() {
+    if !only_daxfsd("a_64g_window_is_one_frontend_mapping") {
+        return;
+    }
+    let r = common::start_with(&["--dax-window=64G"], &DriverConfig::default(), |d| {
+        fs::write(d.join("f"), bytes(3 << 20, 9)).unwrap();
+    });
+    let w = r.s.dax().cloned().expect("no window");
+    assert_eq!(w.len(), 64 << 30);
+    let e = r.s.lookup(abi::ROOT_ID, "f").unwrap();
+    let o = r.s.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+    let last = (64u64 << 30) - MIB2;
+    for (i, m) in [0, 12345 * MIB2, last].into_iter().enumerate() {
+        r.s.setupmapping(e.nodeid, o.fh, i as u64 * MIB2 / 2, MIB2, READ | WRITE, m)
+            .unwrap_or_else(|err| panic!("SETUPMAPPING at {m:#x}: {err}"));
+        let mut got = vec![0u8; 4096];
+        w.read(m, &mut got).unwrap();
+        let want = &bytes(3 << 20, 9)[(i << 20)..(i << 20) + 4096];
+        assert_eq!(got, want, "range at {m:#x}");
+    }
+    w.write(last + 10, b"END").unwrap();
+    r.s.fsync(e.nodeid, o.fh, false).unwrap();
+    let host = fs::read(r.host("f")).unwrap();
+    assert_eq!(&host[(2 << 20) + 10..(2 << 20) + 13], b"END");
+    assert_eq!(w.peak(), 1, "one frontend mapping");
+    assert!(w.violations().is_empty(), "{:?}", w.violations());
+}
