@@ -416,7 +416,7 @@ struct Counters {
 /// together: code that needs both copies what it needs out of the table first.
 pub struct DaxWindow<S: WindowSink = Backend> {
     size: u64,
-    /// The configured budget; [`DaxWindow::budget`] raises it to one per guest range.
+    /// The configured budget of frontend mappings (see [`DaxWindow::budget`]).
     budget: usize,
     /// The smallest aligned power-of-two range the guest mapped (at least
     /// [`MIN_GUEST_RANGE`], at most [`RANGE_SIZE`]): its range size.
@@ -471,8 +471,8 @@ impl<S: WindowSink> DaxWindow<S> {
         Self::with_budget(size, DEFAULT_MAP_BUDGET)
     }
 
-    /// A window that keeps at most `budget` frontend mappings live (at least one per range of
-    /// the window, whatever `budget` says; see [`DaxWindow::ranges`]).
+    /// A window that keeps at most `budget` frontend mappings live; with more guest ranges
+    /// than that it is served pooled ([`DaxWindow::pooled`]).
     pub fn with_budget(size: u64, budget: usize) -> io::Result<Self> {
         if size == 0 || size % MAP_ALIGNMENT != 0 {
             return Err(io::Error::new(
