@@ -48,6 +48,17 @@
 #                      the file at once; in a 64 KiB file (whole pages: the host page cache) and
 #                      a 6000-byte one (its last page a shadow tail); still so after the
 #                      attribute timeout; the host files' mtimes are the guest's last ones
+# Runs 5-7 (run 5 per window), `-o dax=always`, windows of 1G, 2G and 8G (more 2 MiB ranges than daxfsd's budget
+# of frontend mappings: served pooled), --cache auto (inodes, and with the upstream policy
+# their mapped ranges, stay):
+#   window_<size>      700 small files read, then one page of every 2 MiB of a 1.1 GiB file
+#                      through an mmap that stays (550 ranges mapped at once by either policy,
+#                      1,250 with upstream: past QEMU 11.1's 512 memory regions when each is a
+#                      frontend mapping, the abort of issue #20; more ranges than a 1G window
+#                      has), then fio verify over psync and mmap: no QEMU abort, no guest I/O error, digests equal the host's, 0
+#                      failures in the daemon's counters, the frontend's memory table
+#                      (peak_table_regions in the daemon's log) under QEMU's 512 regions and
+#                      the window's mappings (peak_regions) within the budget
 # Without a VM:
 #   window_768M        --dax-window=768M is refused with the two nearest sizes; no QEMU started
 # Ends with "e2e-dax: N passed, M failed"; exits non-zero on any failure.
@@ -314,6 +325,57 @@ if ((rc5 == 0)) && [[ -n $guest_t && $guest_t == "$host_t" ]]; then
 else
     bad mmap_mtime "rc=$rc5: $(grep -a 'vfstest' "$work/out5.txt" | tail -n 2 | tr '\n' '|') guest '$guest_t' host '$host_t' (see $log5)"
 fi
+# ---- runs 5-7: windows with more ranges than QEMU's memory slots ---------------------
+rm -rf -- "$share" && mkdir -p "$share/small"
+for i in $(seq 1 700); do head -c $((4096 + i)) /dev/urandom >"$share/small/s$i"; done
+want_small=$(for i in $(seq 1 700); do cat "$share/small/s$i"; done | md5)
+# Sparse past its first 64 MiB: the strided read maps every range without 1.1 GiB of I/O.
+head -c $((64 * 1024 * 1024)) /dev/urandom >"$share/huge"
+truncate -s 1100M "$share/huge"
+want_huge=$(head -c $((64 * 1024 * 1024)) "$share/huge" | md5)
+budget=445
+cat >"$work/runwin.sh" <<EOF
+rc=0
+check() { n=\$1; shift; if "\$@"; then echo "GUEST PASS \$n"; else echo "GUEST FAIL \$n"; rc=1; fi; }
+check small_read [ "\$(for i in \$(seq 1 700); do cat /mnt/small/s\$i; done | md5sum | cut -d' ' -f1)" = "$want_small" ]
+# One page of every 2 MiB through one mmap (page faults map under either policy).
+fio --name=s --filename=/mnt/huge --size=1100M --rw=read:2044k --bs=4k --number_ios=550 --ioengine=mmap \
+    --output=/tmp/fio0.out >/dev/null 2>&1
+check huge_strided [ \$? = 0 ] || tail -n 5 /tmp/fio0.out
+check huge_read [ "\$(head -c 67108864 /mnt/huge | md5sum | cut -d' ' -f1)" = "$want_huge" ]
+fio --name=p --filename=/mnt/fio-psync --size=16M --rw=randwrite --bs=64k --ioengine=psync \
+    --verify=crc32c --do_verify=1 --verify_fatal=1 --output=/tmp/fio1.out >/dev/null 2>&1
+check fio_psync [ \$? = 0 ] || tail -n 5 /tmp/fio1.out
+fio --name=m --filename=/mnt/fio-mmap --size=16M --rw=randwrite --bs=64k --ioengine=mmap \
+    --verify=crc32c --do_verify=1 --verify_fatal=1 --output=/tmp/fio2.out >/dev/null 2>&1
+check fio_mmap [ \$? = 0 ] || tail -n 5 /tmp/fio2.out
+check no_io_error [ "\$(dmesg | grep -ci 'virtiofs.*error\\|I/O error')" = 0 ]
+exit \$rc
+EOF
+for win in 1G 2G 8G; do
+    logw="$logs/e2e-dax-win$win-$(date +%Y%m%d-%H%M%S)-$$.log"
+    log "run: dax=always, $win window (more ranges than frontend mappings): 700 files, 550 ranges of one file, fio"
+    rcw=0
+    scripts/vm.sh "${verbose[@]}" -p dax --cache auto -a "--dax-window=$win" "${dargs[@]}" -o "dax=always${policy_mo:+,$policy_mo}" \
+        -s "$share" --script "$work/runwin.sh" -m 1G -T 600 -l "$logw" >"$work/outwin.txt" || rcw=$?
+    grep -E '^GUEST (PASS|FAIL)' "$work/outwin.txt" || true
+    countersw=$(grep -ao 'dax: maps=.*' "${logw%.log}.daemon.log" | tail -n 1 || true)
+    log "daemon counters ($win): ${countersw:-none}"
+    declare -A cw=()
+    for kv in ${countersw#dax: }; do cw[${kv%%=*}]=${kv#*=}; done
+    g_ok=1
+    for g in small_read huge_strided huge_read fio_psync fio_mmap no_io_error; do
+        grep -q "^GUEST PASS $g" "$work/outwin.txt" || g_ok=0
+    done
+    if ((rcw == 0 && g_ok)) && ((${cw[maps]:-0} >= 550 && ${cw[failures]:-1} == 0)) &&
+        ((${cw[peak_regions]:-999} <= budget && ${cw[peak_table_regions]:-999} > 0 && ${cw[peak_table_regions]:-999} < 512)) &&
+        ! grep -qa 'Assertion' "$logw" "$work/outwin.txt"; then
+        ok "window_$win"
+    else
+        bad "window_$win" "vm rc=$rcw, guest checks $(grep -c '^GUEST PASS' "$work/outwin.txt")/6, counters ${countersw:-none} (want failures=0, peak_regions<=$budget, peak_table_regions<512), see $logw"
+    fi
+    rm -f "$share/fio-psync" "$share/fio-mmap"
+done
 
 # ---- --dax-window 768M: refused at start, no QEMU ----------------------------------
 log4="$logs/e2e-dax-768-$(date +%Y%m%d-%H%M%S)-$$.log"

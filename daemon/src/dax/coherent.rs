@@ -40,13 +40,15 @@ impl<F: FileSystem> Coherent<F> {
         &self.inner
     }
 
-    /// Runs `f` with `inode` written back first and re-placed after a successful call.
+    /// Runs `f` with `inode` written back first and re-placed after the call, whatever its
+    /// result: a request can change the size and still fail (a SETATTR that truncates, then
+    /// fails on a later attribute), and a mapping past the new end must not stay in the
+    /// window. A re-placement happens only when the page layout changed, so it costs one
+    /// `fstat` otherwise.
     fn resizing<T>(&self, inode: Inode, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
         self.mapper.sync(inode);
         let r = f();
-        if r.is_ok() {
-            self.mapper.refresh(inode);
-        }
+        self.mapper.refresh(inode);
         r
     }
 
@@ -61,10 +63,13 @@ impl<F: FileSystem> Coherent<F> {
         f: impl FnOnce() -> io::Result<usize>,
     ) -> io::Result<usize> {
         self.mapper.sync(inode);
-        let n = f()?;
-        self.mapper.written(inode, offset, n as u64);
+        let r = f();
+        if let Ok(n) = r {
+            self.mapper.written(inode, offset, n as u64);
+        }
+        // A failed write or fallocate may still have moved the file's end.
         self.mapper.refresh(inode);
-        Ok(n)
+        r
     }
 
     fn synced<T>(&self, inode: Inode, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {

@@ -17,12 +17,9 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd};
-use std::ptr::NonNull;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
-
-use super::MAP_ALIGNMENT;
 
 /// When read-only guest mappings are placed as copy slots (`--dax-copy`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -165,68 +162,48 @@ impl CopySig {
     }
 }
 
-/// The memfd behind every copy slot: as large as the window, slot offset = window offset,
-/// mapped once into the daemon so a fill is one `pread` into it. Pages exist only where slots
-/// were filled, so it never holds more than the window's size.
+/// The memfd behind every copy slot: as large as the window, slot offset = window offset.
+/// Pages exist only where slots were filled, so it never holds more than the window's size.
+///
+/// The daemon never maps it: a fill is a `pread` from the file into a bounded buffer and a
+/// `pwrite` into the memfd, a free punches the pages out. So no memory of this process is
+/// shared with the frontend through it (the guest may store into a slot the frontend maps
+/// writable while the daemon fills or frees it, a reset or DESTROY frees parked slots without
+/// a claim: neither touches memory the daemon reads or writes), and its pages never count in
+/// the daemon's resident set.
 pub struct Slots {
     memfd: File,
-    base: NonNull<u8>,
     size: u64,
 }
 
-// SAFETY: `base` points to a MAP_SHARED mapping owned by this value for its whole life; the
-// struct hands out no references into it (only raw writes through syscalls and
-// `write_bytes`), and every fill of a range is serialised by the window's busy claims.
-unsafe impl Send for Slots {}
-// SAFETY: as above: shared access only writes through raw pointers to ranges the caller
-// claimed exclusively.
-unsafe impl Sync for Slots {}
-
 impl Slots {
-    /// A memfd of `size` bytes (nothing allocated until filled), mapped read-write.
+    /// A memfd of `size` bytes (nothing allocated until filled).
     pub fn new(size: u64) -> io::Result<Slots> {
-        let name = c"daxfsd-copy-slots";
-        // SAFETY: `name` is NUL-terminated; memfd_create takes no other pointers.
-        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just returned by memfd_create and nothing else owns it.
-        let memfd = unsafe { File::from_raw_fd(fd) };
-        memfd.set_len(size)?;
-        let len = usize::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: a new shared mapping of `len` bytes of a memfd of that size, at an address
-        // the kernel picks; no existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                memfd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let base = NonNull::new(p.cast::<u8>()).ok_or_else(io::Error::last_os_error)?;
-        Ok(Slots { memfd, base, size })
+        Self::named(c"daxfsd-copy-slots", size)
+    }
+
+    /// [`Slots::new`] with the memfd named `name` (for `/proc/PID/fd`).
+    pub fn named(name: &std::ffi::CStr, size: u64) -> io::Result<Slots> {
+        let memfd = super::tail::memfd(name, size)?;
+        Ok(Slots { memfd, size })
     }
 
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.memfd.as_fd()
     }
 
+    /// The memfd, for reads and writes at slot offsets.
+    pub fn file(&self) -> &File {
+        &self.memfd
+    }
+
     pub fn size(&self) -> u64 {
         self.size
     }
 
-    fn check(&self, at: u64, len: u64) -> io::Result<usize> {
+    fn check(&self, at: u64, len: u64) -> io::Result<()> {
         match at.checked_add(len) {
-            Some(end) if end <= self.size => {
-                usize::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
-            }
+            Some(end) if end <= self.size => Ok(()),
             _ => Err(io::Error::from_raw_os_error(libc::EINVAL)),
         }
     }
@@ -234,78 +211,27 @@ impl Slots {
     /// Fills `[at, at + len)` with the file's bytes from `foffset`, zeros past its end.
     /// Returns the file bytes copied. The caller holds the range exclusively.
     pub fn fill(&self, at: u64, len: u64, file: &File, foffset: u64) -> io::Result<u64> {
-        let n = self.check(at, len)?;
-        let mut done = 0usize;
-        while done < n {
-            let off = foffset
-                .checked_add(done as u64)
-                .and_then(|o| i64::try_from(o).ok())
-                .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
-            // SAFETY: `[at + done, at + n)` lies inside the mapping (checked above); the
-            // kernel writes at most `n - done` bytes there. No Rust reference to that memory
-            // exists.
-            let r = unsafe {
-                libc::pread64(
-                    file.as_raw_fd(),
-                    self.base.as_ptr().add(at as usize + done).cast(),
-                    n - done,
-                    off,
-                )
-            };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            if r == 0 {
-                break;
-            }
-            done += r as usize;
+        self.check(at, len)?;
+        if !matches!(foffset.checked_add(len), Some(e) if i64::try_from(e).is_ok()) {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
-        self.zero(at + done as u64, (n - done) as u64)?;
-        Ok(done as u64)
+        let done = super::tail::copy_range(file, foffset, &self.memfd, at, len, false)?;
+        self.zero(at + done, len - done)?;
+        Ok(done)
     }
 
-    /// Zeros `[at, at + len)`: the partial page by a store, whole pages by punching them out
-    /// of the memfd (which also frees them).
+    /// Copies `[at, at + len)` of `other` (a memfd of the same size) into the same range.
+    pub fn copy_from(&self, other: &Slots, at: u64, len: u64) -> io::Result<()> {
+        self.check(at, len)?;
+        let done = super::tail::copy_range(&other.memfd, at, &self.memfd, at, len, false)?;
+        self.zero(at + done, len - done)
+    }
+
+    /// Zeros `[at, at + len)`: whole pages by punching them out of the memfd (which also
+    /// frees them), the partial pages at either end by a write.
     pub fn zero(&self, at: u64, len: u64) -> io::Result<()> {
-        let n = self.check(at, len)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let page_end = at.next_multiple_of(MAP_ALIGNMENT).min(at + len);
-        let head = (page_end - at) as usize;
-        // SAFETY: `[at, at + head)` is inside the mapping (checked: head <= n); raw write, no
-        // reference created.
-        unsafe { std::ptr::write_bytes(self.base.as_ptr().add(at as usize), 0, head) };
-        let rest = n - head;
-        if rest > 0 {
-            // SAFETY: fallocate takes no pointers; the range is inside the memfd.
-            let r = unsafe {
-                libc::fallocate(
-                    self.memfd.as_raw_fd(),
-                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                    page_end as i64,
-                    rest as i64,
-                )
-            };
-            if r < 0 {
-                // SAFETY: as for the head: inside the mapping, raw write.
-                unsafe {
-                    std::ptr::write_bytes(self.base.as_ptr().add(page_end as usize), 0, rest)
-                };
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Slots {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping `new` made; nothing refers to it any more.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.size as usize) };
+        self.check(at, len)?;
+        super::tail::zero_range(&self.memfd, at, len)
     }
 }
 
@@ -339,6 +265,26 @@ mod tests {
         assert!(got[5000..].iter().all(|&b| b == 0));
         assert!(s.fill(4 << 20, 4096, &f, 0).is_err(), "past the end");
         assert!(s.fill(u64::MAX - 10, 4096, &f, 0).is_err(), "overflow");
+    }
+
+    #[test]
+    fn slots_are_never_mapped_into_the_daemon() {
+        // Issue #20 f: the frontend maps slots writable (the pool), and a reset or DESTROY
+        // frees parked slots without a claim while the guest may store into them. The
+        // daemon therefore never maps the memfd itself: no store of its own can race one.
+        let s = Slots::named(c"daxfsd-test-unmapped-slots", 4 << 20).unwrap();
+        let f = tempfile::tempfile().unwrap();
+        f.write_all_at(&[3u8; 5000], 0).unwrap();
+        s.fill(0, 2 << 20, &f, 0).unwrap();
+        s.zero(0, 2 << 20).unwrap();
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        assert!(
+            !maps.contains("daxfsd-test-unmapped-slots"),
+            "the slots' memfd is mapped into the daemon"
+        );
+        let mut got = vec![1u8; 8192];
+        s.file().read_exact_at(&mut got, 0).unwrap();
+        assert!(got.iter().all(|&b| b == 0));
     }
 
     #[test]

@@ -60,17 +60,31 @@ pub const RANGE_SIZE: u64 = 2 << 20;
 /// gets no more than `size / MIN_GUEST_RANGE` frontend mappings, so it cannot make the
 /// frontend's memory map grow without bound.
 pub const MIN_GUEST_RANGE: u64 = 256 << 10;
-/// Memory regions QEMU 11.1 lets one vhost-user device's memory table hold on x86
-/// (`VHOST_USER_MAX_RAM_SLOTS` = `ACPI_MAX_RAM_SLOTS` = 256; the backend offers
-/// CONFIGURE_MEM_SLOTS and answers 509 to GET_MAX_MEM_SLOTS, so QEMU's 256 binds). QEMU puts
-/// every SHMEM mapping into that table; past it SET_MEM_TABLE fails and the vrings cannot
-/// restart after `stop`/`cont`. KVM's slots (509 on older hosts) are the next limit.
-pub const FRONTEND_SLOT_LIMIT: usize = 256;
-/// Slots left for the guest's RAM sections.
-pub const RESERVED_SLOTS: usize = 16;
-/// Frontend mappings the window keeps live at most (unless the window has more 2 MiB ranges
-/// than this: then one per range, the least a guest that maps all of it needs; the start-up
-/// log warns).
+/// QEMU 11.1's `VHOST_USER_MAX_RAM_SLOTS` (hw/virtio/vhost-user.c: 512 on every target but
+/// ppc). Its vhost memory listener puts every fd-backed RAM section of the guest's address
+/// space into each vhost-user backend's memory table, every SHMEM mapping included (each is
+/// its own memory region); with CONFIGURE_MEM_SLOTS, `vhost_user_add_remove_regions`
+/// asserts the table holds at most this many and QEMU aborts past it.
+pub const QEMU_MAX_RAM_SLOTS: usize = 512;
+/// What the backend answers to GET_MAX_MEM_SLOTS (`vhost-user-backend`'s `MAX_MEM_SLOTS`):
+/// QEMU keeps `min(answer, QEMU_MAX_RAM_SLOTS)` as the device's limit (it refuses to plug
+/// memory devices past it, and refuses a backend whose limit is below the RAM present).
+pub const MAX_MEM_SLOTS_ANSWER: usize = 509;
+/// Memory regions one vhost-user backend's table may hold: the smaller of the two above.
+pub const FRONTEND_SLOT_LIMIT: usize = if MAX_MEM_SLOTS_ANSWER < QEMU_MAX_RAM_SLOTS {
+    MAX_MEM_SLOTS_ANSWER
+} else {
+    QEMU_MAX_RAM_SLOTS
+};
+/// Slots left for everything in the table that is not a window mapping: the guest's RAM
+/// sections (2 to 4 on a pc or q35 machine with a memory backend; each hot-plugged DIMM or
+/// virtio-mem memslot one more), with room to spare. On KVM hosts every mapping is also a KVM
+/// memory slot: 509 usable ones per address space before Linux 5.15 (32,764 since), of which
+/// QEMU itself takes a dozen or two for ROMs, the VGA and RAM, so this margin covers those
+/// hosts too.
+pub const RESERVED_SLOTS: usize = 64;
+/// Frontend mappings the window keeps live at most (445). A window with more guest ranges
+/// than this is served *pooled* (see [`DaxWindow::pooled`]): one frontend mapping in all.
 pub const DEFAULT_MAP_BUDGET: usize = FRONTEND_SLOT_LIMIT - RESERVED_SLOTS;
 /// How often dirty shadows are written back without a guest request: the most a SIGKILL of
 /// the daemon can lose is guest stores into shadow tails of the last period.
@@ -162,17 +176,23 @@ pub struct DaxStats {
     /// Parked copy slots now, and parked slots unmapped for the budget.
     pub parked: u64,
     pub evicted: u64,
+    /// Guest mappings served from the pool (a window with more ranges than the budget).
+    pub pooled: u64,
+    /// Regions in the frontend's memory table (guest RAM and window mappings) now, and the
+    /// most ever: what QEMU holds against its `VHOST_USER_MAX_RAM_SLOTS`.
+    pub table_regions: u64,
+    pub peak_table_regions: u64,
 }
 
 impl std::fmt::Display for DaxStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "dax: maps={} unmaps={} upgrades={} failures={} mapped_bytes={} tails={} snapshots={} merged={} replaced={} written_back={} pulled={} regions={} peak_regions={} copies={} reused={} recopied={} parked={} evicted={}",
+            "dax: maps={} unmaps={} upgrades={} failures={} mapped_bytes={} tails={} snapshots={} merged={} replaced={} written_back={} pulled={} regions={} peak_regions={} copies={} reused={} recopied={} parked={} evicted={} pooled={} table_regions={} peak_table_regions={}",
             self.maps, self.unmaps, self.upgrades, self.failures, self.mapped_bytes, self.tails,
             self.snapshots, self.merged, self.replaced, self.written_back, self.pulled,
             self.regions, self.peak_regions, self.copies, self.reused, self.recopied,
-            self.parked, self.evicted
+            self.parked, self.evicted, self.pooled, self.table_regions, self.peak_table_regions
         )
     }
 }
@@ -197,6 +217,13 @@ struct Placed {
     /// A copy slot (the whole range from [`Slots`] at the same offset): what it was copied
     /// from. `file` is the descriptor it is refilled from.
     copy: Option<CopySig>,
+    /// Served from the pool (the window's one frontend mapping of [`Slots`]): no frontend
+    /// mapping of its own. Read-only ones are copies (`copy`); writable ones are merged
+    /// with the file at sync points, `Some(agreed length)` of their bytes in the pool's
+    /// agreed copy, and the file as the last merge left it (`pool_sig`).
+    pooled: bool,
+    pool_agreed: Option<u64>,
+    pool_sig: Option<CopySig>,
 }
 
 impl Placed {
@@ -219,6 +246,9 @@ impl Placed {
             whole: true,
             regions: 1,
             copy: Some(sig),
+            pooled: false,
+            pool_agreed: None,
+            pool_sig: None,
         }
     }
 }
@@ -264,6 +294,9 @@ struct Table {
     park_seq: u64,
     /// Guest ranges removed lately (for `--dax-copy=auto`).
     churn: Churn,
+    /// The generation in which the pool (one frontend mapping of the whole window from
+    /// [`Slots`]) was mapped; the pool is in the frontend while this equals `gen`.
+    pool: Option<u64>,
 }
 
 impl Table {
@@ -363,12 +396,27 @@ struct Counters {
     reused: AtomicU64,
     recopied: AtomicU64,
     evicted: AtomicU64,
+    pooled: AtomicU64,
+    table_regions: AtomicU64,
+    peak_table_regions: AtomicU64,
 }
 
 /// The DAX window of one device.
+///
+/// Lock order (a thread holding one may take those after it, never one before it):
+/// 1. `pool_lock` (held across the pool's one SHMEM_MAP round trip; pause and reset never
+///    take it);
+/// 2. `shadows` (the registry), then one shadow's own mutex (`SharedShadow`; never held
+///    across a frontend round trip);
+/// 3. `table` (bookkeeping only, never across a round trip; `idle` waits on it);
+/// 4. an `owners` shard, `logged`;
+///
+/// `sink` (a read lock for the duration of one request to the frontend) is taken with none of
+/// the mutexes above held except `pool_lock`. A shadow's mutex and `table` are never held
+/// together: code that needs both copies what it needs out of the table first.
 pub struct DaxWindow<S: WindowSink = Backend> {
     size: u64,
-    /// The configured budget; [`DaxWindow::budget`] raises it to one per guest range.
+    /// The configured budget of frontend mappings (see [`DaxWindow::budget`]).
     budget: usize,
     /// The smallest aligned power-of-two range the guest mapped (at least
     /// [`MIN_GUEST_RANGE`], at most [`RANGE_SIZE`]): its range size.
@@ -390,6 +438,11 @@ pub struct DaxWindow<S: WindowSink = Backend> {
     copy_mode: std::sync::atomic::AtomicU8,
     /// The copy slots' memfd, made at the first copy.
     slots: std::sync::OnceLock<Slots>,
+    /// The bytes writable pooled ranges agreed on with their files at the last merge (same
+    /// offsets as `slots`), made at the first writable pooled mapping.
+    agreed: std::sync::OnceLock<Slots>,
+    /// Serialises the pool's SHMEM_MAP.
+    pool_lock: Mutex<()>,
 }
 
 fn einval(why: &str) -> io::Error {
@@ -418,8 +471,8 @@ impl<S: WindowSink> DaxWindow<S> {
         Self::with_budget(size, DEFAULT_MAP_BUDGET)
     }
 
-    /// A window that keeps at most `budget` frontend mappings live (at least one per range of
-    /// the window, whatever `budget` says; see [`DaxWindow::ranges`]).
+    /// A window that keeps at most `budget` frontend mappings live; with more guest ranges
+    /// than that it is served pooled ([`DaxWindow::pooled`]).
     pub fn with_budget(size: u64, budget: usize) -> io::Result<Self> {
         if size == 0 || size % MAP_ALIGNMENT != 0 {
             return Err(io::Error::new(
@@ -442,6 +495,8 @@ impl<S: WindowSink> DaxWindow<S> {
             counters: Counters::default(),
             copy_mode: std::sync::atomic::AtomicU8::new(CopyMode::Off as u8),
             slots: std::sync::OnceLock::new(),
+            agreed: std::sync::OnceLock::new(),
+            pool_lock: Mutex::new(()),
         })
     }
 
@@ -515,10 +570,31 @@ impl<S: WindowSink> DaxWindow<S> {
         self.size.div_ceil(self.guest_range.load(Ordering::Relaxed)) as usize
     }
 
-    /// Frontend mappings kept live at most: the configured budget, or one per guest range if
-    /// that is more (a guest that maps the whole window must never be refused).
+    /// Frontend mappings kept live at most (the configured budget, at least 1).
     pub fn budget(&self) -> usize {
-        self.budget.max(self.ranges())
+        self.budget.max(1)
+    }
+
+    /// Whether new guest mappings are served from the pool: the pool is in the frontend
+    /// already, or the window has more guest ranges than the budget (a guest that maps all
+    /// of them one frontend mapping each would pass QEMU's memory slots). Pooled, the whole
+    /// window is one frontend mapping of [`Slots`] (slot offset = window offset), made at the
+    /// first SETUPMAPPING; each guest mapping is a copy of its file range there, merged back
+    /// into the file at the sync points when writable (as a merged shadow). So no guest
+    /// mapping is ever refused for the budget, whatever the window's size and the guest's
+    /// range size; the price is a copy per SETUPMAPPING instead of a zero-copy mapping, and
+    /// guest stores reach the file at the sync points (at most [`WRITEBACK_PERIOD`] later).
+    pub fn pooled(&self) -> bool {
+        let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        t.pool == Some(t.gen) || self.ranges() > self.budget()
+    }
+
+    /// Records the number of regions in the frontend's memory table (every SET_MEM_TABLE,
+    /// ADD_MEM_REG and REM_MEM_REG).
+    pub fn note_table_regions(&self, n: usize) {
+        let c = &self.counters;
+        c.table_regions.store(n as u64, Ordering::Relaxed);
+        c.peak_table_regions.fetch_max(n as u64, Ordering::Relaxed);
     }
 
     /// Learns the guest's range size from a checked SETUPMAPPING.
@@ -528,10 +604,11 @@ impl<S: WindowSink> DaxWindow<S> {
         }
         let before = self.guest_range.fetch_min(len, Ordering::Relaxed);
         let ranges = self.size.div_ceil(len) as usize;
-        if len < before && ranges > DEFAULT_MAP_BUDGET {
-            log::warn!(
-                "the guest maps {} KiB DAX ranges: {ranges} of them fit the window, more than QEMU's memory slots allow ({DEFAULT_MAP_BUDGET}); the device may not restart after stop/cont once the guest maps them all: mount with a larger dax_range= or use a smaller --dax-window",
-                len >> 10
+        if len < before && ranges > self.budget() {
+            log::info!(
+                "the guest maps {} KiB DAX ranges: {ranges} of them fit the window, more than the budget of {} frontend mappings: new mappings are served from the pool once the window holds no frontend mapping (until then a mapping past the budget is refused with ENOSPC)",
+                len >> 10,
+                self.budget()
             );
         }
     }
@@ -540,7 +617,7 @@ impl<S: WindowSink> DaxWindow<S> {
     /// more ranges than QEMU's memory slots allow).
     pub fn describe(&self) -> String {
         let mut d = format!(
-            "DAX window {} MiB: {} ranges of 2 MiB (up to {} when the guest maps smaller ones), at most {} frontend mappings or one per guest range (QEMU 11.1's {} vhost-user memory slots less {} for guest RAM; shadow tails fold into one mapping per range when short)",
+            "DAX window {} MiB: {} ranges of 2 MiB (up to {} when the guest maps smaller ones), at most {} frontend mappings (QEMU 11.1's {} vhost-user memory slots less {} for guest RAM and KVM; shadow tails fold into one mapping per range when short)",
             self.size >> 20,
             self.ranges(),
             self.size.div_ceil(MIN_GUEST_RANGE),
@@ -548,6 +625,12 @@ impl<S: WindowSink> DaxWindow<S> {
             FRONTEND_SLOT_LIMIT,
             RESERVED_SLOTS
         );
+        if self.ranges() > self.budget() {
+            d.push_str(&format!(
+                "; pooled: more ranges than mappings, so the whole window is one frontend mapping of a memfd and every guest mapping a copy in it (writable ones written back at sync points, at most every {} s)",
+                WRITEBACK_PERIOD.as_secs()
+            ));
+        }
         match self.copy_mode() {
             CopyMode::Off => d.push_str("; copy slots off"),
             m => d.push_str(&format!(
@@ -559,11 +642,6 @@ impl<S: WindowSink> DaxWindow<S> {
                     String::new()
                 }
             )),
-        }
-        if self.ranges() > DEFAULT_MAP_BUDGET {
-            d.push_str(&format!(
-                "; WARNING: a guest with more than {DEFAULT_MAP_BUDGET} ranges mapped at once exceeds QEMU's memory slots, and the device may not restart after stop/cont: use --dax-window 256M or less where VMs are paused, snapshotted or migrated"
-            ));
         }
         d
     }
@@ -585,9 +663,12 @@ impl<S: WindowSink> DaxWindow<S> {
     /// waits for a round trip in progress (those see the new generation and publish nothing).
     pub fn stop(&self) {
         self.running.store(false, Ordering::SeqCst);
-        let (live, parked) = self.drain(true);
-        for (_, p) in live {
-            self.settle(&p);
+        let (live, parked, _pool) = self.drain(true);
+        for (m, p) in live {
+            self.settle(m, &p);
+            if p.pooled {
+                self.free_pooled(m, &p);
+            }
         }
         for (s, l) in parked {
             self.free_slot(s, l);
@@ -604,11 +685,13 @@ impl<S: WindowSink> DaxWindow<S> {
         self.pause();
     }
 
-    /// Empties the table (new generation); returns what was in it and the parked copy
-    /// slots. `reset`: the frontend dropped every mapping, orphans included.
+    /// Empties the table (new generation); returns what was in it, the parked copy slots and
+    /// whether the pool was in the frontend. `reset`: the frontend dropped every mapping,
+    /// orphans included.
     #[allow(clippy::type_complexity)]
-    fn drain(&self, reset: bool) -> (Vec<(u64, Placed)>, Vec<(u64, u64)>) {
+    fn drain(&self, reset: bool) -> (Vec<(u64, Placed)>, Vec<(u64, u64)>, bool) {
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let pool = t.pool.take() == Some(t.gen);
         t.gen += 1;
         t.regions = 0;
         if reset {
@@ -620,7 +703,11 @@ impl<S: WindowSink> DaxWindow<S> {
             .into_iter()
             .map(|(s, p)| (s, p.len))
             .collect();
-        (std::mem::take(&mut t.live).into_iter().collect(), parked)
+        (
+            std::mem::take(&mut t.live).into_iter().collect(),
+            parked,
+            pool,
+        )
     }
 
     pub fn stats(&self) -> DaxStats {
@@ -656,6 +743,9 @@ impl<S: WindowSink> DaxWindow<S> {
             recopied: c.recopied.load(Ordering::Relaxed),
             parked: parked as u64,
             evicted: c.evicted.load(Ordering::Relaxed),
+            pooled: c.pooled.load(Ordering::Relaxed),
+            table_regions: c.table_regions.load(Ordering::Relaxed),
+            peak_table_regions: c.peak_table_regions.load(Ordering::Relaxed),
         }
     }
 
@@ -836,6 +926,16 @@ impl<S: WindowSink> DaxWindow<S> {
             }
         } else if let Some(p) = placed {
             log::warn!("DAX mapping {moffset:#x} completed across a device reset: dropped");
+            if p.pooled {
+                // Nothing of its own in the frontend; its bytes are freed below.
+                drop(t);
+                self.free_pooled(moffset, &p);
+                t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+                t.unbusy(moffset);
+                drop(t);
+                self.idle.notify_all();
+                return;
+            }
             if p.file_len > 0 {
                 t.orphans.push((moffset, p.file_len));
             }
@@ -971,13 +1071,13 @@ impl<S: WindowSink> DaxWindow<S> {
         reg.retain(|_, w| w.strong_count() > 0);
         if let Some(s) = reg.get(&key).and_then(Weak::upgrade) {
             let mut g = s.lock().unwrap_or_else(|e| e.into_inner());
-            g.grow(size)?;
-            g.attach(keep, writable);
+            g.grow(size, file)?;
+            g.attach(keep, writable)?;
             drop(g);
             return Ok(s);
         }
         let mut sh = Shadow::new(file, key.2, size)?;
-        sh.attach(keep, writable);
+        sh.attach(keep, writable)?;
         let s = Arc::new(Mutex::new(sh));
         reg.insert(key, Arc::downgrade(&s));
         Ok(s)
@@ -997,11 +1097,221 @@ impl<S: WindowSink> DaxWindow<S> {
         }
     }
 
-    /// Writes a placement's shadow back (it is leaving the frontend).
-    fn settle(&self, p: &Placed) {
+    /// Writes a placement's shadow (or its pooled bytes) back: it is leaving the frontend.
+    fn settle(&self, m: u64, p: &Placed) {
         if let Some(s) = &p.shadow {
             self.sync_shadow(s);
         }
+        if p.pool_agreed.is_some() {
+            self.merge_pooled(m, p);
+        }
+    }
+
+    /// The agreed bytes of writable pooled ranges (made on first use: the window's size at
+    /// most).
+    fn agreed(&self) -> io::Result<&Slots> {
+        if let Some(s) = self.agreed.get() {
+            return Ok(s);
+        }
+        let s = Slots::named(c"daxfsd-pool-agreed", self.size)?;
+        Ok(self.agreed.get_or_init(|| s))
+    }
+
+    /// Merges a writable pooled range with its file (three ways, as a shadow); returns the
+    /// new agreed length and the file's signature after it, `None` when there is nothing to
+    /// merge or it failed (logged).
+    fn merge_pooled(&self, m: u64, p: &Placed) -> Option<(u64, Option<CopySig>)> {
+        let old = p.pool_agreed?;
+        let f = p.file.as_ref()?;
+        let (slots, agreed) = (self.slots.get()?, self.agreed.get()?);
+        let unchanged = p.pool_sig.is_some() && CopySig::of(f).ok() == p.pool_sig;
+        let r = tail::merge(
+            tail::Span {
+                file: slots.file(),
+                at: m,
+            },
+            Some(tail::Span {
+                file: agreed.file(),
+                at: m,
+            }),
+            old,
+            p.len,
+            tail::Span {
+                file: f,
+                at: p.foffset,
+            },
+            true,
+            unchanged,
+        );
+        match r {
+            Ok((r, valid)) => {
+                self.counters
+                    .written_back
+                    .fetch_add(r.written, Ordering::Relaxed);
+                self.counters.pulled.fetch_add(r.pulled, Ordering::Relaxed);
+                Some((valid, CopySig::of(f).ok()))
+            }
+            Err(e) => {
+                log::error!("merging pooled DAX range {m:#x} with its file failed: {e}");
+                None
+            }
+        }
+    }
+
+    /// Frees a pooled range's bytes (it left the table; already written back).
+    fn free_pooled(&self, m: u64, p: &Placed) {
+        self.free_slot(m, p.len);
+        if p.pool_agreed.is_some() {
+            if let Some(a) = self.agreed.get() {
+                if let Err(e) = a.zero(m, p.len) {
+                    log::debug!("freeing pooled agreed bytes {m:#x}: {e}");
+                }
+            }
+        }
+    }
+
+    /// Merges `owner`'s writable pooled ranges (or every one) with their files.
+    fn sync_pooled(&self, owner: Option<u64>) {
+        let cands: Vec<(u64, u64)> = {
+            let Ok(t) = self.table.lock() else { return };
+            let pick = |m: &u64| {
+                let p = t.live.get(m)?;
+                p.pool_agreed.map(|_| (*m, p.len))
+            };
+            match owner {
+                Some(o) => match t.by_owner.get(&o) {
+                    Some(set) => set.iter().filter_map(pick).collect(),
+                    None => return,
+                },
+                None => t.live.keys().filter_map(pick).collect(),
+            }
+        };
+        for (m, len) in cands {
+            let Ok((gen, taken)) = self.claim(m, m + len) else {
+                continue;
+            };
+            let mut placed = None;
+            for (s, mut p) in taken {
+                if s == m && placed.is_none() {
+                    if let Some((v, sig)) = self.merge_pooled(m, &p) {
+                        p.pool_agreed = Some(v);
+                        p.pool_sig = sig;
+                    }
+                    placed = Some(p);
+                } else {
+                    self.unplace(s, &p);
+                    self.unreserve(gen, p.regions);
+                }
+            }
+            self.release(gen, m, placed, 0);
+        }
+    }
+
+    /// Puts the pool (the whole window from [`Slots`], writable) into the frontend if it is
+    /// not there yet. `Ok(false)`: it cannot be, the window holds frontend mappings of its
+    /// own (the guest started mapping smaller ranges after some were placed).
+    fn ensure_pool(&self, gen: u64) -> io::Result<bool> {
+        let _one = self.pool_lock.lock().unwrap_or_else(|e| e.into_inner());
+        {
+            let mut t = self.lock()?;
+            if t.gen != gen {
+                return Err(eio());
+            }
+            if t.pool == Some(gen) {
+                return Ok(true);
+            }
+            if t.regions > 0 {
+                return Ok(false);
+            }
+            t.regions += 1;
+            t.peak = t.peak.max(t.regions);
+        }
+        let r = self
+            .slots()
+            .and_then(|slots| self.with_sink(|s| s.map(0, self.size, slots.fd(), 0, true)));
+        let mut t = self.lock()?;
+        match r {
+            Ok(()) if t.gen == gen => {
+                t.pool = Some(gen);
+                drop(t);
+                log::info!(
+                    "DAX pool in the frontend: the {} MiB window is one mapping of the copy memfd",
+                    self.size >> 20
+                );
+                Ok(true)
+            }
+            Ok(()) => {
+                // The device was reset meanwhile: the frontend may have applied it after.
+                t.orphans.push((0, self.size));
+                Err(eio())
+            }
+            Err(e) => {
+                if t.gen == gen {
+                    t.regions = t.regions.saturating_sub(1);
+                }
+                drop(t);
+                log::error!("SHMEM_MAP of the DAX pool failed: {e}");
+                Err(eio())
+            }
+        }
+    }
+
+    /// Whether a new guest mapping goes to the pool (see [`DaxWindow::pooled`]).
+    fn use_pool(&self) -> bool {
+        self.pooled()
+    }
+
+    /// Places a guest mapping in the pool: a copy of its file range at the same offset of
+    /// [`Slots`]. `Ok(None)`: the pool cannot be put into the frontend now (see
+    /// [`Self::ensure_pool`]); the caller places it directly.
+    #[allow(clippy::too_many_arguments)]
+    fn place_pooled(
+        &self,
+        gen: u64,
+        owner: u64,
+        moffset: u64,
+        len: u64,
+        file: Option<Arc<File>>,
+        source: &File,
+        foffset: u64,
+        writable: bool,
+    ) -> io::Result<Option<Placed>> {
+        if !self.ensure_pool(gen)? {
+            return Ok(None);
+        }
+        let sig = CopySig::of(source)?;
+        let slots = self.slots()?;
+        let copied = slots.fill(moffset, len, source, foffset).map_err(|e| {
+            log::error!("copying a file range into the DAX pool at {moffset:#x}: {e}");
+            eio()
+        })?;
+        let pool_agreed = if writable {
+            self.agreed()
+                .and_then(|a| a.copy_from(slots, moffset, len))
+                .map_err(|e| {
+                    log::error!("keeping the agreed bytes of pooled range {moffset:#x}: {e}");
+                    eio()
+                })?;
+            Some(copied)
+        } else {
+            None
+        };
+        self.counters.pooled.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(Placed {
+            owner,
+            len,
+            foffset,
+            writable,
+            file,
+            file_len: 0,
+            shadow: None,
+            whole: true,
+            regions: 0,
+            copy: if writable { None } else { Some(sig) },
+            pooled: true,
+            pool_agreed,
+            pool_sig: Some(sig),
+        }))
     }
 
     fn log_snapshot(&self, st: &libc::stat64, why: &str) {
@@ -1122,6 +1432,9 @@ impl<S: WindowSink> DaxWindow<S> {
             whole,
             regions: 0,
             copy: None,
+            pooled: false,
+            pool_agreed: None,
+            pool_sig: None,
         };
         if file_len > 0 {
             let f = file.as_ref().ok_or_else(eio)?;
@@ -1142,12 +1455,16 @@ impl<S: WindowSink> DaxWindow<S> {
                     writable,
                 )
                 .and_then(|sh| {
-                    {
-                        let g = sh.lock().unwrap_or_else(|e| e.into_inner());
-                        self.with_sink(|s| {
-                            s.map(moffset + file_len, len - file_len, g.fd(), 0, writable)
-                        })?;
-                    }
+                    // A descriptor of its own: the shadow's lock is not held across the round
+                    // trip (a reset writes shadows back and must not wait for the frontend).
+                    let fd = sh
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .fd()
+                        .try_clone_to_owned()?;
+                    self.with_sink(|s| {
+                        s.map(moffset + file_len, len - file_len, fd.as_fd(), 0, writable)
+                    })?;
                     Ok(sh)
                 });
             match shadow {
@@ -1178,7 +1495,13 @@ impl<S: WindowSink> DaxWindow<S> {
     /// Takes a placement out of the frontend (its shadow written back first). A frontend
     /// that no longer has it (it was reset behind our back) is not an error for the guest.
     fn unplace(&self, moffset: u64, p: &Placed) {
-        self.settle(p);
+        self.settle(moffset, p);
+        if p.pooled {
+            // Nothing of its own in the frontend: the pool stays.
+            self.free_pooled(moffset, p);
+            self.counters.unmaps.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         if !self.running.load(Ordering::SeqCst) {
             // Paused (QEMU keeps its mappings across stop/cont): unmap once it runs again.
             let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
@@ -1427,6 +1750,62 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
                 Some(k) => k,
                 None => Some(source.clone()),
             };
+            if self.use_pool() {
+                let (gen, taken, parked) = self.claim_parked(moffset, end, true)?;
+                let mut freed = 0;
+                if !taken.is_empty() {
+                    self.counters.upgrades.fetch_add(1, Ordering::Relaxed);
+                }
+                for (s, p) in &taken {
+                    self.unplace(*s, p);
+                    freed += p.regions;
+                }
+                // Parked copy slots from before the window turned pooled.
+                for (s, l) in parked {
+                    self.drop_parked(gen, s, l);
+                }
+                self.unreserve(gen, freed);
+                let placed = match self.place_pooled(
+                    gen,
+                    owner,
+                    moffset,
+                    len,
+                    file.clone(),
+                    &source,
+                    foffset,
+                    writable,
+                ) {
+                    Ok(Some(p)) => Ok(p),
+                    Ok(None) => self.place(
+                        gen,
+                        owner,
+                        moffset,
+                        len,
+                        file,
+                        &source,
+                        (st.st_dev, st.st_ino),
+                        foffset,
+                        writable,
+                        if plan == Plan::Copy {
+                            Plan::Direct
+                        } else {
+                            plan
+                        },
+                    ),
+                    Err(e) => Err(e),
+                };
+                return match placed {
+                    Ok(p) => {
+                        self.release(gen, moffset, Some(p), 0);
+                        self.counters.maps.fetch_add(1, Ordering::Relaxed);
+                        Ok(())
+                    }
+                    Err(e) => {
+                        self.release(gen, moffset, None, 0);
+                        Err(e)
+                    }
+                };
+            }
             let (gen, taken, parked) = self.claim_parked(moffset, end, true)?;
             let mut freed = 0;
             if !taken.is_empty() {
@@ -1505,7 +1884,7 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
             let mut freed = 0;
             let mut park = Vec::new();
             for (s, p) in &taken {
-                if p.copy.is_some() {
+                if p.copy.is_some() && !p.pooled {
                     // Parked: the frontend keeps it for the next read-only map of the range.
                     park.push((*s, p.len));
                     self.counters.unmaps.fetch_add(1, Ordering::Relaxed);
@@ -1537,6 +1916,7 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
         for s in self.shadows_of(owner) {
             self.sync_shadow(&s);
         }
+        self.sync_pooled(Some(owner));
         self.relayout(owner);
         self.recopy(Some(owner), None);
     }
@@ -1549,6 +1929,7 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
         for s in self.shadows_of(owner) {
             self.sync_shadow(&s);
         }
+        self.sync_pooled(Some(owner));
         self.recopy(Some(owner), None);
     }
 
@@ -1560,6 +1941,7 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
 
     fn written(&self, owner: u64, offset: u64, len: u64) {
         if self.owners.has(owner) {
+            self.sync_pooled(Some(owner));
             self.recopy(Some(owner), Some((offset, offset.saturating_add(len))));
         }
     }
@@ -1572,6 +1954,7 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
         for s in all {
             self.sync_shadow(&s);
         }
+        self.sync_pooled(None);
         self.recopy(None, None);
     }
 
@@ -1580,9 +1963,19 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
         // reset (then `stop` already emptied the table, or QEMU refuses the unmaps, which
         // `unplace` tolerates).
         // While paused, `unplace` keeps them as orphans, unmapped once the device runs.
-        let (live, parked) = self.drain(false);
+        let (live, parked, pool) = self.drain(false);
         for (m, p) in live {
             self.unplace(m, &p);
+        }
+        if pool {
+            if self.running.load(Ordering::SeqCst) {
+                if let Err(e) = self.with_sink(|k| k.unmap(0, self.size)) {
+                    log::debug!("SHMEM_UNMAP of the DAX pool: {e}");
+                }
+            } else {
+                let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+                t.orphans.push((0, self.size));
+            }
         }
         for (s, l) in parked {
             if self.running.load(Ordering::SeqCst) {
@@ -1634,6 +2027,10 @@ impl BackendChannel for DaxWindow<Backend> {
     fn round_trips_in_flight(&self) -> usize {
         self.table.lock().map(|t| t.busy.len()).unwrap_or(0)
     }
+
+    fn memory_regions(&self, n: usize) {
+        self.note_table_regions(n);
+    }
 }
 
 #[cfg(test)]
@@ -1650,6 +2047,9 @@ mod tests {
         fds: Mutex<HashMap<u64, File>>,
         /// Held by a test to delay every reply.
         gate: Mutex<()>,
+        /// Held by a test to delay the replies to maps that do not start a 2 MiB range
+        /// (shadow tails).
+        tail_gate: Mutex<()>,
         /// File offsets of live maps by window offset.
         foffs: Mutex<HashMap<u64, u64>>,
     }
@@ -1664,6 +2064,9 @@ mod tests {
             writable: bool,
         ) -> io::Result<()> {
             drop(self.gate.lock().unwrap());
+            if moffset % MB2 != 0 {
+                drop(self.tail_gate.lock().unwrap());
+            }
             if self.fail_map.load(Ordering::SeqCst) {
                 return Err(io::Error::other("frontend said no"));
             }
@@ -2077,21 +2480,26 @@ mod tests {
     }
 
     #[test]
-    fn the_budget_makes_room_for_the_guests_smaller_ranges() {
+    fn smaller_guest_ranges_past_the_budget_go_to_the_pool() {
         // 4 MiB window, room for 2 frontend mappings: 2 ranges of 2 MiB at first.
         let w: DaxWindow<Arc<Rec>> = DaxWindow::with_budget(2 * MB2, 2).unwrap();
-        w.set_sink(Arc::new(Rec::default()));
+        let rec = Arc::new(Rec::default());
+        w.set_sink(rec.clone());
         w.start();
-        assert_eq!((w.ranges(), w.budget()), (2, 2));
+        assert_eq!((w.ranges(), w.budget(), w.pooled()), (2, 2, false));
         let f = tmpfile_with(&vec![7u8; 4 << 20], 0o644);
-        // A guest mounted with dax_range=512k maps 8 ranges of 512 KiB: every one fits.
+        // A guest mounted with dax_range=512k maps 8 ranges of 512 KiB: more than the budget,
+        // so the window becomes one pooled mapping and every range fits.
         let r = 512 << 10;
         for i in 0..8 {
-            w.map(1, i * r, r, f.as_fd(), i * r, false).unwrap();
+            w.map(1, i * r, r, f.as_fd(), i * r, i % 2 == 1).unwrap();
         }
-        assert_eq!((w.ranges(), w.budget()), (8, 8));
-        // Below MIN_GUEST_RANGE, or unaligned, the floor stays: a hostile guest's 4 KiB
-        // pieces cannot grow the frontend's memory map.
+        assert_eq!((w.ranges(), w.budget(), w.pooled()), (8, 2, true));
+        assert_eq!(calls(&rec), vec!["map 0x0+0x400000@0x0 rw"]);
+        assert_eq!(w.stats().peak_regions, 1, "{}", w.stats());
+        assert_eq!(frontend_read(&rec, 0, 4 << 20), vec![7u8; 4 << 20]);
+        // Below MIN_GUEST_RANGE, or unaligned, the ranges stay 2 MiB: a hostile guest's
+        // 4 KiB pieces run into the budget (ENOSPC), they cannot grow the frontend's map.
         let w2: DaxWindow<Arc<Rec>> = DaxWindow::with_budget(2 * MB2, 2).unwrap();
         w2.set_sink(Arc::new(Rec::default()));
         w2.start();
@@ -2108,6 +2516,199 @@ mod tests {
         assert_eq!((w2.ranges(), w2.budget()), (2, 2));
         let e = w2.map(1, MB2, 4096, f.as_fd(), 0, false).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+    }
+
+    #[test]
+    fn a_window_with_more_ranges_than_the_budget_is_one_pooled_mapping() {
+        // 16 ranges, room for 4 frontend mappings: a guest that maps all 16 (half of them
+        // writable, of files shorter than a range) is never refused and the frontend holds
+        // one mapping.
+        let w: DaxWindow<Arc<Rec>> = DaxWindow::with_budget(16 * MB2, 4).unwrap();
+        let rec = Arc::new(Rec::default());
+        w.set_sink(rec.clone());
+        w.start();
+        assert!(w.pooled());
+        let files: Vec<File> = (0..16).map(|i| data_file(i as u8 + 1, 5000)).collect();
+        for (i, f) in files.iter().enumerate() {
+            w.map(i as u64, i as u64 * MB2, MB2, f.as_fd(), 0, i % 2 == 1)
+                .unwrap();
+        }
+        assert_eq!(calls(&rec), vec!["map 0x0+0x2000000@0x0 rw"]);
+        let s = w.stats();
+        assert_eq!((s.pooled, s.peak_regions, s.failures), (16, 1, 0), "{s}");
+        for i in 0..16u64 {
+            let got = pool_read(&rec, i * MB2, 8192);
+            assert!(got[..5000].iter().all(|&b| b == i as u8 + 1), "range {i}");
+            assert!(got[5000..].iter().all(|&b| b == 0), "range {i} zero padded");
+        }
+        // The guest stores into a writable range; the host writes elsewhere in the file: the
+        // next sync point writes the guest's run and shows the host's bytes.
+        let pool = rec.fds.lock().unwrap()[&0].try_clone().unwrap();
+        pool.write_all_at(b"GUEST", MB2 + 10).unwrap();
+        files[1].write_all_at(b"HOST", 100).unwrap();
+        w.sync(1);
+        let mut got = [0u8; 5];
+        files[1].read_exact_at(&mut got, 10).unwrap();
+        assert_eq!(&got, b"GUEST");
+        assert_eq!(&pool_read(&rec, MB2 + 100, 4), b"HOST");
+        assert_eq!(files[1].metadata().unwrap().len(), 5000, "never extended");
+        // A read-only range follows the file at sync points and never writes it back.
+        pool.write_all_at(b"X", 0).unwrap();
+        files[0].write_all_at(b"NEW", 0).unwrap();
+        w.sync(0);
+        assert_eq!(&pool_read(&rec, 0, 3), b"NEW");
+        // An upgrade stays in the pool; guest stores reach the file.
+        w.map(0, 0, MB2, files[0].as_fd(), 0, true).unwrap();
+        pool.write_all_at(b"up", 3).unwrap();
+        w.unmap(0, MB2).unwrap();
+        let mut got = [0u8; 5];
+        files[0].read_exact_at(&mut got, 0).unwrap();
+        assert_eq!(&got, b"NEWup");
+        assert!(
+            calls(&rec).is_empty(),
+            "nothing sent for maps, upgrades, unmaps"
+        );
+        assert_eq!(pool_read(&rec, 0, 8), vec![0u8; 8], "freed");
+        // A reset drops the pool (the frontend did) after writing back; the next map puts
+        // it back. DESTROY unmaps it.
+        pool.write_all_at(b"Z", 3 * MB2).unwrap();
+        w.stop();
+        let mut got = [0u8; 1];
+        files[3].read_exact_at(&mut got, 0).unwrap();
+        assert_eq!(&got, b"Z", "written back at the reset");
+        w.start();
+        w.map(3, 0, MB2, files[3].as_fd(), 0, false).unwrap();
+        w.end_session();
+        assert_eq!(
+            calls(&rec),
+            vec!["map 0x0+0x2000000@0x0 rw", "unmap 0x0+0x2000000"]
+        );
+    }
+
+    #[test]
+    fn a_reset_during_the_pools_map_drops_it_and_maps_it_again() {
+        let w: DaxWindow<Arc<Rec>> = DaxWindow::with_budget(8 * MB2, 2).unwrap();
+        let w = Arc::new(w);
+        let rec = Arc::new(Rec::default());
+        w.set_sink(rec.clone());
+        w.start();
+        let f = data_file(4, MB2 as usize);
+        let gate = rec.gate.lock().unwrap();
+        let (w2, fd) = (w.clone(), f.try_clone().unwrap());
+        let t = std::thread::spawn(move || w2.map(1, 0, MB2, fd.as_fd(), 0, false));
+        std::thread::sleep(Duration::from_millis(100));
+        let started = std::time::Instant::now();
+        w.stop();
+        assert!(started.elapsed() < Duration::from_secs(1), "reset waited");
+        drop(gate);
+        assert!(t.join().unwrap().is_err(), "the map raced a reset");
+        w.start();
+        w.map(1, MB2, MB2, f.as_fd(), 0, false).unwrap();
+        assert_eq!(
+            calls(&rec),
+            vec![
+                "map 0x0+0x1000000@0x0 rw",
+                "unmap 0x0+0x1000000",
+                "map 0x0+0x1000000@0x0 rw"
+            ],
+            "the pool the frontend may have kept is taken out before it is mapped again"
+        );
+        assert_eq!(pool_read(&rec, MB2, 4), vec![4u8; 4]);
+        let s = w.stats();
+        assert_eq!((s.regions, s.mapped_bytes), (1, MB2), "{s}");
+    }
+
+    #[test]
+    fn a_reset_does_not_wait_for_a_tail_mapping_in_flight() {
+        // Issue #20 c: a shadow's mutex held across the tail's SHMEM_MAP round trip while
+        // the reset writes that shadow back.
+        let (w, rec, _) = window();
+        let w = Arc::new(w);
+        let path = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(path.path(), [5u8; 5000]).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path.path())
+            .unwrap();
+        // A live mapping with a tail, then another mapping of the same range (same shadow)
+        // whose tail reply the frontend holds back.
+        w.map(7, MB2, MB2, f.as_fd(), 0, true).unwrap();
+        let gate = rec.tail_gate.lock().unwrap();
+        let (w2, fd) = (w.clone(), f.try_clone().unwrap());
+        let t = std::thread::spawn(move || w2.map(8, 0, MB2, fd.as_fd(), 0, true));
+        std::thread::sleep(Duration::from_millis(200));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let w3 = w.clone();
+        let r = std::thread::spawn(move || {
+            w3.stop();
+            tx.send(()).unwrap();
+        });
+        let done = rx.recv_timeout(Duration::from_secs(2));
+        drop(gate);
+        r.join().unwrap();
+        let _ = t.join().unwrap();
+        assert!(
+            done.is_ok(),
+            "the reset waited for the frontend's tail reply"
+        );
+    }
+
+    #[test]
+    fn a_failed_setattr_that_shrank_the_file_still_replaces_its_mappings() {
+        // Issue #20 a: a SETATTR that truncates and then fails (an invalid mtime after the
+        // size) leaves whole-page file mappings past the new EOF unless the mappings are
+        // re-placed whatever the result.
+        use crate::filesystem::{Context, FileSystem, Handle, Inode};
+        struct TruncatesThenFails(File);
+        impl FileSystem for TruncatesThenFails {
+            fn setattr(
+                &self,
+                _: &Context,
+                _: Inode,
+                _: &crate::abi::SetattrIn,
+                _: Option<Handle>,
+            ) -> io::Result<(crate::abi::Attr, Duration)> {
+                self.0.set_len(0)?;
+                Err(io::Error::from_raw_os_error(libc::EINVAL))
+            }
+        }
+        let (w, rec, f) = window();
+        let w = Arc::new(w);
+        w.map(7, 0, MB2, f.as_fd(), 0, true).unwrap();
+        calls(&rec);
+        let fs = coherent::Coherent::new(TruncatesThenFails(f.try_clone().unwrap()), w.clone());
+        let ctx = Context {
+            uid: 0,
+            gid: 0,
+            pid: 0,
+        };
+        let e = fs
+            .setattr(&ctx, 7, &crate::abi::SetattrIn::default(), None)
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+        assert_eq!(
+            calls(&rec),
+            vec!["unmap 0x0+0x200000", "map 0x0+0x200000@0x0 rw"],
+            "the file's pages leave the window; the range is a shadow of the empty file"
+        );
+    }
+
+    #[test]
+    fn a_grown_shadow_holds_the_files_bytes() {
+        // Issue #20 e: a longer mapping of a shadowed range grows the shadow; the grown part
+        // must hold the file's bytes, not zeros.
+        let (w, rec, _) = window();
+        let path = tempfile::NamedTempFile::new().unwrap();
+        let bytes: Vec<u8> = (0..3 * 4096u32).map(|i| (i % 251) as u8 + 1).collect();
+        std::fs::write(path.path(), &bytes).unwrap();
+        let ro = File::open(path.path()).unwrap();
+        w.map(9, 0, 4096, ro.as_fd(), 0, false).unwrap();
+        w.map(9, MB2, 4 * 4096, ro.as_fd(), 0, false).unwrap();
+        assert_eq!(mapped_bytes(&rec, MB2, 3 * 4096), bytes);
+        w.sync(9);
+        assert_eq!(mapped_bytes(&rec, MB2, 3 * 4096), bytes);
+        assert_eq!(std::fs::read(path.path()).unwrap(), bytes);
     }
 
     #[test]
@@ -2173,6 +2774,15 @@ mod tests {
         let mut got = calls(&rec);
         got.sort();
         assert_eq!(got, vec!["unmap 0x0+0x200000", "unmap 0x200000+0x200000"]);
+    }
+
+    /// Window bytes `[m, m+len)` as the pool (the frontend mapping at 0) shows them.
+    fn pool_read(rec: &Rec, m: u64, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        rec.fds.lock().unwrap()[&0]
+            .read_exact_at(&mut v, m)
+            .unwrap();
+        v
     }
 
     /// Window bytes `[m, m+len)` of the frontend mapping that starts at `m`, at its file

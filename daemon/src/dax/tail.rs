@@ -10,8 +10,10 @@
 //!   mappings merged into one frontend mapping under the mapping budget.
 //!
 //! A shadow starts as a copy of the file's bytes (zero padded). [`Shadow::sync`] is a
-//! three-way merge between the memfd (the guest's view), `snapshot` (the bytes both sides
-//! agreed on at the last sync) and the file (the host's view):
+//! three-way merge between the memfd (the guest's view), the agreed bytes (what both sides
+//! agreed on at the last sync: a second memfd once a writable guest mapping uses the shadow,
+//! the memfd itself before) and the file (the host's view), a chunk at a time so the heap
+//! it takes does not grow with the mapping ([`merge`]; writable pooled ranges use it too):
 //! - each run of bytes the guest changed (memfd != snapshot) is written to the file, run by
 //!   run, never past the file's current end, so bytes in between keep the host's value;
 //! - each byte the guest did not change but the host did (file != snapshot), and each byte
@@ -25,7 +27,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
@@ -59,46 +61,317 @@ pub struct Synced {
     pub pulled: u64,
 }
 
+/// Bytes a merge or a copy handles at a time: the heap a shadow costs per sync, whatever
+/// the length of the guest's mapping.
+const CHUNK: usize = 256 << 10;
+
+/// A new memfd of `size` bytes (nothing allocated until written).
+pub(crate) fn memfd(name: &std::ffi::CStr, size: u64) -> io::Result<File> {
+    // SAFETY: `name` is NUL-terminated; memfd_create takes no other pointers.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by memfd_create and nothing else owns it.
+    let memfd = unsafe { File::from_raw_fd(fd) };
+    memfd.set_len(size)?;
+    Ok(memfd)
+}
+
+/// Copies `len` bytes of `src` from `from` to `dst` at `to`, a chunk at a time; stops early
+/// at the end of `src`. Returns the bytes of `src` the range covered. Holes of `src` (found
+/// with `SEEK_DATA`/`SEEK_HOLE`) are not read: with `dst_zero` the destination is known to
+/// read zeros there already and is left alone, otherwise they are zeroed in `dst` (punched
+/// out where whole pages). So a sparse file costs neither reads nor memory.
+pub(crate) fn copy_range(
+    src: &File,
+    from: u64,
+    dst: &File,
+    to: u64,
+    len: u64,
+    dst_zero: bool,
+) -> io::Result<u64> {
+    let size = crate::sys::fstat(src.as_fd())?.st_size.max(0) as u64;
+    let end = size.min(from.saturating_add(len));
+    if end <= from {
+        return Ok(0);
+    }
+    let mut buf = vec![0u8; CHUNK.min(usize::try_from(end - from).unwrap_or(CHUNK))];
+    let mut pos = from;
+    while pos < end {
+        // The next data at or after `pos`, and the hole after it.
+        let data = seek(src, pos, libc::SEEK_DATA).unwrap_or(pos).min(end);
+        if data > pos && !dst_zero {
+            zero_range(dst, to + (pos - from), data - pos)?;
+        }
+        if data >= end {
+            break;
+        }
+        let hole = seek(src, data, libc::SEEK_HOLE).unwrap_or(end).min(end);
+        let hole = if hole <= data { end } else { hole };
+        let mut at = data;
+        while at < hole {
+            let n = (hole - at).min(buf.len() as u64) as usize;
+            let got = pread_full(src, &mut buf[..n], at)?;
+            dst.write_all_at(&buf[..got], to + (at - from))?;
+            at += got as u64;
+            if got < n {
+                // The file shrank meanwhile.
+                return Ok(at - from);
+            }
+        }
+        pos = hole;
+    }
+    Ok(end - from)
+}
+
+/// `lseek(2)` for `SEEK_DATA`/`SEEK_HOLE`; `None` when the file system cannot tell (then the
+/// caller treats everything as data) or there is no data past `at`.
+fn seek(f: &File, at: u64, whence: libc::c_int) -> Option<u64> {
+    let at = i64::try_from(at).ok()?;
+    // SAFETY: lseek takes no pointers; `f` is a valid descriptor for the call.
+    let r = unsafe { libc::lseek(f.as_raw_fd(), at, whence) };
+    if r < 0 {
+        if whence == libc::SEEK_DATA
+            && io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO)
+        {
+            // No data at or after `at`: a hole to the end.
+            return Some(u64::MAX);
+        }
+        return None;
+    }
+    Some(r as u64)
+}
+
+/// Zeros `[at, at + len)` of `f`: whole pages by punching them out (which also frees them),
+/// the partial pages at either end by a write.
+pub(crate) fn zero_range(f: &File, at: u64, len: u64) -> io::Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let end = at
+        .checked_add(len)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let first = at.next_multiple_of(MAP_ALIGNMENT).min(end);
+    let last = (end / MAP_ALIGNMENT * MAP_ALIGNMENT).max(first);
+    let zeros = [0u8; MAP_ALIGNMENT as usize];
+    f.write_all_at(&zeros[..(first - at) as usize], at)?;
+    f.write_all_at(&zeros[..(end - last) as usize], last)?;
+    if last > first {
+        // SAFETY: fallocate takes no pointers; `f` is a valid descriptor for the call.
+        let r = unsafe {
+            libc::fallocate(
+                f.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                first as i64,
+                (last - first) as i64,
+            )
+        };
+        if r < 0 {
+            let zeros = vec![0u8; CHUNK];
+            let mut o = first;
+            while o < last {
+                let n = (last - o).min(zeros.len() as u64);
+                f.write_all_at(&zeros[..n as usize], o)?;
+                o += n;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One side of a three-way merge: `len` bytes of a file at an offset.
+#[derive(Clone, Copy)]
+pub(crate) struct Span<'a> {
+    pub file: &'a File,
+    pub at: u64,
+}
+
+/// The three-way merge of [`Shadow::sync`] over `size` bytes, a chunk at a time (the heap
+/// it uses is bounded by [`CHUNK`], not by `size`):
+/// - `now`: the guest's view (a memfd the frontend maps);
+/// - `agreed`: the bytes both sides agreed on at the last merge, its first `old` bytes valid;
+///   `None` when the guest cannot store into `now` (then `now` holds them);
+/// - `host`: the file from `at`.
+///
+/// With `host_unchanged` (the caller saw the file's size and timestamps unchanged since the
+/// last merge, so its bytes are the agreed ones) the file is not read: only the guest's runs
+/// are written, which halves the cost of the periodic write-back of ranges nobody else
+/// writes.
+///
+/// Returns what moved and the new agreed length (the file's bytes in the range now).
+pub(crate) fn merge(
+    now: Span,
+    agreed: Option<Span>,
+    old: u64,
+    size: u64,
+    host: Span,
+    writable: bool,
+    host_unchanged: bool,
+) -> io::Result<(Synced, u64)> {
+    let mut out = Synced::default();
+    let file_size = crate::sys::fstat(host.file.as_fd())?.st_size.max(0) as u64;
+    let in_file = file_size.saturating_sub(host.at).min(size);
+    if let (true, true, Some(a)) = (host_unchanged, in_file == old, agreed) {
+        return merge_guest_only(now, a, old, host, writable).map(|o| (o, old));
+    }
+    let end = old.max(in_file);
+    let mut nowb = vec![0u8; CHUNK];
+    let mut agb = vec![0u8; CHUNK];
+    let mut hostb = vec![0u8; CHUNK];
+    let mut c = 0u64;
+    while c < end {
+        let n = (end - c).min(CHUNK as u64) as usize;
+        // Agreed and current bytes of this chunk that lie inside the old agreed length.
+        let old_c = old.saturating_sub(c).min(n as u64) as usize;
+        let in_c = in_file.saturating_sub(c).min(n as u64) as usize;
+        let nowc = &mut nowb[..n];
+        now.file.read_exact_at(nowc, now.at + c)?;
+        let agc = &mut agb[..old_c];
+        match agreed {
+            Some(a) => a.file.read_exact_at(agc, a.at + c)?,
+            None => agc.copy_from_slice(&nowc[..old_c]),
+        }
+        if nowc[..old_c] == agc[..] {
+            // Fast path (memcmp): the guest changed nothing in this chunk, and when the
+            // host's bytes are the agreed ones up to the same end there is nothing to move.
+            let hostc = &mut hostb[..in_c];
+            let got = pread_full(host.file, hostc, host.at + c)?;
+            if got == old_c && hostb[..got] == agc[..] {
+                c += n as u64;
+                continue;
+            }
+        }
+        let guest_changed = |i: usize, nowc: &[u8], agc: &[u8]| i < old_c && nowc[i] != agc[i];
+        // 1. The guest's runs go to the file, one run at a time, never past its end.
+        if writable {
+            for (s, e) in runs(&nowc[..old_c], agc) {
+                let e = e.min(in_c);
+                if s >= e {
+                    continue;
+                }
+                host.file
+                    .write_all_at(&nowc[s..e], host.at + c + s as u64)?;
+                out.written += (e - s) as u64;
+            }
+        }
+        // 2. The host's changes (and growth) come in where the guest changed nothing.
+        let hostc = &mut hostb[..in_c];
+        let got = pread_full(host.file, hostc, host.at + c)?;
+        let hostc = &mut hostb[..got];
+        let mut i = 0;
+        while i < got {
+            let differs = |i: usize| {
+                !guest_changed(i, nowc, agc)
+                    && (i >= old_c || hostc[i] != agc[i] || nowc[i] != hostc[i])
+            };
+            if !differs(i) {
+                i += 1;
+                continue;
+            }
+            let s = i;
+            while i < got && differs(i) {
+                i += 1;
+            }
+            now.file.write_all_at(&hostc[s..i], now.at + c + s as u64)?;
+            out.pulled += (i - s) as u64;
+        }
+        // 3. Bytes past a shrunken end read as zeros, as past EOF of a mapped file.
+        if got < old_c {
+            let zeros = vec![0u8; old_c - got];
+            now.file.write_all_at(&zeros, now.at + c + got as u64)?;
+        }
+        // The agreed bytes are now the file's (guest runs included, as just written).
+        if let Some(a) = agreed {
+            for k in 0..got {
+                if guest_changed(k, nowc, agc) {
+                    hostc[k] = nowc[k];
+                }
+            }
+            if got != old_c || hostc[..] != agc[..] {
+                a.file.write_all_at(hostc, a.at + c)?;
+            }
+        }
+        c += n as u64;
+    }
+    Ok((out, in_file))
+}
+
+/// [`merge`] when the file holds the agreed bytes: the guest's runs go to the file and into
+/// the agreed copy; nothing else moves.
+fn merge_guest_only(
+    now: Span,
+    agreed: Span,
+    old: u64,
+    host: Span,
+    writable: bool,
+) -> io::Result<Synced> {
+    let mut out = Synced::default();
+    if !writable {
+        return Ok(out);
+    }
+    let mut nowb = vec![0u8; CHUNK];
+    let mut agb = vec![0u8; CHUNK];
+    let mut c = 0u64;
+    while c < old {
+        let n = (old - c).min(CHUNK as u64) as usize;
+        let (nowc, agc) = (&mut nowb[..n], &mut agb[..n]);
+        now.file.read_exact_at(nowc, now.at + c)?;
+        agreed.file.read_exact_at(agc, agreed.at + c)?;
+        if nowc[..] != agc[..] {
+            for (s, e) in runs(nowc, agc) {
+                host.file
+                    .write_all_at(&nowc[s..e], host.at + c + s as u64)?;
+                agreed
+                    .file
+                    .write_all_at(&nowc[s..e], agreed.at + c + s as u64)?;
+                out.written += (e - s) as u64;
+            }
+        }
+        c += n as u64;
+    }
+    Ok(out)
+}
+
 /// The shadow of one host file range.
 pub struct Shadow {
     memfd: File,
     /// Bytes of the memfd (the longest guest mapping that uses it).
     size: u64,
-    /// The file's bytes from `at` as of the last sync (at most `size`).
-    snapshot: Vec<u8>,
+    /// The bytes both sides agreed on at the last sync (`valid` of them): a memfd once a
+    /// writable guest mapping uses the shadow; before that the guest cannot store into
+    /// `memfd`, which then holds them.
+    agreed: Option<File>,
+    /// The file's bytes in the shadow as of the last sync (at most `size`).
+    valid: u64,
     /// File offset of the memfd's first byte.
     at: u64,
     /// A descriptor for the file (read-write when a writable guest mapping uses the shadow);
     /// `None` for snapshots of files the daemon keeps no descriptor for.
     file: Option<Arc<File>>,
     writable: bool,
+    /// The file as of the last sync of a read-only shadow: unchanged, nothing to merge.
+    seen: Option<super::copy::CopySig>,
 }
 
 impl Shadow {
     /// A memfd of `size` bytes holding the file's bytes from offset `at` (zero padded).
     pub fn new(file: &File, at: u64, size: u64) -> io::Result<Shadow> {
-        let name = c"daxfsd-shadow";
-        // SAFETY: `name` is NUL-terminated; memfd_create takes no other pointers.
-        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just returned by memfd_create and nothing else owns it.
-        let memfd = unsafe { File::from_raw_fd(fd) };
-        memfd.set_len(size)?;
+        let memfd = memfd(c"daxfsd-shadow", size)?;
+        // Taken before the copy: a change during it shows at the next sync.
+        let seen = super::copy::CopySig::of(file).ok();
         let file_size = crate::sys::fstat(file.as_fd())?.st_size.max(0) as u64;
-        let valid = file_size.saturating_sub(at).min(size);
-        let mut snapshot = vec![0u8; usize::try_from(valid).map_err(|_| einval())?];
-        let n = pread_full(file, &mut snapshot, at)?;
-        snapshot.truncate(n);
-        memfd.write_all_at(&snapshot, 0)?;
+        let want = file_size.saturating_sub(at).min(size);
+        let valid = copy_range(file, at, &memfd, 0, want, true)?;
         Ok(Shadow {
             memfd,
             size,
-            snapshot,
+            agreed: None,
+            valid,
             at,
             file: None,
             writable: false,
+            seen,
         })
     }
 
@@ -110,23 +383,44 @@ impl Shadow {
         self.size
     }
 
-    /// Makes the memfd at least `size` bytes (another guest mapping of the range is longer).
-    pub fn grow(&mut self, size: u64) -> io::Result<()> {
-        if size > self.size {
-            self.memfd.set_len(size)?;
-            self.size = size;
+    /// Makes the memfd at least `size` bytes (another guest mapping of the range is longer),
+    /// the grown part holding `file`'s bytes (zeros past its end).
+    pub fn grow(&mut self, size: u64, file: &File) -> io::Result<()> {
+        if size <= self.size {
+            return Ok(());
+        }
+        let old = self.size;
+        self.memfd.set_len(size)?;
+        if let Some(a) = &self.agreed {
+            a.set_len(size)?;
+        }
+        self.size = size;
+        if self.valid == old {
+            // The file covered the whole old shadow: its next bytes belong in the new part.
+            let n = copy_range(file, self.at + old, &self.memfd, old, size - old, true)?;
+            if let Some(a) = &self.agreed {
+                copy_range(&self.memfd, old, a, old, n, true)?;
+            }
+            self.valid += n;
         }
         Ok(())
     }
 
     /// Gives the shadow a descriptor to sync with; a writable one enables write-back.
-    pub fn attach(&mut self, file: Option<Arc<File>>, writable: bool) {
+    pub fn attach(&mut self, file: Option<Arc<File>>, writable: bool) -> io::Result<()> {
+        if writable && self.agreed.is_none() {
+            // From now on the guest may store into the memfd: keep the agreed bytes apart.
+            let a = memfd(c"daxfsd-shadow-agreed", self.size)?;
+            copy_range(&self.memfd, 0, &a, 0, self.valid, true)?;
+            self.agreed = Some(a);
+        }
         if writable {
             self.writable = true;
         }
         if file.is_some() && (self.file.is_none() || writable) {
             self.file = file;
         }
+        Ok(())
     }
 
     /// Whether the guest may have stored into the memfd since the last sync.
@@ -139,59 +433,30 @@ impl Shadow {
         let Some(file) = self.file.clone() else {
             return Ok(Synced::default());
         };
-        let mut out = Synced::default();
-        let old = self.snapshot.len();
-        let mut now = vec![0u8; old];
-        self.memfd.read_exact_at(&mut now, 0)?;
-        let file_size = crate::sys::fstat(file.as_fd())?.st_size.max(0) as u64;
-        let in_file = usize::try_from(file_size.saturating_sub(self.at).min(self.size))
-            .map_err(|_| einval())?;
-        // 1. The guest's runs go to the file, one run at a time, never past its end.
-        if self.writable {
-            for (s, e) in runs(&now, &self.snapshot) {
-                let e = e.min(in_file);
-                if s >= e {
-                    continue;
-                }
-                file.write_all_at(&now[s..e], self.at + s as u64)?;
-                self.snapshot[s..e].copy_from_slice(&now[s..e]);
-                out.written += (e - s) as u64;
-            }
+        let sig = super::copy::CopySig::of(&file).ok();
+        let unchanged = sig.is_some() && sig == self.seen;
+        if !self.writable && unchanged {
+            // Read-only and the file did not move: nothing to merge.
+            return Ok(Synced::default());
         }
-        // 2. The host's changes (and growth) come into the memfd where the guest changed
-        //    nothing.
-        let mut host = vec![0u8; in_file];
-        let n = pread_full(&file, &mut host, self.at)?;
-        host.truncate(n);
-        let guest_changed = |i: usize| i < old && now[i] != self.snapshot[i];
-        let mut i = 0;
-        while i < host.len() {
-            let differs = |i: usize| {
-                !guest_changed(i) && (i >= old || host[i] != self.snapshot[i] || now[i] != host[i])
-            };
-            if !differs(i) {
-                i += 1;
-                continue;
-            }
-            let s = i;
-            while i < host.len() && differs(i) {
-                i += 1;
-            }
-            self.memfd.write_all_at(&host[s..i], s as u64)?;
-            out.pulled += (i - s) as u64;
-        }
-        // 3. Bytes past a shrunken end read as zeros, as past EOF of a mapped file.
-        if host.len() < old {
-            let zeros = vec![0u8; old - host.len()];
-            self.memfd.write_all_at(&zeros, host.len() as u64)?;
-        }
-        // The agreed bytes are now the file's (guest runs included, as just written).
-        for (k, b) in host.iter_mut().enumerate() {
-            if guest_changed(k) {
-                *b = now[k];
-            }
-        }
-        self.snapshot = host;
+        let (out, valid) = merge(
+            Span {
+                file: &self.memfd,
+                at: 0,
+            },
+            self.agreed.as_ref().map(|a| Span { file: a, at: 0 }),
+            self.valid,
+            self.size,
+            Span {
+                file: &file,
+                at: self.at,
+            },
+            self.writable,
+            unchanged,
+        )?;
+        self.valid = valid;
+        // As the merge left it (its own writes moved the timestamps).
+        self.seen = super::copy::CopySig::of(&file).ok();
         Ok(out)
     }
 }
@@ -213,10 +478,6 @@ fn runs(a: &[u8], b: &[u8]) -> Vec<(usize, usize)> {
         out.push((s, i));
     }
     out
-}
-
-fn einval() -> io::Error {
-    io::Error::from_raw_os_error(libc::EINVAL)
 }
 
 /// Reads up to `buf.len()` bytes at `at`, stopping early only at end of file.
@@ -242,7 +503,8 @@ mod tests {
 
     fn shadow_of(f: &File, at: u64, size: u64, writable: bool) -> Shadow {
         let mut s = Shadow::new(f, at, size).unwrap();
-        s.attach(Some(Arc::new(f.try_clone().unwrap())), writable);
+        s.attach(Some(Arc::new(f.try_clone().unwrap())), writable)
+            .unwrap();
         s
     }
 
@@ -301,6 +563,29 @@ mod tests {
         t.memfd.read_exact_at(&mut buf, 0).unwrap();
         assert_eq!(&buf, b"0A234H67B9", "the guest sees the host's byte");
         assert_eq!(t.sync().unwrap(), Synced::default(), "in sync");
+    }
+
+    #[test]
+    fn an_unchanged_file_takes_only_the_guests_runs() {
+        let f = tempfile::tempfile().unwrap();
+        f.write_all_at(b"0123456789", 0).unwrap();
+        let mut t = shadow_of(&f, 0, P, true);
+        t.memfd.write_all_at(b"AB", 2).unwrap();
+        assert_eq!(
+            t.sync().unwrap(),
+            Synced {
+                written: 2,
+                pulled: 0
+            }
+        );
+        assert_eq!(file_bytes(&f), b"01AB456789");
+        assert_eq!(t.sync().unwrap(), Synced::default(), "in sync");
+        // The file grows on the host: a full merge again.
+        f.write_all_at(b"X", 10).unwrap();
+        assert_eq!(t.sync().unwrap().pulled, 1);
+        let mut buf = [0u8; 11];
+        t.memfd.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"01AB456789X");
     }
 
     #[test]

@@ -82,6 +82,8 @@ pub trait BackendChannel: Send + Sync {
     fn round_trips_in_flight(&self) -> usize {
         0
     }
+    /// The frontend's memory table now holds `n` regions (for the window's counters).
+    fn memory_regions(&self, _n: usize) {}
 }
 
 /// Backend options.
@@ -730,6 +732,11 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
     }
 
     fn update_memory(&self, mem: GuestMem) -> io::Result<()> {
+        if let Some(c) = &self.channel {
+            use vm_memory::GuestMemoryBackend as _;
+            let n = mem.memory().num_regions();
+            c.memory_regions(n);
+        }
         *self
             .mem
             .write()

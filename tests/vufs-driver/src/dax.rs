@@ -16,11 +16,12 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 const PAGE: u64 = 4096;
 
-/// Live SHMEM mappings QEMU 11.1 can hold for a vhost-user device on x86: its memory table
-/// takes at most 256 regions (`VHOST_USER_MAX_RAM_SLOTS`), each SHMEM mapping is one, and 16
-/// are left for guest RAM. Past it QEMU's SET_MEM_TABLE fails (the vrings do not restart after
-/// `stop`/`cont`). The driver refuses a map past it and records a violation.
-pub const QEMU_SLOT_LIMIT: usize = 256 - 16;
+/// Live SHMEM mappings QEMU 11.1 can hold for a vhost-user device: its vhost memory listener
+/// puts every fd-backed RAM section into the backend's memory table, each SHMEM mapping
+/// included, and `vhost_user_add_remove_regions` asserts the table holds at most
+/// `VHOST_USER_MAX_RAM_SLOTS` = 512 regions (QEMU aborts past it). This driver's guest memory
+/// is one region. The driver refuses a map past the limit and records a violation.
+pub const QEMU_SLOT_LIMIT: usize = 512 - 1;
 
 /// One live mapping in the window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,6 +12,7 @@ use std::os::unix::fs::FileExt;
 use daxfsd::abi::{
     self, RemovemappingOne, SETUPMAPPING_FLAG_READ as READ, SETUPMAPPING_FLAG_WRITE as WRITE,
 };
+use daxfsd::dax::DEFAULT_MAP_BUDGET;
 use vufs_driver::dax::QEMU_SLOT_LIMIT;
 use vufs_driver::{DaemonKind, DriverConfig};
 
@@ -226,17 +227,20 @@ fn host_writes_reach_a_copy_at_the_refresh_points() {
     r.assert_clean();
 }
 
-/// 128 ranges (256 MiB window), room for QEMU_SLOT_LIMIT frontend mappings: 128 parked slots
-/// plus writable small files (two mappings each, and one kept in reserve per free range)
-/// make the daemon unmap parked slots, oldest first, never passing the frontend's limit.
+/// 256 ranges (512 MiB window), room for daxfsd's budget of frontend mappings: 256 parked
+/// slots plus a writable small file (two mappings, and one kept in reserve per free range)
+/// make the daemon unmap parked slots, oldest first, never passing the budget.
 #[test]
 fn parked_slots_are_evicted_for_the_budget() {
     if !only_daxfsd("parked_slots_are_evicted_for_the_budget") {
         return;
     }
-    const N: u64 = 128;
+    const N: u64 = 256;
+    // Parked slots that must go: the one at range 0 (mapped over), then enough of the rest
+    // to leave room for 2 mappings and one per free range: (N - 1) - (budget - 2 - (N - 1)).
+    let evict = 2 * N - DEFAULT_MAP_BUDGET as u64;
     let mut r = common::start_with(
-        &["--dax-window=256M", "--dax-copy=always"],
+        &["--dax-window=512M", "--dax-copy=always"],
         &DriverConfig::default(),
         |d| {
             fs::write(d.join("small"), bytes(4096, 5)).unwrap();
@@ -257,23 +261,28 @@ fn parked_slots_are_evicted_for_the_budget() {
     let st = w.stats();
     assert_eq!((st.map_requests, st.unmap_requests), (N, 0));
     // A writable mapping of a file that ends inside its range needs two frontend mappings:
-    // with 127 parked slots and 127 free ranges to keep one in reserve for, 16 parked slots
-    // (the oldest: ranges 1..=16) go.
+    // with 255 parked slots and 255 free ranges to keep one in reserve for, the oldest
+    // parked slots (ranges 1..=evict) go.
     let t = r.s.lookup(abi::ROOT_ID, "tailed").unwrap();
     let ot = r.s.open(t.nodeid, libc::O_RDWR as u32).unwrap();
     r.s.setupmapping(t.nodeid, ot.fh, 0, MIB2, READ | WRITE, 0)
         .unwrap();
     let after = w.stats();
-    assert_eq!(after.unmap_requests, 1 + 16, "{after:?}");
-    assert!(w.peak() <= QEMU_SLOT_LIMIT, "peak {}", w.peak());
+    assert_eq!(after.unmap_requests, 1 + evict, "{after:?}");
+    assert!(
+        w.peak() <= DEFAULT_MAP_BUDGET && DEFAULT_MAP_BUDGET < QEMU_SLOT_LIMIT,
+        "peak {}",
+        w.peak()
+    );
     let live: Vec<u64> = w.mappings().iter().map(|m| m.shm_offset).collect();
-    for i in 1..=16 {
+    for i in 1..=evict {
         assert!(!live.contains(&(i * MIB2)), "range {i} should be evicted");
     }
-    assert!(live.contains(&(17 * MIB2)), "range 17 stays parked");
+    let kept = evict + 1;
+    assert!(live.contains(&(kept * MIB2)), "range {kept} stays parked");
     // An evicted range maps again; a parked one is reused.
     let before = w.stats().map_requests;
-    r.s.setupmapping(e.nodeid, o.fh, 0, MIB2, READ, 17 * MIB2)
+    r.s.setupmapping(e.nodeid, o.fh, 0, MIB2, READ, kept * MIB2)
         .unwrap();
     assert_eq!(w.stats().map_requests, before, "parked slot reused");
     r.s.setupmapping(e.nodeid, o.fh, 0, MIB2, READ, MIB2)
