@@ -278,6 +278,18 @@ fn attr_of(st: &libc::statx) -> Attr {
     }
 }
 
+/// The file handle of `fd` (migration tests forge streams with it).
+#[cfg(test)]
+pub(crate) fn file_handle_for_tests(
+    fd: BorrowedFd,
+) -> io::Result<crate::migration::FileHandleBytes> {
+    fhandle::name_to_handle(fd).map(|(h, _)| h)
+}
+
+/// Most `..` steps [`PassthroughFs::dir_inside_share`] takes looking for the root (a tree
+/// deeper than this counts as outside).
+const MAX_DEPTH: usize = 4096;
+
 /// Refuses `.`, `..`, and anything that is not one non-empty path component.
 fn check_name(name: &CStr) -> io::Result<()> {
     let b = name.to_bytes();
@@ -584,6 +596,71 @@ impl PassthroughFs {
         }
     }
 
+    /// The INIT flags this configuration wants (what [`FileSystem::init`] asks for; also what
+    /// a migrated session may have agreed).
+    ///
+    /// [`FileSystem::init`]: crate::filesystem::FileSystem::init
+    pub fn init_wants(&self) -> u64 {
+        use crate::abi::init_flags as f;
+        let cfg = &self.cfg;
+        // Locks are served only when asked for (virtiofsd's default: the guest keeps them).
+        let mut want = 0;
+        if cfg.posix_lock {
+            want |= f::POSIX_LOCKS;
+        }
+        if cfg.flock {
+            want |= f::FLOCK_LOCKS;
+        }
+        if cfg.readdirplus && cfg.cache != CachePolicy::Never {
+            want |= f::DO_READDIRPLUS | f::READDIRPLUS_AUTO;
+        }
+        if cfg.writeback {
+            want |= f::WRITEBACK_CACHE;
+        }
+        if cfg.announce_submounts {
+            want |= f::SUBMOUNTS;
+        }
+        if cfg.killpriv_v2 {
+            want |= f::HANDLE_KILLPRIV_V2;
+        }
+        if cfg.posix_acl {
+            // The guest must leave the umask to us: a default ACL replaces it.
+            want |= f::POSIX_ACL | f::DONT_MASK;
+        }
+        if cfg.security_label {
+            want |= f::SECURITY_CTX;
+        }
+        if cfg.allow_mmap && cfg.cache == CachePolicy::Never {
+            want |= f::DIRECT_IO_ALLOW_MMAP;
+        }
+        want
+    }
+
+    /// Whether directory `dir` lies inside the shared directory: its `..` chain reaches the
+    /// root (rather than the top of the host's tree, or more than [`MAX_DEPTH`] levels).
+    /// Whatever the sandbox: under `chroot`/`none` a directory a host user moved out of the
+    /// share, or one named by a forged file handle, has host directories above it.
+    fn dir_inside_share(&self, dir: BorrowedFd) -> io::Result<bool> {
+        let root = self.inodes.get(crate::abi::ROOT_ID)?.key;
+        let mut key = key_of(&stat_fd(dir)?);
+        let mut cur: Option<OwnedFd> = None;
+        for _ in 0..MAX_DEPTH {
+            if key == root {
+                return Ok(true);
+            }
+            let at = cur.as_ref().map_or(dir, |f| f.as_fd());
+            let up = sys::openat(at, c"..", libc::O_PATH | libc::O_DIRECTORY, 0)?;
+            let k = key_of(&stat_fd(up.as_fd())?);
+            if k == key {
+                // The top of this process's tree: `..` is the directory itself.
+                return Ok(false);
+            }
+            key = k;
+            cur = Some(up);
+        }
+        Ok(false)
+    }
+
     /// Looks `name` up in directory `parent` and takes a reference to it.
     fn do_lookup(&self, parent: &InodeData, name: &CStr) -> io::Result<Entry> {
         let b = name.to_bytes();
@@ -593,11 +670,14 @@ impl PassthroughFs {
         if !parent.is_dir() {
             return Err(err(libc::ENOTDIR));
         }
+        let same = |id: Inode| -> io::Result<Entry> {
+            let data = self.inodes.add_ref(id)?;
+            let st = stat_fd(data.fd()?.as_fd())?;
+            Ok(self.entry_of(&data, &st, parent.key.mnt))
+        };
         if b == b"." || (b == b".." && parent.id == crate::abi::ROOT_ID) {
             // The directory itself: never the root's host parent.
-            let data = self.inodes.add_ref(parent.id)?;
-            let st = stat_fd(data.fd()?.as_fd())?;
-            return Ok(self.entry_of(&data, &st, parent.key.mnt));
+            return same(parent.id);
         }
         let fd = sys::openat(
             parent.fd()?.as_fd(),
@@ -605,6 +685,15 @@ impl PassthroughFs {
             libc::O_PATH | libc::O_NOFOLLOW,
             0,
         )?;
+        if b == b".." && !self.dir_inside_share(fd.as_fd())? {
+            // `parent` was moved out of the share by the host: its host parent is not ours
+            // to give; the guest's `..` stays at the root.
+            log::warn!(
+                "LOOKUP .. of inode {}: its host parent is outside the shared directory (moved on the host?); answering the root",
+                parent.id
+            );
+            return same(crate::abi::ROOT_ID);
+        }
         self.register(fd, parent.key.mnt)
     }
 
