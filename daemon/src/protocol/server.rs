@@ -326,6 +326,20 @@ impl<F: FileSystem> Server<F> {
         let hdr: InHeader = r.read_obj().inspect_err(|_| {
             log::warn!("dropping request: {total} bytes, too short for a FUSE header");
         })?;
+        self.handle_decoded(hdr, total, r, w)
+    }
+
+    /// [`Server::handle`] of a request whose header the transport has already read (it chose
+    /// the serving thread by its opcode): `hdr` is that copy, `total` the request's length,
+    /// `r` positioned just past the header. The guest's memory is not read for the header
+    /// again, so the opcode served is the one the thread was chosen for.
+    pub fn handle_decoded(
+        &self,
+        hdr: InHeader,
+        total: usize,
+        mut r: Reader,
+        w: Option<Writer>,
+    ) -> io::Result<Handled> {
         let mut req = Req {
             unique: hdr.unique,
             nodeid: hdr.nodeid,
