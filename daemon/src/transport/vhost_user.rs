@@ -120,6 +120,8 @@ struct QueueShared {
     state: Mutex<QueueState>,
     /// Signalled when `inflight` drops to 0.
     drained: Condvar,
+    /// Signalled on each completion: a worker holding back at the in-flight bound goes on.
+    space: Condvar,
 }
 
 impl QueueShared {
@@ -135,6 +137,7 @@ impl QueueShared {
     fn complete(&self, vring: &FsVring, done: Done, in_batch: bool) {
         let mut s = self.lock();
         s.inflight = s.inflight.saturating_sub(1);
+        self.space.notify_one();
         if done.blocking {
             s.blocking = s.blocking.saturating_sub(1);
         }
@@ -449,6 +452,26 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 // The epoch and the pop under one lock: a reset cannot fall between them.
                 let (epoch, chain) = {
                     let mut s = q.lock();
+                    // Backpressure: at most a ring's worth of requests in flight. A guest
+                    // that republishes heads it has not had back (virtio-queue does not
+                    // track them) waits here until its requests complete, instead of
+                    // queueing work for the pools without bound.
+                    let limit = usize::from(vring.get_ref().get_queue().size()).max(1);
+                    let mut warned = false;
+                    while s.inflight >= limit {
+                        if !vring.get_ref().get_queue().ready() {
+                            return Ok(());
+                        }
+                        if !warned {
+                            log::debug!("queue {queue}: {limit} requests in flight; waiting");
+                            warned = true;
+                        }
+                        s = q
+                            .space
+                            .wait_timeout(s, Duration::from_millis(100))
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0;
+                    }
                     let chain = Self::pop(vring, &atomic);
                     if chain.is_some() {
                         s.inflight += 1;

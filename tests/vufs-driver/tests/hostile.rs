@@ -120,3 +120,150 @@ fn opcode_flipped_while_served_never_stalls_a_vring_stop() {
     drop(host_lock);
     s.getattr(e.nodeid, None).unwrap();
 }
+
+/// Resident set of process `pid` in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    st.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// Submits one `opcode` request on queue 1, then republishes its head `count` times without
+/// waiting for it back (a guest is free to break the ring's rules), keeping at most half a
+/// ring ahead of what the device has taken (EVENT_IDX's avail_event). Stops early when the
+/// device takes nothing for 1 s (backpressure). Returns (reposts accepted, RSS before, max
+/// RSS seen) in KiB.
+fn flood(opcode: u32, count: u64, budget: Duration) -> (u64, u64, u64, String) {
+    let kind = common::kind();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"flood").unwrap();
+    let host_lock = vufs_driver::host_write_lock(&dir.path().join("f")).unwrap();
+    let mut args = vec!["--thread-pool-size=4"];
+    if kind == DaemonKind::Daxfsd && opcode == op::SETLKW {
+        args.push("--posix-lock");
+    }
+    let mut d = host::spawn(&kind, dir.path(), &args);
+    let cfg = DriverConfig {
+        indirect_desc: vufs_driver::FeatureMode::Off,
+        event_idx: vufs_driver::FeatureMode::On,
+        ..Default::default()
+    };
+    let s = host::connect(&d, &cfg);
+    let dev = s.device().clone();
+    let e = s.lookup(abi::ROOT_ID, "f").unwrap();
+    let fh = s.open(e.nodeid, libc::O_RDWR as u32).unwrap().fh;
+    let body = if opcode == op::SETLKW {
+        vufs_driver::whole_file_write_lock(fh, 9)
+            .as_slice()
+            .to_vec()
+    } else {
+        abi::FsyncIn {
+            fh,
+            ..Default::default()
+        }
+        .as_slice()
+        .to_vec()
+    };
+    let hdr = s.header(opcode, e.nodeid, body.len());
+    let chain = Chain {
+        segs: vec![
+            Seg::Readable(hdr.as_slice().to_vec()),
+            Seg::Readable(body),
+            Seg::Writable(16),
+        ],
+        indirect: false,
+    };
+    let pid = d.pid().unwrap();
+    let _first = dev.submit(1, &chain).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let rss0 = rss_kib(pid);
+    let queue = dev.queue(1).unwrap();
+    let (_, avail, used) = queue.ring_addrs();
+    let size = queue.size();
+    let mem = dev.mem();
+    let mut idx: u16 = mem.read_obj(avail + 2).unwrap();
+    let head: u16 = mem
+        .read_obj(avail + 4 + 2 * u64::from(idx.wrapping_sub(1) % size))
+        .unwrap();
+    let avail_event = used + 4 + 8 * u64::from(size);
+    let mut posted = 0u64;
+    let mut max_rss = rss0;
+    let mut stalled_since: Option<Instant> = None;
+    let t_end = Instant::now() + budget;
+    let mut why = "count reached".to_string();
+    while posted < count {
+        if Instant::now() > t_end {
+            why = format!("time budget {budget:?} spent");
+            break;
+        }
+        let taken: u16 = mem.read_obj(avail_event).unwrap();
+        if idx.wrapping_sub(taken) >= size / 2 {
+            queue.kick_fd().write(1).unwrap();
+            let since = *stalled_since.get_or_insert_with(Instant::now);
+            if since.elapsed() > Duration::from_secs(1) {
+                why = "the device took nothing for 1 s (backpressure)".into();
+                break;
+            }
+            std::thread::yield_now();
+            continue;
+        }
+        stalled_since = None;
+        mem.write_obj(avail + 4 + 2 * u64::from(idx % size), head)
+            .unwrap();
+        idx = idx.wrapping_add(1);
+        mem.write_obj(avail + 2, idx).unwrap();
+        posted += 1;
+        if posted % 64 == 0 {
+            queue.kick_fd().write(1).unwrap();
+        }
+        if posted % 16384 == 0 {
+            max_rss = max_rss.max(rss_kib(pid));
+        }
+    }
+    queue.kick_fd().write(1).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    max_rss = max_rss.max(rss_kib(pid));
+    assert!(d.try_wait().unwrap().is_none(), "{}", d.log_contents());
+    drop(host_lock);
+    (posted, rss0, max_rss, why)
+}
+
+/// One SETLKW head (a host process holds the lock: each copy waits) republished: the daemon
+/// takes at most about a ring's worth and then stops taking (backpressure); its memory stays
+/// flat. Without a bound every copy became a queued job.
+#[test]
+fn one_waiting_head_republished_gets_backpressure() {
+    if common::kind() != DaemonKind::Daxfsd {
+        eprintln!(
+            "virtiofsd serves no host POSIX locks (daxfsd's --posix-lock); see the FSYNC flood"
+        );
+        return;
+    }
+    let (posted, rss0, max_rss, why) = flood(op::SETLKW, 1_000_000, Duration::from_secs(40));
+    eprintln!("SETLKW head reposted {posted} times ({why}); RSS {rss0} KiB -> max {max_rss} KiB");
+    assert!(
+        posted <= 2 * 1024,
+        "the daemon took {posted} copies of a waiting request"
+    );
+    assert!(
+        max_rss < rss0 + 8 * 1024,
+        "RSS grew from {rss0} to {max_rss} KiB"
+    );
+}
+
+/// One FSYNC head republished up to a million times (or 60 s): memory stays flat.
+#[test]
+fn one_fsync_head_republished_keeps_memory_flat() {
+    let (posted, rss0, max_rss, why) = flood(op::FSYNC, 1_000_000, Duration::from_secs(60));
+    eprintln!(
+        "{}: FSYNC head reposted {posted} times ({why}); RSS {rss0} KiB -> max {max_rss} KiB",
+        common::kind().name()
+    );
+    assert!(posted > 0);
+    assert!(
+        max_rss < rss0 + 16 * 1024,
+        "RSS grew from {rss0} to {max_rss} KiB"
+    );
+}
