@@ -452,6 +452,7 @@ mod passthrough {
     #[test]
     fn handles_outside_the_share_are_refused() {
         assert_eq!(
+            // SAFETY: geteuid has no preconditions and cannot fail.
             unsafe { libc::geteuid() },
             0,
             "this test needs root (CAP_DAC_READ_SEARCH to open file handles)"

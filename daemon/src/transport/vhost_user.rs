@@ -669,6 +669,19 @@ impl Spans {
 fn mark_written(mem: &GuestMemoryLogged, spans: &[(usize, usize)], written: usize) {
     use vm_memory::bitmap::Bitmap;
     use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+    if written == 0 {
+        return;
+    }
+    // The regions by host address, once per request; each span then finds its region by
+    // binary search (a chain may hold 65,535 buffers, the table up to 512 regions).
+    let mut regions: Vec<(usize, usize, _)> = mem
+        .iter()
+        .filter_map(|r| {
+            let base = r.get_host_address(vm_memory::MemoryRegionAddress(0)).ok()?;
+            Some((base as usize, r.len() as usize, r))
+        })
+        .collect();
+    regions.sort_unstable_by_key(|&(base, _, _)| base);
     let mut left = written;
     for &(host, len) in spans {
         if left == 0 {
@@ -676,17 +689,12 @@ fn mark_written(mem: &GuestMemoryLogged, spans: &[(usize, usize)], written: usiz
         }
         let n = len.min(left);
         left -= n;
-        for region in mem.iter() {
-            let Ok(base) = region.get_host_address(vm_memory::MemoryRegionAddress(0)) else {
-                continue;
-            };
-            let base = base as usize;
-            let size = region.len() as usize;
-            if host >= base && host - base < size {
+        let i = regions.partition_point(|&(base, _, _)| base <= host);
+        if let Some(&(base, size, region)) = i.checked_sub(1).and_then(|i| regions.get(i)) {
+            if host - base < size {
                 region
                     .bitmap()
                     .mark_dirty(host - base, n.min(size - (host - base)));
-                break;
             }
         }
     }
