@@ -193,6 +193,38 @@ fn dot_dot_after_a_host_move_out_stays_at_the_root() {
     }
 }
 
+/// A directory the guest holds is moved out of the share by a host user, who then puts
+/// files there: LOOKUP in it finds nothing (ENOENT) and READDIRPLUS gives no entry with
+/// attributes (no new host inode enters the session from outside the share).
+#[test]
+fn lookups_in_a_directory_moved_out_find_nothing() {
+    let h = Harness::new();
+    std::fs::create_dir_all(h.host("m/n")).unwrap();
+    std::fs::write(h.host("m/f"), b"inside").unwrap();
+    let m = h.lookup(ROOT, "m").unwrap().nodeid;
+    let n = h.lookup(m, "n").unwrap().nodeid;
+    assert!(h.lookup(m, "f").is_ok(), "inside, it is found");
+    std::fs::rename(h.host("m"), h.outside.join("moved")).unwrap();
+    std::fs::write(h.outside.join("moved/planted"), b"host").unwrap();
+    for (dir, name) in [(m, "f"), (m, "planted"), (m, "n"), (n, "x")] {
+        assert_eq!(h.lookup(dir, name).unwrap_err(), libc::ENOENT, "{name}");
+    }
+    let inodes = h.fs().inode_count();
+    let items = h.list_dir(m, 4096, true);
+    assert!(
+        items.iter().any(|i| i.name() == "planted"),
+        "the listing itself"
+    );
+    assert!(
+        items.iter().all(|i| i.entry.is_none()),
+        "READDIRPLUS gave attributes of a file outside the share"
+    );
+    assert_eq!(h.fs().inode_count(), inodes, "no inode entered");
+    // Moved back: served again.
+    std::fs::rename(h.outside.join("moved"), h.host("m")).unwrap();
+    assert!(h.lookup(m, "f").is_ok());
+}
+
 /// A migrated session agreeing INIT flags this daemon never offers (every bit set) is
 /// refused, and the session stays as it was.
 #[test]

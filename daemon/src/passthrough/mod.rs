@@ -287,8 +287,8 @@ pub(crate) fn file_handle_for_tests(
 }
 
 /// Most `..` steps [`PassthroughFs::dir_inside_share`] takes looking for the root (a tree
-/// deeper than this counts as outside).
-const MAX_DEPTH: usize = 4096;
+/// deeper than this counts as outside; `../` x 1,300 stays within PATH_MAX).
+const MAX_DEPTH: usize = 1300;
 
 /// Refuses `.`, `..`, and anything that is not one non-empty path component.
 fn check_name(name: &CStr) -> io::Result<()> {
@@ -643,22 +643,48 @@ impl PassthroughFs {
     fn dir_inside_share(&self, dir: BorrowedFd) -> io::Result<bool> {
         let root = self.inodes.get(crate::abi::ROOT_ID)?.key;
         let mut key = key_of(&stat_fd(dir)?);
-        let mut cur: Option<OwnedFd> = None;
+        // One statx per level, of "..", "../..", ...: the kernel walks the dots in its
+        // dentry cache (no descriptor opened per level).
+        let mut path: Vec<u8> = Vec::with_capacity(64);
         for _ in 0..MAX_DEPTH {
             if key == root {
                 return Ok(true);
             }
-            let at = cur.as_ref().map_or(dir, |f| f.as_fd());
-            let up = sys::openat(at, c"..", libc::O_PATH | libc::O_DIRECTORY, 0)?;
-            let k = key_of(&stat_fd(up.as_fd())?);
+            if !path.is_empty() {
+                path.push(b'/');
+            }
+            path.extend_from_slice(b"..");
+            let name = CString::new(path.as_slice()).map_err(|_| err(libc::EINVAL))?;
+            let k = key_of(&sys::statx(
+                dir,
+                &name,
+                libc::AT_SYMLINK_NOFOLLOW,
+                STATX_MASK,
+            )?);
             if k == key {
                 // The top of this process's tree: `..` is the directory itself.
                 return Ok(false);
             }
             key = k;
-            cur = Some(up);
         }
         Ok(false)
+    }
+
+    /// LOOKUP and READDIRPLUS take new host inodes into the session only from a directory
+    /// inside the share: `ENOENT` for one a host user moved out (its `..` chain no longer
+    /// reaches the root). The root itself needs no walk.
+    fn check_inside(&self, dir: &InodeData) -> io::Result<()> {
+        if dir.id == crate::abi::ROOT_ID || !dir.is_dir() {
+            return Ok(());
+        }
+        if self.dir_inside_share(dir.fd()?.as_fd())? {
+            return Ok(());
+        }
+        log::warn!(
+            "inode {}: no longer inside the shared directory (moved on the host?); lookups in it fail with ENOENT",
+            dir.id
+        );
+        Err(err(libc::ENOENT))
     }
 
     /// Looks `name` up in directory `parent` and takes a reference to it.
