@@ -10,7 +10,10 @@
 //! that path would resolve in the guest-controlled share. So host symlinks are never
 //! followed (the guest reads them with READLINK and resolves them in its own namespace),
 //! LOOKUP of `..` at the root returns the root, and `.`/`..` are refused as names of
-//! anything that creates, removes or renames.
+//! anything that creates, removes or renames. A directory a host user moves out of the share
+//! stays the guest's, but yields nothing new: its `..` is the root, LOOKUP in it fails with
+//! `ENOENT`, READDIRPLUS gives its names without entries (`dir_inside_share` walks `..` to
+//! the root, whatever the sandbox); a migrated file handle is checked the same way.
 //! Only regular files are opened for I/O and only directories for listing: symlinks fail
 //! with `ELOOP`, device nodes, fifos and sockets with `EPERM` (the guest implements those
 //! itself; opening a guest-made device node on the host would be an escape).
