@@ -415,7 +415,7 @@ mod passthrough {
     /// The file handle of host path `p` (test helper; needs no capability).
     fn handle_of(p: &std::path::Path) -> FileHandleBytes {
         let f = std::fs::File::open(p).unwrap();
-        crate::passthrough::file_handle_for_tests(std::os::fd::AsFd::as_fd(&f)).unwrap()
+        crate::passthrough::file_handle_of(std::os::fd::AsFd::as_fd(&f)).unwrap()
     }
 
     fn one_inode(kind: u32, location: Location) -> FsState {

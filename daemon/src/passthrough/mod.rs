@@ -281,11 +281,9 @@ fn attr_of(st: &libc::statx) -> Attr {
     }
 }
 
-/// The file handle of `fd` (migration tests forge streams with it).
-#[cfg(test)]
-pub(crate) fn file_handle_for_tests(
-    fd: BorrowedFd,
-) -> io::Result<crate::migration::FileHandleBytes> {
+/// The file handle of `fd` (migration tests and fuzz seeds forge streams with it).
+#[cfg(any(test, feature = "testing"))]
+pub(crate) fn file_handle_of(fd: BorrowedFd) -> io::Result<crate::migration::FileHandleBytes> {
     fhandle::name_to_handle(fd).map(|(h, _)| h)
 }
 
