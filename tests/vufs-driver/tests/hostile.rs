@@ -226,6 +226,19 @@ fn flood(opcode: u32, count: u64, budget: Duration) -> (u64, u64, u64, String) {
     std::thread::sleep(Duration::from_millis(500));
     max_rss = max_rss.max(rss_kib(pid));
     assert!(d.try_wait().unwrap().is_none(), "{}", d.log_contents());
+    // A stop signal still ends it promptly, with the queue full of requests.
+    let t0 = Instant::now();
+    // SAFETY: signalling the daemon this test started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
+    while d.try_wait().unwrap().is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "no exit 15 s after SIGTERM; log:\n{}",
+            d.log_contents()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("exited {:?} after SIGTERM", t0.elapsed());
     drop(host_lock);
     (posted, rss0, max_rss, why)
 }
