@@ -834,12 +834,21 @@ fn share_inos(share: &std::path::Path) -> std::collections::HashSet<u64> {
 /// loaded by a destination daemon serving `share` (see [`migration_world`]): it must never
 /// panic, and every inode it lets in must be one of the share's (a GETATTR of each node id
 /// the stream names answers an inode number of the share, or an error). First byte: bit 0
-/// file-handles mode, bit 1 on-error guest-error, bit 2 the server past INIT (else fresh).
+/// file-handles mode, bit 1 on-error guest-error, bit 2 the server past INIT (else fresh),
+/// bit 3: the rest is a bare payload, framed here (magic, version, length, checksum) so the
+/// fuzzer's mutations reach the decoder's fields and the import instead of the checksum.
 /// Returns whether the state was taken.
 pub fn run_migration_stream(share: &std::path::Path, data: &[u8]) -> bool {
     use crate::migration::{format, MigrationMode, MigrationOptions, OnError, StateHost};
     let Some((&opt, stream)) = data.split_first() else {
         return false;
+    };
+    let framed;
+    let stream = if opt & 8 != 0 {
+        framed = frame(stream);
+        &framed[..]
+    } else {
+        stream
     };
     let Ok(state) = format::decode(stream) else {
         return false;
@@ -899,6 +908,21 @@ pub fn run_migration_stream(share: &std::path::Path, data: &[u8]) -> bool {
     }
     s.reset();
     loaded
+}
+
+/// A device-state stream around `payload`: magic, version, length, payload, checksum.
+fn frame(payload: &[u8]) -> Vec<u8> {
+    use crate::migration::format::{fnv1a64, MAGIC, VERSION};
+    let mut v = MAGIC.to_vec();
+    v.extend_from_slice(&VERSION.to_le_bytes());
+    v.extend_from_slice(
+        &u32::try_from(payload.len())
+            .unwrap_or(u32::MAX)
+            .to_le_bytes(),
+    );
+    v.extend_from_slice(payload);
+    v.extend_from_slice(&fnv1a64(payload).to_le_bytes());
+    v
 }
 
 /// Seeds for the migration-stream target: real exports of the harness's share (find-paths,
@@ -967,6 +991,16 @@ pub fn migration_seeds(top: &std::path::Path) -> io::Result<Vec<(String, Vec<u8>
         out.push(("every_flag".into(), v));
     }
     s.reset();
+    // The same states as bare payloads (option bit 3: framed by the harness).
+    let bare: Vec<(String, Vec<u8>)> = out
+        .iter()
+        .map(|(n, v)| {
+            let mut b = vec![v[0] | 8];
+            b.extend_from_slice(&v[1 + 16..v.len() - 8]);
+            (format!("{n}_payload"), b)
+        })
+        .collect();
+    out.extend(bare);
     Ok(out)
 }
 
@@ -979,12 +1013,12 @@ mod tests {
     fn migration_seeds_load_and_hostile_ones_are_refused() {
         let top = tempfile::tempdir().unwrap();
         let seeds = migration_seeds(top.path()).unwrap();
-        assert_eq!(seeds.len(), 5);
+        assert_eq!(seeds.len(), 10);
         let share = top.path().join("share");
         for (name, data) in &seeds {
             // Runs, and never lets an inode from outside in (the harness asserts it).
             let loaded = run_migration_stream(&share, data);
-            let hostile = matches!(name.as_str(), "handle_outside" | "every_flag");
+            let hostile = name.starts_with("handle_outside") || name.starts_with("every_flag");
             assert_eq!(loaded, !hostile, "{name}");
         }
     }
