@@ -266,7 +266,9 @@ fn one_waiting_head_republished_gets_backpressure() {
     );
 }
 
-/// One FSYNC head republished up to a million times (or 60 s): memory stays flat.
+/// One FSYNC head republished up to a million times (or 60 s): daxfsd's memory stays flat.
+/// Upstream virtiofsd 1.14 has no such bound (measured: RSS 4 -> 210 MiB over the million);
+/// against it the test reports the growth and only checks that the daemon survived.
 #[test]
 fn one_fsync_head_republished_keeps_memory_flat() {
     let (posted, rss0, max_rss, why) = flood(op::FSYNC, 1_000_000, Duration::from_secs(60));
@@ -275,8 +277,10 @@ fn one_fsync_head_republished_keeps_memory_flat() {
         common::kind().name()
     );
     assert!(posted > 0);
-    assert!(
-        max_rss < rss0 + 16 * 1024,
-        "RSS grew from {rss0} to {max_rss} KiB"
-    );
+    if common::kind() == DaemonKind::Daxfsd {
+        assert!(
+            max_rss < rss0 + 16 * 1024,
+            "RSS grew from {rss0} to {max_rss} KiB"
+        );
+    }
 }
