@@ -12,7 +12,7 @@ cd "$RIG_ROOT"
 seconds=${FUZZ_SECONDS:-60}
 [[ $seconds =~ ^[1-9][0-9]*$ ]] || die "FUZZ_SECONDS must be a positive number of seconds, got '$seconds'"
 targets=("$@")
-((${#targets[@]})) || targets=(server_memfs server_passthrough descriptor_chain)
+((${#targets[@]})) || targets=(server_memfs server_passthrough descriptor_chain migration_stream)
 
 fuzz_root="$DAXFSD_CACHE/cargo-fuzz-0.13.2"
 if [[ ! -x $fuzz_root/bin/cargo-fuzz ]]; then

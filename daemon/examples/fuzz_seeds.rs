@@ -1,6 +1,7 @@
 //! Writes the fuzz seed corpus: one valid request per opcode (plus request sequences) for
-//! the server targets, and the same requests wrapped in descriptor chains for the chain
-//! target. `cargo run -p daxfsd --features fuzzing --example fuzz_seeds -- fuzz/seeds`
+//! the server targets, the same requests wrapped in descriptor chains for the chain target,
+//! and migration streams (real exports, hostile ones) for the migration-stream target.
+//! `cargo run -p daxfsd --features fuzzing --example fuzz_seeds -- fuzz/seeds`
 
 use std::path::PathBuf;
 
@@ -23,6 +24,13 @@ fn main() -> std::io::Result<()> {
             std::fs::write(dir.join(&name), daxfsd::fuzzing::chain_input(rec.bytes))?;
         }
         n += 1;
+    }
+    // The migration-stream target: real exports of its share layout, and hostile streams.
+    let top = tempfile::tempdir()?;
+    let dir = out.join("migration_stream");
+    std::fs::create_dir_all(&dir)?;
+    for (name, input) in daxfsd::fuzzing::migration_seeds(top.path())? {
+        std::fs::write(dir.join(name), input)?;
     }
     println!("wrote {n} seeds per target under {}", out.display());
     Ok(())

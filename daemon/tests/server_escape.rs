@@ -141,6 +141,113 @@ fn dot_dot_never_leaves_the_root() {
     assert_eq!(h.outside_snapshot(), before);
 }
 
+/// A host user moves a directory the guest holds out of the share: LOOKUP `..` on it (and on
+/// a directory below it) must not hand the guest the host directory it now lies in, nor
+/// anything above; it answers the root. (The daemon here runs without a sandbox: what
+/// `--sandbox none` gives; tests/vufs-driver escape.rs runs the same under chroot.)
+#[test]
+fn dot_dot_after_a_host_move_out_stays_at_the_root() {
+    let h = Harness::new();
+    std::fs::create_dir_all(h.host("m/n")).unwrap();
+    let root_ino = host_ino(&h.share);
+    let m = h.lookup(ROOT, "m").unwrap().nodeid;
+    let n = h.lookup(m, "n").unwrap().nodeid;
+    // Inside, `..` of n is m.
+    assert_eq!(h.lookup(n, "..").unwrap().nodeid, m);
+    std::fs::rename(h.host("m"), h.outside.join("moved")).unwrap();
+    let outside_ino = host_ino(&h.outside);
+    let above_ino = host_ino(h.tmp.path());
+    for (what, dir) in [("moved directory", m), ("directory below it", n)] {
+        let up = h.lookup(dir, "..").unwrap();
+        assert_ne!(up.attr.ino, outside_ino, "{what}: '..' is outside/");
+        assert_ne!(up.attr.ino, above_ino, "{what}: '..' is the share's parent");
+        if what == "moved directory" {
+            assert_eq!(
+                (up.nodeid, up.attr.ino),
+                (ROOT, root_ino),
+                "{what}: the root"
+            );
+        }
+        // Walking on never leaves: at most two steps to the root, which stays.
+        let mut at = up.nodeid;
+        for _ in 0..3 {
+            let e = h.lookup(at, "..").unwrap();
+            assert!(
+                ![outside_ino, above_ino].contains(&e.attr.ino),
+                "{what}: walk reached {}",
+                e.attr.ino
+            );
+            at = e.nodeid;
+        }
+        assert_eq!(at, ROOT, "{what}: the walk ends at the root");
+    }
+    // READDIRPLUS of the moved directory gives no entry for "..".
+    let items = h.list_dir(m, 4096, true);
+    for i in items.iter().filter(|i| i.name() == "..") {
+        if let Some(e) = &i.entry {
+            assert!(
+                ![outside_ino, above_ino].contains(&e.attr.ino),
+                "READDIRPLUS .."
+            );
+        }
+    }
+}
+
+/// A directory the guest holds is moved out of the share by a host user, who then puts
+/// files there: LOOKUP in it finds nothing (ENOENT) and READDIRPLUS gives no entry with
+/// attributes (no new host inode enters the session from outside the share).
+#[test]
+fn lookups_in_a_directory_moved_out_find_nothing() {
+    let h = Harness::new();
+    std::fs::create_dir_all(h.host("m/n")).unwrap();
+    std::fs::write(h.host("m/f"), b"inside").unwrap();
+    let m = h.lookup(ROOT, "m").unwrap().nodeid;
+    let n = h.lookup(m, "n").unwrap().nodeid;
+    assert!(h.lookup(m, "f").is_ok(), "inside, it is found");
+    std::fs::rename(h.host("m"), h.outside.join("moved")).unwrap();
+    std::fs::write(h.outside.join("moved/planted"), b"host").unwrap();
+    for (dir, name) in [(m, "f"), (m, "planted"), (m, "n"), (n, "x")] {
+        assert_eq!(h.lookup(dir, name).unwrap_err(), libc::ENOENT, "{name}");
+    }
+    let inodes = h.fs().inode_count();
+    let items = h.list_dir(m, 4096, true);
+    assert!(
+        items.iter().any(|i| i.name() == "planted"),
+        "the listing itself"
+    );
+    assert!(
+        items.iter().all(|i| i.entry.is_none()),
+        "READDIRPLUS gave attributes of a file outside the share"
+    );
+    assert_eq!(h.fs().inode_count(), inodes, "no inode entered");
+    // Moved back: served again.
+    std::fs::rename(h.outside.join("moved"), h.host("m")).unwrap();
+    assert!(h.lookup(m, "f").is_ok());
+}
+
+/// A migrated session agreeing INIT flags this daemon never offers (every bit set) is
+/// refused, and the session stays as it was.
+#[test]
+fn migrated_session_with_every_flag_is_refused() {
+    use daxfsd::migration::{SessionState, StateHost};
+    let h = Harness::new();
+    let before = h.server.export_session();
+    let mut st = h.server.save_state(&Default::default()).unwrap();
+    st.session = SessionState {
+        flags: u64::MAX,
+        ..before
+    };
+    let e = h
+        .server
+        .load_state(st.clone(), &Default::default())
+        .unwrap_err();
+    assert!(e.to_string().contains("not offer"), "{e}");
+    assert_eq!(h.server.export_session(), before);
+    // The same state with the flags this session agreed loads.
+    st.session = before;
+    h.server.load_state(st, &Default::default()).unwrap();
+}
+
 #[test]
 fn dot_names_are_refused_for_every_modification() {
     let h = Harness::new();

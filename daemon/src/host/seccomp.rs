@@ -97,6 +97,15 @@ pub const ALLOWED: &[(&str, libc::c_long)] = &[
     ("rt_sigprocmask", libc::SYS_rt_sigprocmask),
     ("rt_sigaction", libc::SYS_rt_sigaction),
     ("rt_sigreturn", libc::SYS_rt_sigreturn),
+    // Calls only signal, resume and error paths make. A timed wait interrupted by a stop
+    // (SIGSTOP/SIGCONT, a cgroup freeze, a debugger attach) resumes through restart_syscall:
+    // futex with a relative timeout, poll, (clock_)nanosleep (`std::thread::sleep`). Without
+    // it the first SIGCONT killed the daemon (issue 21).
+    ("restart_syscall", libc::SYS_restart_syscall),
+    ("clock_nanosleep", libc::SYS_clock_nanosleep),
+    ("nanosleep", libc::SYS_nanosleep),
+    // A panic's message and a log line may go out as one vectored write.
+    ("writev", libc::SYS_writev),
     ("rt_sigtimedwait", libc::SYS_rt_sigtimedwait),
     ("sched_yield", libc::SYS_sched_yield),
     ("sched_getaffinity", libc::SYS_sched_getaffinity),

@@ -364,7 +364,8 @@ impl<F: crate::filesystem::FileSystem + PassthroughState> StateHost for crate::s
 
     fn load_state(&self, state: DeviceState, opts: &MigrationOptions) -> io::Result<()> {
         let before = self.export_session();
-        self.import_session(&state.session)?;
+        let fs_wants = self.fs().passthrough().init_wants();
+        self.import_session(&state.session, fs_wants)?;
         match self.fs().passthrough().import_state(&state.fs, opts) {
             Ok((0, 0)) => Ok(()),
             Ok((inodes, handles)) => {
@@ -374,7 +375,7 @@ impl<F: crate::filesystem::FileSystem + PassthroughState> StateHost for crate::s
                 Ok(())
             }
             Err(e) => {
-                let _ = self.import_session(&before);
+                let _ = self.import_session(&before, fs_wants);
                 Err(e)
             }
         }

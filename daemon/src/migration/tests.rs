@@ -303,9 +303,15 @@ mod passthrough {
         src.init(InitCaps { flags: u64::MAX }).unwrap();
         let opts = MigrationOptions::default();
         let st = round(&src, &opts);
-        // The destination's own INIT agreed nothing of the kind; the guest, though, goes on
-        // sending unmasked modes (DONT_MASK), so the agreement must come with the state.
-        let dst = fs(tmp.path());
+        // The destination (configured alike) has not agreed anything in an INIT of its own;
+        // the guest, though, goes on sending unmasked modes (DONT_MASK), so the agreement must
+        // come with the state.
+        let dst = PassthroughFs::new(Config {
+            root_dir: tmp.path().to_path_buf(),
+            posix_acl: true,
+            ..Default::default()
+        })
+        .unwrap();
         assert_eq!(dst.import_state(&st, &opts).unwrap(), (0, 0));
         let ctx = Context::default();
         let d = dst.lookup(&ctx, 1, &c("d")).unwrap().inode;
@@ -404,6 +410,133 @@ mod passthrough {
         assert_eq!(dst.import_state(&st, &opts).unwrap(), (0, 0));
         let ctx = Context::default();
         assert_eq!(dst.getattr(&ctx, f, Some(fh)).unwrap().0.size, 5);
+    }
+
+    /// The file handle of host path `p` (test helper; needs no capability).
+    fn handle_of(p: &std::path::Path) -> FileHandleBytes {
+        let f = std::fs::File::open(p).unwrap();
+        crate::passthrough::file_handle_of(std::os::fd::AsFd::as_fd(&f)).unwrap()
+    }
+
+    fn one_inode(kind: u32, location: Location) -> FsState {
+        FsState {
+            negotiated: 0,
+            next_inode: 3,
+            next_handle: 1,
+            inodes: vec![
+                InodeState {
+                    id: 1,
+                    refs: 1,
+                    generation: 0,
+                    kind: libc::S_IFDIR,
+                    location: Location::Root,
+                    verify: None,
+                },
+                InodeState {
+                    id: 2,
+                    refs: 1,
+                    generation: 0,
+                    kind,
+                    location,
+                    verify: None,
+                },
+            ],
+            handles: vec![],
+        }
+    }
+
+    /// A hostile source names host files outside the shared directory by file handle: a
+    /// directory next to the share, the file system's root (ext4: type 1, inode 2), a file
+    /// outside. Each is refused in file-handles mode, and any handle entry in find-paths mode.
+    /// Opening handles needs CAP_DAC_READ_SEARCH: the test runs as root.
+    #[test]
+    fn handles_outside_the_share_are_refused() {
+        assert_eq!(
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            unsafe { libc::geteuid() },
+            0,
+            "this test needs root (CAP_DAC_READ_SEARCH to open file handles)"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let share = tmp.path().join("share");
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir_all(share.join("in")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("secret"), b"secret").unwrap();
+        std::fs::write(share.join("in/f"), b"f").unwrap();
+        let dst = fs(&share);
+        let fhm = MigrationOptions {
+            mode: MigrationMode::FileHandles,
+            ..Default::default()
+        };
+        for (what, kind, p) in [
+            ("directory outside", libc::S_IFDIR, outside.clone()),
+            ("directory above", libc::S_IFDIR, tmp.path().to_path_buf()),
+            ("file system root", libc::S_IFDIR, "/".into()),
+            ("file outside", libc::S_IFREG, outside.join("secret")),
+        ] {
+            let st = one_inode(kind, Location::Handle(handle_of(&p)));
+            let r = dst.import_state(&st, &fhm);
+            eprintln!("{what}: {r:?}");
+            let e = r.expect_err(what);
+            assert!(
+                e.to_string().contains("outside the shared directory"),
+                "{what}: {e}"
+            );
+            assert_eq!(dst.inode_count(), 1, "{what}: tables untouched");
+            let ge = MigrationOptions {
+                on_error: OnError::GuestError,
+                ..fhm
+            };
+            assert_eq!(dst.import_state(&st, &ge).unwrap(), (1, 0), "{what}");
+            assert_eq!(dst.inode_count(), 1, "{what}: left out");
+        }
+        // A file outside, unlinked while still open on this host: refused as well.
+        let gone = outside.join("gone");
+        std::fs::write(&gone, b"gone").unwrap();
+        let keep = std::fs::File::open(&gone).unwrap();
+        let h = handle_of(&gone);
+        std::fs::remove_file(&gone).unwrap();
+        let e = dst
+            .import_state(&one_inode(libc::S_IFREG, Location::Handle(h)), &fhm)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("outside the shared directory"),
+            "{e}"
+        );
+        drop(keep);
+        // Inside the share: accepted in file-handles mode ...
+        for (kind, p) in [
+            (libc::S_IFDIR, share.join("in")),
+            (libc::S_IFREG, share.join("in/f")),
+        ] {
+            let st = one_inode(kind, Location::Handle(handle_of(&p)));
+            assert_eq!(dst.import_state(&st, &fhm).unwrap(), (0, 0), "{p:?}");
+            assert_eq!(dst.inode_count(), 2);
+            // ... and refused in find-paths mode, where no handle is expected.
+            let e = dst
+                .import_state(&st, &MigrationOptions::default())
+                .unwrap_err();
+            assert!(e.to_string().contains("find-paths"), "{e}");
+        }
+    }
+
+    /// The migrated negotiated bits are ones this daemon's configuration offers: every bit
+    /// set is refused, and a stream agreeing writeback with a daemon without it too.
+    #[test]
+    fn negotiated_bits_not_configured_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dst = fs(tmp.path());
+        // Bit 0 is writeback (see passthrough/migration.rs).
+        for negotiated in [u32::MAX, 1, 1 << 31] {
+            let mut st = one_inode(libc::S_IFDIR, Location::Lost);
+            st.inodes.pop();
+            st.negotiated = negotiated;
+            let e = dst
+                .import_state(&st, &MigrationOptions::default())
+                .expect_err("refused");
+            assert!(e.to_string().contains("not configured"), "{e}");
+        }
     }
 
     #[test]

@@ -77,6 +77,9 @@ impl PassthroughFs {
     ) -> io::Result<()> {
         let h = self.handles.get_dir(inode, handle)?;
         let dir = self.dir_inode(inode)?;
+        // Entries with attributes only from a directory inside the share (a host user may
+        // have moved it out); the names alone come from the directory the guest holds.
+        let plus = plus && self.check_inside(&dir).is_ok();
         let HandleKind::Dir { lock } = &h.kind else {
             return Err(err(libc::EBADF));
         };

@@ -40,6 +40,10 @@ fn timespec(valid: u32, set: u32, now: u32, secs: u64, nsecs: u32) -> io::Result
 impl PassthroughFs {
     pub(super) fn do_lookup_op(&self, parent: Inode, name: &CStr) -> io::Result<Entry> {
         let p = self.inode(parent)?;
+        // `.` is the parent itself; `..` has its own check (see do_lookup).
+        if !matches!(name.to_bytes(), b"." | b"..") {
+            self.check_inside(&p)?;
+        }
         self.do_lookup(&p, name)
     }
 

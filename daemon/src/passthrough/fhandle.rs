@@ -6,8 +6,11 @@
 //! mount. Mount descriptors are shared by every inode of their mount and closed with the
 //! last of them ([`MountFds`]).
 //!
-//! Handles are only ever made here from descriptors of files inside the shared directory;
-//! none comes from the guest. Opening one cannot follow a symlink or a path.
+//! The handles of inodes are made here from descriptors of files inside the shared
+//! directory; none comes from the guest. A migration stream (`--migration-mode=file-handles`)
+//! does bring handles from outside: a handle can name any file of the file system, so
+//! `migration.rs` checks each file it opens that way lies inside the share before use.
+//! Opening one cannot follow a symlink or a path.
 
 use std::collections::HashMap;
 use std::io;

@@ -499,6 +499,10 @@ impl PassthroughFs {
             libc::S_IFDIR | libc::S_IFREG => self.reopen(&data, libc::O_RDONLY)?,
             _ => return Err(err(libc::EINVAL)),
         };
+        // Each SYNCFS writes back the whole host file system: one at a time, so a guest
+        // sending many (on up to every blocking thread) cannot multiply that work.
+        static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         sys::syncfs(fd.as_fd())
     }
 

@@ -7,7 +7,7 @@ use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{CachePolicy, PassthroughFs};
+use super::PassthroughFs;
 use crate::abi::{init_flags as f, Attr, FileLock, Kstatfs, SetattrIn};
 use crate::filesystem::{
     AddEntry, Context, Entry, FileSystem, Handle, InitCaps, Inode, OpenFlags, XattrReply,
@@ -18,40 +18,10 @@ use crate::mapper::Mapper;
 impl FileSystem for PassthroughFs {
     fn init(&self, caps: InitCaps) -> io::Result<u64> {
         let offered = caps.flags;
-        let cfg = &self.cfg;
-        // Locks are served only when asked for (virtiofsd's default: the guest keeps them).
-        let mut want = 0;
-        if cfg.posix_lock {
-            want |= f::POSIX_LOCKS;
+        if self.cfg.announce_submounts && offered & f::SUBMOUNTS == 0 {
+            log::warn!("the client does not support submounts");
         }
-        if cfg.flock {
-            want |= f::FLOCK_LOCKS;
-        }
-        if cfg.readdirplus && cfg.cache != CachePolicy::Never {
-            want |= f::DO_READDIRPLUS | f::READDIRPLUS_AUTO;
-        }
-        if cfg.writeback {
-            want |= f::WRITEBACK_CACHE;
-        }
-        if cfg.announce_submounts {
-            if offered & f::SUBMOUNTS == 0 {
-                log::warn!("the client does not support submounts");
-            }
-            want |= f::SUBMOUNTS;
-        }
-        if cfg.killpriv_v2 {
-            want |= f::HANDLE_KILLPRIV_V2;
-        }
-        if cfg.posix_acl {
-            // The guest must leave the umask to us: a default ACL replaces it.
-            want |= f::POSIX_ACL | f::DONT_MASK;
-        }
-        if cfg.security_label {
-            want |= f::SECURITY_CTX;
-        }
-        if cfg.allow_mmap && cfg.cache == CachePolicy::Never {
-            want |= f::DIRECT_IO_ALLOW_MMAP;
-        }
+        let want = self.init_wants();
         let agreed = want & offered;
         let n = &self.negotiated;
         n.writeback

@@ -66,6 +66,22 @@ fn status_flags(fd: BorrowedFd) -> io::Result<i32> {
     }
 }
 
+/// An inode opened from the stream.
+enum Restored {
+    /// Shown to lie inside the shared directory.
+    Inside(Arc<InodeData>),
+    /// A non-directory opened by file handle that still needs a name inside the share.
+    Unconfirmed(Arc<InodeData>),
+}
+
+/// The error for a stream entry naming a host file outside the shared directory.
+fn outside() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        "the file handle names a file outside the shared directory",
+    )
+}
+
 impl PassthroughFs {
     /// The path of `fd` as this process sees it (`/proc/self/fd/N`), `None` when unlinked.
     fn proc_path(&self, fd: BorrowedFd) -> Option<Vec<u8>> {
@@ -310,11 +326,27 @@ impl PassthroughFs {
         })
     }
 
-    /// Finds and checks one inode of the stream.
-    fn restore_inode(&self, i: &InodeState) -> io::Result<Arc<InodeData>> {
+    /// Finds and checks one inode of the stream. A file handle is a pointer anywhere into the
+    /// shared directory's file system, so what it opens must be shown to lie inside the
+    /// share: a directory by its `..` chain; a non-directory by its path as the kernel knows
+    /// it (`/proc/self/fd`) naming it from the root, else it comes back as `Unconfirmed` for
+    /// one search of the share ([`Self::import_state`]).
+    fn restore_inode(
+        &self,
+        i: &InodeState,
+        opts: &MigrationOptions,
+        root_path: Option<&[u8]>,
+    ) -> io::Result<Restored> {
         let root = self.inodes.get(ROOT_ID)?;
+        let by_handle = matches!(i.location, Location::Handle(_));
         let fd = match &i.location {
             Location::Path(p) => self.open_path(p)?,
+            Location::Handle(_) if opts.mode != MigrationMode::FileHandles => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "a file handle entry, but this daemon migrates in find-paths mode (--migration-mode)",
+                ))
+            }
             Location::Handle(h) => {
                 // open_by_handle_at refuses an O_PATH descriptor as the mount descriptor.
                 let mount = sys::openat(
@@ -358,12 +390,54 @@ impl PassthroughFs {
                 ));
             }
         }
-        Ok(Arc::new(InodeData {
+        let confirmed = !by_handle
+            || if kind == libc::S_IFDIR {
+                if !self.dir_inside_share(fd.as_fd())? {
+                    return Err(outside());
+                }
+                true
+            } else {
+                root_path.is_some_and(|r| self.relative_path_of(r, fd.as_fd()).is_some())
+            };
+        let data = Arc::new(InodeData {
             id: i.id,
             key: key_of(&st),
             file: self.inode_file(fd, &st)?,
             kind,
-        }))
+        });
+        Ok(if confirmed {
+            Restored::Inside(data)
+        } else {
+            Restored::Unconfirmed(data)
+        })
+    }
+
+    /// The path of the file behind `fd` relative to the shared directory (`root`: the root's
+    /// own path as `/proc/self/fd` gives it), checked to name this very file now.
+    /// An unlinked file (still open on this host, e.g. by the source daemon) passes when the
+    /// directory it was last linked in, as the kernel remembers it, is inside the share.
+    fn relative_path_of(&self, root: &[u8], fd: BorrowedFd) -> Option<Vec<u8>> {
+        let p = sys::readlinkat(self.proc_self_fd.as_fd(), &fd_name(fd)).ok()?;
+        let st = stat_fd(fd).ok()?;
+        let (p, deleted) = match p.strip_suffix(b" (deleted)") {
+            Some(p) if st.stx_nlink == 0 => (p, true),
+            _ => (&p[..], false),
+        };
+        let rel = if root == b"/" {
+            p.strip_prefix(b"/")?
+        } else {
+            p.strip_prefix(root)?.strip_prefix(b"/")?
+        };
+        check_relative_path(rel).ok()?;
+        if deleted {
+            // Its last directory: below the root by a plain path, or the root itself.
+            return match rel.iter().rposition(|&b| b == b'/') {
+                Some(n) => self.open_path(&rel[..n]).ok().map(|_| rel.to_vec()),
+                None => Some(rel.to_vec()),
+            };
+        }
+        let named = self.open_path(rel).ok()?;
+        (key_of(&stat_fd(named.as_fd()).ok()?) == key_of(&st)).then(|| rel.to_vec())
     }
 
     /// Replaces the tables with a migrated state. With `OnError::Abort` any inode or handle
@@ -375,15 +449,58 @@ impl PassthroughFs {
         state: &FsState,
         opts: &MigrationOptions,
     ) -> io::Result<(usize, usize)> {
+        let mut offered = 0;
+        for (on, bit) in [
+            (self.cfg.writeback, NEG_WRITEBACK),
+            (self.cfg.announce_submounts, NEG_SUBMOUNTS),
+            (self.cfg.killpriv_v2, NEG_KILLPRIV_V2),
+            (self.cfg.posix_acl, NEG_POSIX_ACL),
+        ] {
+            if on {
+                offered |= bit;
+            }
+        }
+        if state.negotiated & !offered != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "the migrated state agrees features {:#x} this daemon is not configured for (it offers {offered:#x})",
+                    state.negotiated & !offered
+                ),
+            ));
+        }
         let root = self.inodes.get(ROOT_ID)?;
+        let root_path = self.proc_path(root.fd()?.as_fd());
         let mut inodes = Vec::with_capacity(state.inodes.len());
         let mut failed = 0usize;
+        let mut results = Vec::with_capacity(state.inodes.len());
+        let mut unconfirmed: HashMap<InodeKey, Inode> = HashMap::new();
         for i in &state.inodes {
             if i.id == ROOT_ID {
-                inodes.push((root.clone(), i.refs));
+                results.push(Ok(Restored::Inside(root.clone())));
                 continue;
             }
-            match self.restore_inode(i) {
+            let r = self.restore_inode(i, opts, root_path.as_deref());
+            if let Ok(Restored::Unconfirmed(d)) = &r {
+                unconfirmed.insert(d.key, d.id);
+            }
+            results.push(r);
+        }
+        // Non-directories by file handle the kernel gave no path inside the share for: one
+        // walk of the share looks for a name of each (at most SEARCH_MAX_ENTRIES entries).
+        let found = if unconfirmed.is_empty() {
+            HashMap::new()
+        } else {
+            self.search_paths(&unconfirmed)
+        };
+        for (i, r) in state.inodes.iter().zip(results) {
+            let r = match r {
+                Ok(Restored::Inside(d)) => Ok(d),
+                Ok(Restored::Unconfirmed(d)) if found.contains_key(&d.id) => Ok(d),
+                Ok(Restored::Unconfirmed(_)) => Err(outside()),
+                Err(e) => Err(e),
+            };
+            match r {
                 Ok(data) => inodes.push((data, i.refs)),
                 Err(e) => {
                     let what = match &i.location {

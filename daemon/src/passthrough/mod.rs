@@ -10,7 +10,10 @@
 //! that path would resolve in the guest-controlled share. So host symlinks are never
 //! followed (the guest reads them with READLINK and resolves them in its own namespace),
 //! LOOKUP of `..` at the root returns the root, and `.`/`..` are refused as names of
-//! anything that creates, removes or renames.
+//! anything that creates, removes or renames. A directory a host user moves out of the share
+//! stays the guest's, but yields nothing new: its `..` is the root, LOOKUP in it fails with
+//! `ENOENT`, READDIRPLUS gives its names without entries (`dir_inside_share` walks `..` to
+//! the root, whatever the sandbox); a migrated file handle is checked the same way.
 //! Only regular files are opened for I/O and only directories for listing: symlinks fail
 //! with `ELOOP`, device nodes, fifos and sockets with `EPERM` (the guest implements those
 //! itself; opening a guest-made device node on the host would be an escape).
@@ -277,6 +280,16 @@ fn attr_of(st: &libc::statx) -> Attr {
         flags: 0,
     }
 }
+
+/// The file handle of `fd` (migration tests and fuzz seeds forge streams with it).
+#[cfg(any(test, feature = "testing"))]
+pub(crate) fn file_handle_of(fd: BorrowedFd) -> io::Result<crate::migration::FileHandleBytes> {
+    fhandle::name_to_handle(fd).map(|(h, _)| h)
+}
+
+/// Most `..` steps [`PassthroughFs::dir_inside_share`] takes looking for the root (a tree
+/// deeper than this counts as outside; `../` x 1,300 stays within PATH_MAX).
+const MAX_DEPTH: usize = 1300;
 
 /// Refuses `.`, `..`, and anything that is not one non-empty path component.
 fn check_name(name: &CStr) -> io::Result<()> {
@@ -584,6 +597,97 @@ impl PassthroughFs {
         }
     }
 
+    /// The INIT flags this configuration wants (what [`FileSystem::init`] asks for; also what
+    /// a migrated session may have agreed).
+    ///
+    /// [`FileSystem::init`]: crate::filesystem::FileSystem::init
+    pub fn init_wants(&self) -> u64 {
+        use crate::abi::init_flags as f;
+        let cfg = &self.cfg;
+        // Locks are served only when asked for (virtiofsd's default: the guest keeps them).
+        let mut want = 0;
+        if cfg.posix_lock {
+            want |= f::POSIX_LOCKS;
+        }
+        if cfg.flock {
+            want |= f::FLOCK_LOCKS;
+        }
+        if cfg.readdirplus && cfg.cache != CachePolicy::Never {
+            want |= f::DO_READDIRPLUS | f::READDIRPLUS_AUTO;
+        }
+        if cfg.writeback {
+            want |= f::WRITEBACK_CACHE;
+        }
+        if cfg.announce_submounts {
+            want |= f::SUBMOUNTS;
+        }
+        if cfg.killpriv_v2 {
+            want |= f::HANDLE_KILLPRIV_V2;
+        }
+        if cfg.posix_acl {
+            // The guest must leave the umask to us: a default ACL replaces it.
+            want |= f::POSIX_ACL | f::DONT_MASK;
+        }
+        if cfg.security_label {
+            want |= f::SECURITY_CTX;
+        }
+        if cfg.allow_mmap && cfg.cache == CachePolicy::Never {
+            want |= f::DIRECT_IO_ALLOW_MMAP;
+        }
+        want
+    }
+
+    /// Whether directory `dir` lies inside the shared directory: its `..` chain reaches the
+    /// root (rather than the top of the host's tree, or more than [`MAX_DEPTH`] levels).
+    /// Whatever the sandbox: under `chroot`/`none` a directory a host user moved out of the
+    /// share, or one named by a forged file handle, has host directories above it.
+    fn dir_inside_share(&self, dir: BorrowedFd) -> io::Result<bool> {
+        let root = self.inodes.get(crate::abi::ROOT_ID)?.key;
+        let mut key = key_of(&stat_fd(dir)?);
+        // One statx per level, of "..", "../..", ...: the kernel walks the dots in its
+        // dentry cache (no descriptor opened per level).
+        let mut path: Vec<u8> = Vec::with_capacity(64);
+        for _ in 0..MAX_DEPTH {
+            if key == root {
+                return Ok(true);
+            }
+            if !path.is_empty() {
+                path.push(b'/');
+            }
+            path.extend_from_slice(b"..");
+            let name = CString::new(path.as_slice()).map_err(|_| err(libc::EINVAL))?;
+            let k = key_of(&sys::statx(
+                dir,
+                &name,
+                libc::AT_SYMLINK_NOFOLLOW,
+                STATX_MASK,
+            )?);
+            if k == key {
+                // The top of this process's tree: `..` is the directory itself.
+                return Ok(false);
+            }
+            key = k;
+        }
+        Ok(false)
+    }
+
+    /// LOOKUP and READDIRPLUS take new host inodes into the session only from a directory
+    /// inside the share: `ENOENT` for one a host user moved out (its `..` chain no longer
+    /// reaches the root). The root itself needs no walk.
+    fn check_inside(&self, dir: &InodeData) -> io::Result<()> {
+        if dir.id == crate::abi::ROOT_ID || !dir.is_dir() {
+            return Ok(());
+        }
+        if self.dir_inside_share(dir.fd()?.as_fd())? {
+            return Ok(());
+        }
+        log::warn!(
+            "inode {}: no longer inside the shared directory (moved on the host?); lookups in it fail with ENOENT",
+            dir.id
+        );
+        Err(err(libc::ENOENT))
+    }
+
     /// Looks `name` up in directory `parent` and takes a reference to it.
     fn do_lookup(&self, parent: &InodeData, name: &CStr) -> io::Result<Entry> {
         let b = name.to_bytes();
@@ -593,11 +697,14 @@ impl PassthroughFs {
         if !parent.is_dir() {
             return Err(err(libc::ENOTDIR));
         }
+        let same = |id: Inode| -> io::Result<Entry> {
+            let data = self.inodes.add_ref(id)?;
+            let st = stat_fd(data.fd()?.as_fd())?;
+            Ok(self.entry_of(&data, &st, parent.key.mnt))
+        };
         if b == b"." || (b == b".." && parent.id == crate::abi::ROOT_ID) {
             // The directory itself: never the root's host parent.
-            let data = self.inodes.add_ref(parent.id)?;
-            let st = stat_fd(data.fd()?.as_fd())?;
-            return Ok(self.entry_of(&data, &st, parent.key.mnt));
+            return same(parent.id);
         }
         let fd = sys::openat(
             parent.fd()?.as_fd(),
@@ -605,6 +712,15 @@ impl PassthroughFs {
             libc::O_PATH | libc::O_NOFOLLOW,
             0,
         )?;
+        if b == b".." && !self.dir_inside_share(fd.as_fd())? {
+            // `parent` was moved out of the share by the host: its host parent is not ours
+            // to give; the guest's `..` stays at the root.
+            log::warn!(
+                "LOOKUP .. of inode {}: its host parent is outside the shared directory (moved on the host?); answering the root",
+                parent.id
+            );
+            return same(crate::abi::ROOT_ID);
+        }
         self.register(fd, parent.key.mnt)
     }
 

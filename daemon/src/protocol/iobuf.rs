@@ -107,20 +107,24 @@ fn total_len(bufs: &VecDeque<VolatileSlice<'_>>) -> usize {
 pub struct Reader<'a> {
     bufs: VecDeque<VolatileSlice<'a>>,
     consumed: usize,
+    /// Bytes left in `bufs` (kept, not summed per call: a chain may hold 65,535 buffers).
+    left: usize,
 }
 
 impl<'a> Reader<'a> {
     /// A reader over `bufs`, which the caller has bounds-checked.
     pub fn new(bufs: Vec<VolatileSlice<'a>>) -> Self {
+        let bufs: VecDeque<_> = bufs.into();
         Reader {
-            bufs: bufs.into(),
+            left: total_len(&bufs),
+            bufs,
             consumed: 0,
         }
     }
 
     /// Bytes left to read.
     pub fn available(&self) -> usize {
-        total_len(&self.bufs)
+        self.left
     }
 
     /// Bytes read so far.
@@ -143,6 +147,7 @@ impl<'a> Reader<'a> {
             left -= n;
         }
         self.bufs = keep;
+        self.left = total_len(&self.bufs);
     }
 
     /// Skips the next `len` bytes, or fails with `UnexpectedEof` and consumes nothing.
@@ -151,6 +156,7 @@ impl<'a> Reader<'a> {
             return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
         }
         advance(&mut self.bufs, len);
+        self.left -= len;
         self.consumed += len;
         Ok(())
     }
@@ -168,6 +174,7 @@ impl<'a> Reader<'a> {
             done += b.copy_to(&mut buf[done..]);
         }
         advance(&mut self.bufs, done);
+        self.left -= done;
         self.consumed += done;
         Ok(())
     }
@@ -208,6 +215,7 @@ impl<'a> Reader<'a> {
         }
         let n = n as usize;
         advance(&mut self.bufs, n);
+        self.left -= n;
         self.consumed += n;
         Ok(n)
     }
@@ -217,20 +225,24 @@ impl<'a> Reader<'a> {
 pub struct Writer<'a> {
     bufs: VecDeque<VolatileSlice<'a>>,
     written: usize,
+    /// Room left in `bufs` (kept, not summed per call).
+    left: usize,
 }
 
 impl<'a> Writer<'a> {
     /// A writer over `bufs`, which the caller has bounds-checked.
     pub fn new(bufs: Vec<VolatileSlice<'a>>) -> Self {
+        let bufs: VecDeque<_> = bufs.into();
         Writer {
-            bufs: bufs.into(),
+            left: total_len(&bufs),
+            bufs,
             written: 0,
         }
     }
 
     /// Room left.
     pub fn available(&self) -> usize {
-        total_len(&self.bufs)
+        self.left
     }
 
     /// Bytes written so far.
@@ -263,9 +275,12 @@ impl<'a> Writer<'a> {
             }
         }
         let tail = std::mem::replace(&mut self.bufs, head);
+        let rest = self.left - offset;
+        self.left = offset;
         Ok(Writer {
             bufs: tail,
             written: 0,
+            left: rest,
         })
     }
 
@@ -284,6 +299,7 @@ impl<'a> Writer<'a> {
             done += n;
         }
         advance(&mut self.bufs, done);
+        self.left -= done;
         self.written += done;
         Ok(())
     }
@@ -312,6 +328,7 @@ impl<'a> Writer<'a> {
         }
         let n = n as usize;
         advance(&mut self.bufs, n);
+        self.left -= n;
         self.written += n;
         Ok(n)
     }
@@ -321,6 +338,35 @@ impl<'a> Writer<'a> {
 mod tests {
     use super::*;
     use std::io::{Seek, Write};
+
+    /// Reads `n` one-byte buffers one byte at a time (as BATCH_FORGET's entries are read off
+    /// a chain of tiny buffers); returns the time taken.
+    fn read_one_by_one(n: usize) -> std::time::Duration {
+        let mut bufs: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8]).collect();
+        let t = std::time::Instant::now();
+        let mut r = Reader::new(slices(&mut bufs));
+        let mut sum = 0u64;
+        while r.available() > 0 {
+            sum += u64::from(r.read_obj::<u8>().unwrap());
+        }
+        assert_eq!(r.bytes_read(), n);
+        assert!(sum > 0);
+        t.elapsed()
+    }
+
+    /// The 65,535-buffer chain is served in linear time: 8x the buffers take about 8x the
+    /// time (quadratic: 64x and more; measured 86x, 43.8 s, before the byte count was kept);
+    /// cache misses on the bigger deque allow up to 40x. The best of three runs each.
+    #[test]
+    fn many_tiny_buffers_are_read_in_linear_time() {
+        let best = |n| (0..3).map(|_| read_one_by_one(n)).min().unwrap();
+        let small = best(8191);
+        let big = best(65535);
+        let ratio = big.as_secs_f64() / small.as_secs_f64().max(1e-9);
+        eprintln!("8191 buffers: {small:?}; 65535 buffers: {big:?}; ratio {ratio:.1}");
+        assert!(ratio < 40.0, "8x the buffers took {ratio:.1}x the time");
+        assert!(big < std::time::Duration::from_secs(2), "{big:?}");
+    }
 
     fn slices(bufs: &mut [Vec<u8>]) -> Vec<VolatileSlice<'_>> {
         bufs.iter_mut()

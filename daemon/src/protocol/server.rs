@@ -276,8 +276,23 @@ impl<F: FileSystem> Server<F> {
     }
 
     /// Takes over a migrated session: the guest goes on without a new INIT. `max_io` must be
-    /// one this server could have negotiated.
-    pub fn import_session(&self, st: &crate::migration::SessionState) -> io::Result<()> {
+    /// one this server could have negotiated, and the flags ones it offers (`fs_wants`: what
+    /// the filesystem's configuration wants in INIT); anything else is refused.
+    pub fn import_session(
+        &self,
+        st: &crate::migration::SessionState,
+        fs_wants: u64,
+    ) -> io::Result<()> {
+        let offers = self.server_wants() | fs_wants;
+        if st.initialized && st.flags & !offers != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "migrated session agrees INIT flags {:#x} this daemon does not offer (its configuration offers {offers:#x})",
+                    st.flags & !offers
+                ),
+            ));
+        }
         let most = u32::from(self.max_pages) * PAGE_SIZE;
         if st.initialized
             && (st.max_io < PAGE_SIZE || st.max_io > most || st.minor < MIN_KERNEL_MINOR_VERSION)
@@ -311,6 +326,20 @@ impl<F: FileSystem> Server<F> {
         let hdr: InHeader = r.read_obj().inspect_err(|_| {
             log::warn!("dropping request: {total} bytes, too short for a FUSE header");
         })?;
+        self.handle_decoded(hdr, total, r, w)
+    }
+
+    /// [`Server::handle`] of a request whose header the transport has already read (it chose
+    /// the serving thread by its opcode): `hdr` is that copy, `total` the request's length,
+    /// `r` positioned just past the header. The guest's memory is not read for the header
+    /// again, so the opcode served is the one the thread was chosen for.
+    pub fn handle_decoded(
+        &self,
+        hdr: InHeader,
+        total: usize,
+        mut r: Reader,
+        w: Option<Writer>,
+    ) -> io::Result<Handled> {
         let mut req = Req {
             unique: hdr.unique,
             nodeid: hdr.nodeid,
@@ -818,6 +847,25 @@ impl<F: FileSystem> Server<F> {
         Ok(())
     }
 
+    /// The INIT flags the server and transport want, whatever the filesystem wants.
+    fn server_wants(&self) -> u64 {
+        let mut want = init_flags::ASYNC_READ
+            | init_flags::BIG_WRITES
+            | init_flags::PARALLEL_DIROPS
+            | init_flags::MAX_PAGES
+            | init_flags::ATOMIC_O_TRUNC
+            | init_flags::HAS_IOCTL_DIR
+            | init_flags::INIT_EXT
+            | init_flags::SETXATTR_EXT;
+        if self.mapper.window_size() > 0 {
+            want |= init_flags::MAP_ALIGNMENT;
+            if self.dax_policy != DaxPolicy::Never {
+                want |= init_flags::HAS_INODE_DAX;
+            }
+        }
+        want | self.transport_flags
+    }
+
     fn init(&self, r: &mut Reader, w: &mut Writer) -> HandlerResult {
         if self.session.initialized.load(Ordering::Acquire) {
             // A rebooted guest (the device was only stopped, not reset) starts over.
@@ -854,22 +902,7 @@ impl<F: FileSystem> Server<F> {
         if offered & init_flags::INIT_EXT != 0 {
             offered |= u64::from(a.flags2) << 32;
         }
-        let mut want = init_flags::ASYNC_READ
-            | init_flags::BIG_WRITES
-            | init_flags::PARALLEL_DIROPS
-            | init_flags::MAX_PAGES
-            | init_flags::ATOMIC_O_TRUNC
-            | init_flags::HAS_IOCTL_DIR
-            | init_flags::INIT_EXT
-            | init_flags::SETXATTR_EXT;
-        if self.mapper.window_size() > 0 {
-            want |= init_flags::MAP_ALIGNMENT;
-            if self.dax_policy != DaxPolicy::Never {
-                want |= init_flags::HAS_INODE_DAX;
-            }
-        }
-        want |= self.fs.init(InitCaps { flags: offered })?;
-        want |= self.transport_flags;
+        let want = self.server_wants() | self.fs.init(InitCaps { flags: offered })?;
         let agreed = want & offered;
         let max_pages = if agreed & init_flags::MAX_PAGES != 0 {
             self.max_pages

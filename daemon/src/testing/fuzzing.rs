@@ -797,10 +797,231 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
     v.into_iter().map(|(n, reqs)| (n, encode(&reqs))).collect()
 }
 
+/// The share layout of the migration-stream harness: `share/` holds `d/f`, `d/e/`, `g`
+/// (a hard link of `d/f`) and `l` (a symlink); `outside/` next to it holds `secret`.
+pub fn migration_world(top: &std::path::Path) -> io::Result<std::path::PathBuf> {
+    let share = top.join("share");
+    std::fs::create_dir_all(share.join("d/e"))?;
+    std::fs::create_dir_all(top.join("outside/sub"))?;
+    std::fs::write(top.join("outside/secret"), b"secret")?;
+    if !share.join("d/f").exists() {
+        std::fs::write(share.join("d/f"), b"hello")?;
+        std::fs::hard_link(share.join("d/f"), share.join("g"))?;
+        std::os::unix::fs::symlink("../outside/secret", share.join("l"))?;
+    }
+    Ok(share)
+}
+
+/// Host inode numbers of everything in the shared directory (the harness's oracle).
+fn share_inos(share: &std::path::Path) -> std::collections::HashSet<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = std::collections::HashSet::new();
+    let mut todo = vec![share.to_path_buf()];
+    while let Some(p) = todo.pop() {
+        if let Ok(m) = std::fs::symlink_metadata(&p) {
+            out.insert(m.ino());
+            if m.is_dir() {
+                if let Ok(rd) = std::fs::read_dir(&p) {
+                    todo.extend(rd.flatten().map(|e| e.path()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A migration stream (`--migration-mode` etc. from the first byte, the stream after it)
+/// loaded by a destination daemon serving `share` (see [`migration_world`]): it must never
+/// panic, and every inode it lets in must be one of the share's (a GETATTR of each node id
+/// the stream names answers an inode number of the share, or an error). First byte: bit 0
+/// file-handles mode, bit 1 on-error guest-error, bit 2 the server past INIT (else fresh),
+/// bit 3: the rest is a bare payload, framed here (magic, version, length, checksum) so the
+/// fuzzer's mutations reach the decoder's fields and the import instead of the checksum.
+/// Returns whether the state was taken.
+pub fn run_migration_stream(share: &std::path::Path, data: &[u8]) -> bool {
+    use crate::migration::{format, MigrationMode, MigrationOptions, OnError, StateHost};
+    let Some((&opt, stream)) = data.split_first() else {
+        return false;
+    };
+    let framed;
+    let stream = if opt & 8 != 0 {
+        framed = frame(stream);
+        &framed[..]
+    } else {
+        stream
+    };
+    let Ok(state) = format::decode(stream) else {
+        return false;
+    };
+    if state.validate().is_err() {
+        return false;
+    }
+    let opts = MigrationOptions {
+        mode: if opt & 1 != 0 {
+            MigrationMode::FileHandles
+        } else {
+            MigrationMode::FindPaths
+        },
+        on_error: if opt & 2 != 0 {
+            OnError::GuestError
+        } else {
+            OnError::Abort
+        },
+        ..Default::default()
+    };
+    let Ok(fs) = passthrough_fs(share) else {
+        return false;
+    };
+    let s = if opt & 4 != 0 {
+        server(fs)
+    } else {
+        Server::new(
+            fs,
+            Box::new(RecordingMapper::new(WINDOW)),
+            ServerOptions::default(),
+        )
+    };
+    let loaded = s.load_state(state.clone(), &opts).is_ok();
+    if loaded {
+        let inside = share_inos(share);
+        for i in &state.fs.inodes {
+            let mut rec_bytes = request(
+                abi::opcode::GETATTR,
+                i.id,
+                &[abi::GetattrIn::default().as_slice()],
+            );
+            let mut reply = vec![0u8; 16 + std::mem::size_of::<abi::AttrOut>()];
+            let w = Writer::new(vec![VolatileSlice::from(reply.as_mut_slice())]);
+            let readable = vec![VolatileSlice::from(rec_bytes.as_mut_slice())];
+            if s.handle(Reader::new(readable), Some(w)).is_ok() {
+                let err = i32::from_le_bytes([reply[4], reply[5], reply[6], reply[7]]);
+                if err == 0 {
+                    let ino = u64::from_le_bytes(reply[32..40].try_into().unwrap_or_default());
+                    assert!(
+                        inside.contains(&ino),
+                        "migrated inode {} is host inode {ino}, outside the shared directory",
+                        i.id
+                    );
+                }
+            }
+        }
+    }
+    s.reset();
+    loaded
+}
+
+/// A device-state stream around `payload`: magic, version, length, payload, checksum.
+fn frame(payload: &[u8]) -> Vec<u8> {
+    use crate::migration::format::{fnv1a64, MAGIC, VERSION};
+    let mut v = MAGIC.to_vec();
+    v.extend_from_slice(&VERSION.to_le_bytes());
+    v.extend_from_slice(
+        &u32::try_from(payload.len())
+            .unwrap_or(u32::MAX)
+            .to_le_bytes(),
+    );
+    v.extend_from_slice(payload);
+    v.extend_from_slice(&fnv1a64(payload).to_le_bytes());
+    v
+}
+
+/// Seeds for the migration-stream target: real exports of the harness's share (find-paths,
+/// with verify handles, file-handles), a stream naming `outside/` by file handle, one with
+/// every negotiated bit set. `top` gets the share (see [`migration_world`]).
+pub fn migration_seeds(top: &std::path::Path) -> io::Result<Vec<(String, Vec<u8>)>> {
+    use crate::filesystem::Context;
+    use crate::migration::{format, MigrationMode, MigrationOptions, StateHost};
+    use std::os::fd::AsFd;
+    let share = migration_world(top)?;
+    let s = server(passthrough_fs(&share)?);
+    let ctx = Context::default();
+    let fs = s.fs();
+    let name = |n: &str| std::ffi::CString::new(n).unwrap_or_default();
+    let d = fs.lookup(&ctx, abi::ROOT_ID, &name("d"))?.inode;
+    let f = fs.lookup(&ctx, d, &name("f"))?.inode;
+    fs.lookup(&ctx, d, &name("e"))?;
+    fs.lookup(&ctx, abi::ROOT_ID, &name("g"))?;
+    fs.lookup(&ctx, abi::ROOT_ID, &name("l"))?;
+    fs.open(&ctx, f, libc::O_RDWR as u32, 0)?;
+    fs.opendir(&ctx, d, 0)?;
+    let mut out = Vec::new();
+    let modes = [
+        ("find_paths", 0u8, MigrationOptions::default()),
+        (
+            "find_paths_verify",
+            2,
+            MigrationOptions {
+                verify_handles: true,
+                confirm_paths: true,
+                ..Default::default()
+            },
+        ),
+        (
+            "file_handles",
+            1 | 4,
+            MigrationOptions {
+                mode: MigrationMode::FileHandles,
+                ..Default::default()
+            },
+        ),
+    ];
+    let mut handles_state = None;
+    for (n, opt, opts) in modes {
+        let st = s.save_state(&opts)?;
+        let mut v = vec![opt];
+        v.extend(format::encode(&st)?);
+        out.push((n.to_string(), v));
+        if opts.mode == MigrationMode::FileHandles {
+            handles_state = Some(st);
+        }
+    }
+    if let Some(mut st) = handles_state {
+        let outside = std::fs::File::open(top.join("outside"))?;
+        let h = crate::passthrough::file_handle_of(outside.as_fd())?;
+        if let Some(i) = st.fs.inodes.iter_mut().find(|i| i.id == d) {
+            i.location = crate::migration::Location::Handle(h);
+        }
+        let mut v = vec![1u8];
+        v.extend(format::encode(&st)?);
+        out.push(("handle_outside".into(), v));
+        st.fs.negotiated = u32::MAX;
+        st.session.flags = u64::MAX;
+        let mut v = vec![1u8 | 4];
+        v.extend(format::encode(&st)?);
+        out.push(("every_flag".into(), v));
+    }
+    s.reset();
+    // The same states as bare payloads (option bit 3: framed by the harness).
+    let bare: Vec<(String, Vec<u8>)> = out
+        .iter()
+        .map(|(n, v)| {
+            let mut b = vec![v[0] | 8];
+            b.extend_from_slice(&v[1 + 16..v.len() - 8]);
+            (format!("{n}_payload"), b)
+        })
+        .collect();
+    out.extend(bare);
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::memfs::MemFs;
+
+    #[test]
+    fn migration_seeds_load_and_hostile_ones_are_refused() {
+        let top = tempfile::tempdir().unwrap();
+        let seeds = migration_seeds(top.path()).unwrap();
+        assert_eq!(seeds.len(), 10);
+        let share = top.path().join("share");
+        for (name, data) in &seeds {
+            // Runs, and never lets an inode from outside in (the harness asserts it).
+            let loaded = run_migration_stream(&share, data);
+            let hostile = name.starts_with("handle_outside") || name.starts_with("every_flag");
+            assert_eq!(loaded, !hostile, "{name}");
+        }
+    }
 
     #[test]
     fn records_round_trip() {

@@ -32,11 +32,14 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::abi::VirtioFsConfig;
+use crate::abi::{InHeader, VirtioFsConfig};
 use crate::filesystem::FileSystem;
 use crate::iobuf::{Reader, Writer};
 use crate::server::Server;
 use crate::vring_chain::{walk_chain, ChainAt, Split};
+
+/// Bytes of a FUSE request header.
+const IN_HEADER_LEN: usize = std::mem::size_of::<InHeader>();
 
 /// Guest memory as the backend sees it: with a dirty-page bitmap that the frontend's log
 /// (SET_LOG_BASE, during a live migration) replaces.
@@ -119,6 +122,8 @@ struct QueueShared {
     state: Mutex<QueueState>,
     /// Signalled when `inflight` drops to 0.
     drained: Condvar,
+    /// Signalled on each completion: a worker holding back at the in-flight bound goes on.
+    space: Condvar,
 }
 
 impl QueueShared {
@@ -134,6 +139,7 @@ impl QueueShared {
     fn complete(&self, vring: &FsVring, done: Done, in_batch: bool) {
         let mut s = self.lock();
         s.inflight = s.inflight.saturating_sub(1);
+        self.space.notify_one();
         if done.blocking {
             s.blocking = s.blocking.saturating_sub(1);
         }
@@ -448,6 +454,26 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 // The epoch and the pop under one lock: a reset cannot fall between them.
                 let (epoch, chain) = {
                     let mut s = q.lock();
+                    // Backpressure: at most a ring's worth of requests in flight. A guest
+                    // that republishes heads it has not had back (virtio-queue does not
+                    // track them) waits here until its requests complete, instead of
+                    // queueing work for the pools without bound.
+                    let limit = usize::from(vring.get_ref().get_queue().size()).max(1);
+                    let mut warned = false;
+                    while s.inflight >= limit {
+                        if !vring.get_ref().get_queue().ready() {
+                            return Ok(());
+                        }
+                        if !warned {
+                            log::debug!("queue {queue}: {limit} requests in flight; waiting");
+                            warned = true;
+                        }
+                        s = q
+                            .space
+                            .wait_timeout(s, Duration::from_millis(100))
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0;
+                    }
                     let chain = Self::pop(vring, &atomic);
                     if chain.is_some() {
                         s.inflight += 1;
@@ -460,11 +486,10 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 // thread uses the same walk.
                 let mem = atomic.memory();
                 let split = walk_chain(&mem, at);
-                let blocking = split
-                    .as_ref()
-                    .ok()
-                    .and_then(|(r, _)| opcode_of(r))
-                    .is_some_and(may_block);
+                // The header is read from guest memory once: the thread is chosen by this
+                // copy and the server serves this copy (the guest may rewrite its own).
+                let hdr = split.as_ref().ok().and_then(|(r, _)| header_of(r));
+                let blocking = hdr.is_some_and(|h| may_block(h.opcode));
                 if blocking {
                     q.lock().blocking += 1;
                 }
@@ -475,7 +500,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 };
                 match pool {
                     None => {
-                        let used = serve_split(&self.server, &mem, split);
+                        let used = serve_split(&self.server, &mem, split, hdr);
                         let done = Done {
                             head,
                             used,
@@ -492,7 +517,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                             atomic.clone(),
                         );
                         pool.submit(Box::new(move || {
-                            let used = serve(&server, &atomic.memory(), at);
+                            let used = serve(&server, &atomic.memory(), at, hdr);
                             let done = Done {
                                 head,
                                 used,
@@ -554,28 +579,32 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     }
 }
 
-/// The FUSE opcode of a request, if its header is readable.
-fn opcode_of(readable: &[VolatileSlice<'_>]) -> Option<u32> {
-    let first = readable.first()?;
-    if first.len() >= 8 {
-        // The common case: the header starts in the first buffer.
-        return first.read_obj::<u32>(4).ok();
+/// A copy of a request's FUSE header, if it is readable.
+fn header_of(readable: &[VolatileSlice<'_>]) -> Option<InHeader> {
+    if let Some(first) = readable.first().filter(|f| f.len() >= IN_HEADER_LEN) {
+        // The common case: the header is in the first buffer.
+        return first.read_obj::<InHeader>(0).ok();
     }
-    let mut head = [0u8; 8];
-    Reader::new(readable.to_vec()).read_exact(&mut head).ok()?;
-    Some(u32::from_le_bytes([head[4], head[5], head[6], head[7]]))
+    Reader::new(readable.to_vec()).read_obj::<InHeader>().ok()
 }
 
-/// Serves one request; returns the bytes written for the used ring.
-fn serve<F: FileSystem>(server: &Server<F>, mem: &GuestMemoryLogged, at: ChainAt) -> u32 {
-    serve_split(server, mem, walk_chain(mem, at))
+/// Serves one request whose header was read as `hdr`; returns the bytes written for the
+/// used ring.
+fn serve<F: FileSystem>(
+    server: &Server<F>,
+    mem: &GuestMemoryLogged,
+    at: ChainAt,
+    hdr: Option<InHeader>,
+) -> u32 {
+    serve_split(server, mem, walk_chain(mem, at), hdr)
 }
 
-/// Serves a request whose chain is already split.
+/// Serves a request whose chain is already split and whose header was read as `hdr`.
 fn serve_split<F: FileSystem>(
     server: &Server<F>,
     mem: &GuestMemoryLogged,
     split: Result<Split<'_>, String>,
+    hdr: Option<InHeader>,
 ) -> u32 {
     let (readable, writable) = match split {
         Ok(v) => v,
@@ -586,7 +615,17 @@ fn serve_split<F: FileSystem>(
     };
     let spans = Spans::of(&writable);
     let w = (!writable.is_empty()).then(|| Writer::new(writable));
-    let used = match server.handle(Reader::new(readable), w) {
+    let handled = match hdr {
+        Some(hdr) => {
+            let mut r = Reader::new(readable);
+            let total = r.available();
+            // The header bytes are skipped, not read again: `hdr` is what is served.
+            r.skip(IN_HEADER_LEN)
+                .and_then(|()| server.handle_decoded(hdr, total, r, w))
+        }
+        None => server.handle(Reader::new(readable), w),
+    };
+    let used = match handled {
         Ok(h) => u32::try_from(h.written).unwrap_or(0),
         Err(e) => {
             log::warn!("request dropped: {e}");
@@ -632,6 +671,19 @@ impl Spans {
 fn mark_written(mem: &GuestMemoryLogged, spans: &[(usize, usize)], written: usize) {
     use vm_memory::bitmap::Bitmap;
     use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+    if written == 0 {
+        return;
+    }
+    // The regions by host address, once per request; each span then finds its region by
+    // binary search (a chain may hold 65,535 buffers, the table up to 512 regions).
+    let mut regions: Vec<(usize, usize, _)> = mem
+        .iter()
+        .filter_map(|r| {
+            let base = r.get_host_address(vm_memory::MemoryRegionAddress(0)).ok()?;
+            Some((base as usize, r.len() as usize, r))
+        })
+        .collect();
+    regions.sort_unstable_by_key(|&(base, _, _)| base);
     let mut left = written;
     for &(host, len) in spans {
         if left == 0 {
@@ -639,17 +691,12 @@ fn mark_written(mem: &GuestMemoryLogged, spans: &[(usize, usize)], written: usiz
         }
         let n = len.min(left);
         left -= n;
-        for region in mem.iter() {
-            let Ok(base) = region.get_host_address(vm_memory::MemoryRegionAddress(0)) else {
-                continue;
-            };
-            let base = base as usize;
-            let size = region.len() as usize;
-            if host >= base && host - base < size {
+        let i = regions.partition_point(|&(base, _, _)| base <= host);
+        if let Some(&(base, size, region)) = i.checked_sub(1).and_then(|i| regions.get(i)) {
+            if host - base < size {
                 region
                     .bitmap()
                     .mark_dirty(host - base, n.min(size - (host - base)));
-                break;
             }
         }
     }

@@ -215,7 +215,7 @@ impl Queue {
         (self.desc, self.avail, self.used)
     }
 
-    pub(crate) fn kick_fd(&self) -> &EventFd {
+    pub fn kick_fd(&self) -> &EventFd {
         &self.kick
     }
 

@@ -1098,3 +1098,61 @@ fn lookups_racing_host_renames_stay_inside() {
     assert!(s.device().violations().is_empty());
     assert!(d.try_wait().unwrap().is_none(), "{}", d.log_contents());
 }
+
+/// A host user moves a directory the guest holds out of the share: LOOKUP `..` of it (and of
+/// a directory below it) must not give the guest the host directory it now lies in; daxfsd
+/// answers the root. Under `--sandbox chroot` and `none` (the namespace sandbox has no path
+/// out either way): the daemon's own check, not a sandbox, keeps it inside.
+#[test]
+fn dotdot_after_a_host_move_out_stays_at_the_root() {
+    let kind = common::kind();
+    let daxfsd = kind == DaemonKind::Daxfsd;
+    for sandbox in ["chroot", "none"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let share = tmp.path().join("share");
+        let outside = tmp.path().join("outside");
+        fs::create_dir_all(share.join("m/n")).unwrap();
+        fs::create_dir_all(&outside).unwrap();
+        fs::write(outside.join("secret"), b"secret").unwrap();
+        let mut d = host::spawn_in(&kind, &share, sandbox, &[]);
+        let s = host::connect(&d, &DriverConfig::default()).with_timeout(Duration::from_secs(5));
+        let share_ino = fs::metadata(&share).unwrap().ino();
+        let m = s.lookup(ROOT, "m").unwrap().nodeid;
+        let n = s.lookup(m, "n").unwrap().nodeid;
+        fs::rename(share.join("m"), outside.join("moved")).unwrap();
+        let forbidden: BTreeSet<u64> = [tmp.path(), outside.as_path(), Path::new("/")]
+            .iter()
+            .map(|p| fs::metadata(p).unwrap().ino())
+            .collect();
+        for (what, dir) in [("moved directory", m), ("directory below it", n)] {
+            let mut at = dir;
+            for step in 0..4 {
+                let up = s.lookup(at, "..").unwrap();
+                assert!(
+                    !forbidden.contains(&up.attr.ino),
+                    "--sandbox={sandbox} {}: '..' of the {what} (step {step}) is a host directory outside the share (ino {})",
+                    kind.name(),
+                    up.attr.ino
+                );
+                if daxfsd && what == "moved directory" && step == 0 {
+                    assert_eq!(
+                        (up.nodeid, up.attr.ino),
+                        (ROOT, share_ino),
+                        "--sandbox={sandbox}"
+                    );
+                }
+                // Nothing of outside/ is reachable from what `..` gave.
+                assert!(s.lookup(up.nodeid, "secret").is_err() || up.nodeid == dir);
+                at = up.nodeid;
+            }
+            if daxfsd {
+                assert_eq!(
+                    at, ROOT,
+                    "--sandbox={sandbox}: {what}: the walk ends at the root"
+                );
+            }
+        }
+        eprintln!("--sandbox={sandbox}: '..' after the move stays inside");
+        assert!(d.try_wait().unwrap().is_none(), "{}", d.log_contents());
+    }
+}

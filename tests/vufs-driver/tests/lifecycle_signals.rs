@@ -424,3 +424,199 @@ fn sigterm_under_load_exits_cleanly() {
     drop(s);
     drop(host);
 }
+
+/// Process `pid` and its descendants (a sandboxed daemon serves from a child process).
+fn tree(pid: u32) -> Vec<u32> {
+    let mut all = vec![pid];
+    let mut i = 0;
+    while i < all.len() {
+        let p = all[i];
+        let kids =
+            std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
+        all.extend(
+            kids.split_whitespace()
+                .filter_map(|k| k.parse::<u32>().ok()),
+        );
+        i += 1;
+    }
+    all
+}
+
+/// Sends `sig` to process `pid` and every descendant.
+fn signal_tree(pid: u32, sig: libc::c_int) {
+    for p in tree(pid) {
+        // SAFETY: signalling our own child and its descendants.
+        unsafe { libc::kill(p as i32, sig) };
+    }
+}
+
+/// Freezes process `pid` through a cgroup (v2 `cgroup.freeze` under /sys/fs/cgroup or its
+/// `unified` mount, else the v1 freezer), or `None` when this host has neither writable.
+struct Freezer {
+    dir: PathBuf,
+    v2: bool,
+}
+
+impl Freezer {
+    fn new(pid: u32) -> Option<Freezer> {
+        let name = format!("daxfsd-test-{}-{pid}", std::process::id());
+        for (base, v2) in [
+            ("/sys/fs/cgroup", true),
+            ("/sys/fs/cgroup/unified", true),
+            ("/sys/fs/cgroup/freezer", false),
+        ] {
+            let ctl = if v2 { "cgroup.freeze" } else { "freezer.state" };
+            let probe = Path::new(base).join(if v2 { "cgroup.procs" } else { "tasks" });
+            if !probe.exists() {
+                continue;
+            }
+            let dir = Path::new(base).join(&name);
+            if std::fs::create_dir(&dir).is_err() || !dir.join(ctl).exists() {
+                let _ = std::fs::remove_dir(&dir);
+                continue;
+            }
+            if tree(pid)
+                .iter()
+                .any(|p| std::fs::write(dir.join("cgroup.procs"), p.to_string()).is_err())
+            {
+                let _ = std::fs::remove_dir(&dir);
+                continue;
+            }
+            return Some(Freezer { dir, v2 });
+        }
+        None
+    }
+
+    fn set(&self, frozen: bool) {
+        let (ctl, v) = match (self.v2, frozen) {
+            (true, f) => ("cgroup.freeze", if f { "1" } else { "0" }),
+            (false, true) => ("freezer.state", "FROZEN"),
+            (false, false) => ("freezer.state", "THAWED"),
+        };
+        std::fs::write(self.dir.join(ctl), v).unwrap();
+    }
+}
+
+impl Drop for Freezer {
+    fn drop(&mut self) {
+        self.set(false);
+        // The daemon (if still alive) goes back to the root cgroup so the directory can go.
+        if let Ok(procs) = std::fs::read_to_string(self.dir.join("cgroup.procs")) {
+            let root = self.dir.parent().unwrap().join("cgroup.procs");
+            for p in procs.lines() {
+                let _ = std::fs::write(&root, p);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// SIGSTOP + SIGCONT (what a debugger attach, `kill -STOP` or a job-control stop does) and a
+/// cgroup freeze of a daemon under traffic, with a DAX window (its write-back thread), a
+/// thread pool (idle workers) and a SETLKW polling a host lock (daxfsd): the kernel resumes
+/// the timed waits through `restart_syscall`, which the default seccomp filter (kill) must
+/// allow. Afterwards requests are still answered and the daemon is alive.
+#[test]
+fn stop_cont_and_freeze_under_traffic_keep_serving() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let daxfsd = kind() == DaemonKind::Daxfsd;
+    let dir = tempfile::tempdir().unwrap();
+    let share = dir.path().join("share");
+    std::fs::create_dir(&share).unwrap();
+    std::fs::write(share.join("f"), vec![7u8; 1 << 20]).unwrap();
+    let host_lock = vufs_driver::host_write_lock(&share.join("f")).unwrap();
+    let socket = dir.path().join("fs.sock");
+    let mut args = vec!["--thread-pool-size=4"];
+    if daxfsd {
+        args.extend(["--dax-window=64M", "--posix-lock"]);
+    }
+    // The default seccomp action (kill), as a service manager starts it.
+    let mut d = spawn_with(&socket, &share, "namespace", "daemon.log", &args);
+    let s = Session::connect(&socket).unwrap();
+    s.init().unwrap();
+    let s = s.with_timeout(Duration::from_secs(20));
+    let e = s.lookup(abi::ROOT_ID, "f").unwrap();
+    let fh = s.open(e.nodeid, libc::O_RDWR as u32).unwrap().fh;
+    let mut setlkw = None;
+    if daxfsd {
+        let w = s.dax().cloned().expect("a DAX window");
+        s.setupmapping(e.nodeid, fh, 0, 2 << 20, READ | WRITE, 0)
+            .unwrap();
+        w.write(10, b"dirty").unwrap();
+        // A SETLKW waiting on a host lock: the daemon polls it in a timed wait.
+        use daxfsd::abi::opcode as op;
+        use vm_memory::ByteValued;
+        let lk = vufs_driver::whole_file_write_lock(fh, 1);
+        let chain = s.linux_chain(op::SETLKW, e.nodeid, &[lk.as_slice()], 0);
+        setlkw = Some(s.device().submit(1, &chain).unwrap());
+    }
+    let stop = AtomicBool::new(false);
+    let done = AtomicUsize::new(0);
+    let pid = d.child.id();
+    let freezer = Freezer::new(pid);
+    let mut rounds = Vec::new();
+    std::thread::scope(|sc| {
+        let (s, stop, done) = (&s, &stop, &done);
+        sc.spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // Each request may wait out a stop: the session's timeout is 20 s.
+                let ok = s.getattr(e.nodeid, None).is_ok()
+                    && s.write(e.nodeid, fh, (i % 64) * 4096, &[i as u8; 4096])
+                        .is_ok()
+                    && s.fsync(e.nodeid, fh, false).is_ok();
+                if !ok {
+                    break;
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+        });
+        for round in 0..4 {
+            std::thread::sleep(Duration::from_millis(300));
+            signal_tree(pid, libc::SIGSTOP);
+            std::thread::sleep(Duration::from_millis(700));
+            signal_tree(pid, libc::SIGCONT);
+            rounds.push(format!("STOP/CONT {round}"));
+        }
+        if let Some(f) = &freezer {
+            eprintln!("freezing through {}", f.dir.display());
+            for round in 0..3 {
+                std::thread::sleep(Duration::from_millis(300));
+                f.set(true);
+                std::thread::sleep(Duration::from_millis(700));
+                f.set(false);
+                rounds.push(format!("freeze/thaw {round}"));
+            }
+        } else {
+            eprintln!("no writable cgroup freezer on this host: STOP/CONT only");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        stop.store(true, Ordering::Relaxed);
+    });
+    drop(freezer);
+    let alive = d.child.try_wait().unwrap();
+    assert!(
+        alive.is_none(),
+        "{} died after {rounds:?}: {:?}; log:\n{}",
+        kind().name(),
+        alive,
+        d.log()
+    );
+    // Still answering, on every path the traffic used.
+    s.getattr(e.nodeid, None).unwrap();
+    assert_eq!(s.write(e.nodeid, fh, 0, b"after").unwrap(), 5);
+    s.fsync(e.nodeid, fh, false).unwrap();
+    eprintln!(
+        "{}: {} request rounds across {rounds:?}; still serving",
+        kind().name(),
+        done.load(Ordering::Relaxed)
+    );
+    assert!(done.load(Ordering::Relaxed) > 0);
+    drop(host_lock);
+    if let Some(p) = setlkw {
+        // The host lock is gone: the SETLKW the daemon polled through every stop completes.
+        let c = p.wait(Duration::from_secs(10)).expect("SETLKW answered");
+        assert!(c.data.len() >= 16, "{c:?}");
+    }
+}

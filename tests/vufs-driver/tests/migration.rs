@@ -116,12 +116,25 @@ fn migrate(mode: &str) {
     let (src, h, state) = source(&a);
 
     // Opening file handles needs CAP_DAC_READ_SEARCH, which neither daemon keeps by default.
+    // The destination runs in the same --migration-mode: daxfsd takes file-handle entries
+    // (pointers anywhere into the file system) only when told to expect them.
+    if is_daxfsd(&kind) && mode == "file-handles" {
+        let (c, other) = destination(&kind, root.path(), &["--modcaps=+dac_read_search"]);
+        let r = load_state(other.device(), &state);
+        assert!(r.is_err(), "a find-paths destination took file handles");
+        assert!(
+            c.log_contents().contains("find-paths mode"),
+            "{}",
+            c.log_contents()
+        );
+    }
     let (b, dst) = destination(
         &kind,
         root.path(),
         &[
             "--migration-on-error=guest-error",
             "--modcaps=+dac_read_search",
+            &mode_arg,
         ],
     );
     load_state(dst.device(), &state)
