@@ -129,7 +129,16 @@ guest() {
     mkdir -p "$share/.pjd"
     cp "$pjd" "$run/pjd.toml" "$share/.pjd/"
     cp -L "$(ldd "$pjd" | awk '$1 == "libgcc_s.so.1" { print $3 }')" "$share/.pjd/"
+    # The *::etxtbsy cases copy `which sleep` and run the copy for 10 s, then expect ETXTBSY.
+    # The guest's sleep is a busybox applet: a copy under another name is busybox looking for
+    # an applet of that name, which exits at once ("applet not found"), so the case passed
+    # only when its open came before that exit (open::etxtbsy's failures under load). A real
+    # sleep (coreutils; libc is in the initramfs) comes first on the guest's PATH.
+    mkdir -p "$share/.pjd/bin"
+    cp -L /usr/bin/sleep "$share/.pjd/bin/sleep"
     cat >"$run/guest-$2.sh" <<'GUEST'
+export PATH=/mnt/.pjd/bin:$PATH
+echo "PJD sleep is $(which sleep): $(sleep --version 2>&1 | head -n 1)"
 printf 'nobody:x:65534:65534:nobody:/nonexistent:/bin/sh\ndaemon:x:1:1:daemon:/usr/sbin:/bin/sh\n' >>/etc/passwd
 printf 'nogroup:x:65534:\ndaemon:x:1:\n' >>/etc/group
 mkdir -p /mnt/m-gues && cd /mnt/m-gues || exit 1
