@@ -33,6 +33,7 @@
 
 pub mod coherent;
 pub mod copy;
+pub mod host_watch;
 pub mod tail;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -1125,6 +1126,7 @@ impl<S: WindowSink> DaxWindow<S> {
         };
         if file_len > 0 {
             let f = file.as_ref().ok_or_else(eio)?;
+            let _watched = host_watch::watch(f, moffset, foffset, file_len);
             self.with_sink(|s| s.map(moffset, file_len, f.as_fd(), foffset, writable))
                 .map_err(|e| {
                     log::error!("SHMEM_MAP {moffset:#x}+{file_len:#x} failed: {e}");

@@ -552,6 +552,43 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     }
 }
 
+/// Guest memory without the frontend's regions of host files the DAX window mapped: such a
+/// file may shrink under the mapping (a host truncate), and a read past its end would be a
+/// SIGBUS in the daemon. A descriptor pointing there fails its own request only (issue #20).
+fn without_window_files(mem: GuestMem) -> GuestMem {
+    use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+    let skip: Vec<_> = mem
+        .memory()
+        .iter()
+        .filter(|r| {
+            r.file_offset()
+                .is_some_and(|fo| crate::dax::host_watch::backs_window(fo.file()))
+        })
+        .map(|r| (r.start_addr(), r.len()))
+        .collect();
+    if skip.is_empty() {
+        return mem;
+    }
+    let mut cur: Option<GuestMemoryLogged> = None;
+    for (at, len) in skip {
+        let next = match &cur {
+            Some(c) => c.remove_region(at, len),
+            None => mem.memory().remove_region(at, len),
+        };
+        match next {
+            Ok((m, _)) => {
+                log::debug!("memory region {:#x}+{len:#x} maps a DAX-mapped host file: not used for descriptors", at.0);
+                cur = Some(m);
+            }
+            Err(e) => log::warn!("cannot leave out memory region {:#x}: {e}", at.0),
+        }
+    }
+    match cur {
+        Some(m) => GuestMemoryAtomic::new(m),
+        None => mem,
+    }
+}
+
 /// The FUSE opcode of a request, if its header is readable.
 fn opcode_of(readable: &[VolatileSlice<'_>]) -> Option<u32> {
     let first = readable.first()?;
@@ -730,6 +767,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
     }
 
     fn update_memory(&self, mem: GuestMem) -> io::Result<()> {
+        let mem = without_window_files(mem);
         *self
             .mem
             .write()
