@@ -567,7 +567,9 @@ fn without_window_files(mem: GuestMem) -> GuestMem {
         .map(|r| (r.start_addr(), r.len()))
         .collect();
     if skip.is_empty() {
-        return mem;
+        // Our own atomic, never the frontend handler's (which it updates in place before it
+        // calls us: a region to leave out would be visible in between).
+        return GuestMemoryAtomic::from(mem.memory().into_inner());
     }
     let mut cur: Option<GuestMemoryLogged> = None;
     for (at, len) in skip {
