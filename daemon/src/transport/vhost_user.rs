@@ -579,7 +579,7 @@ fn without_window_files(mem: GuestMem) -> GuestMem {
         };
         match next {
             Ok((m, _)) => {
-                log::debug!("memory region {:#x}+{len:#x} maps a DAX-mapped host file: not used for descriptors", at.0);
+                log::trace!("memory region {:#x}+{len:#x} maps a DAX-mapped host file: not used for descriptors", at.0);
                 cur = Some(m);
             }
             Err(e) => log::warn!("cannot leave out memory region {:#x}: {e}", at.0),
