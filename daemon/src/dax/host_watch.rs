@@ -350,7 +350,14 @@ fn expected(w: &Watch, fd: &OwnedFd, range: Option<(u64, u64)>) -> bool {
     if e.is_empty() {
         return false;
     }
-    crate::sys::fstat(fd.as_fd()).is_ok_and(|st| e.contains_key(&(st.st_dev, st.st_ino, off, cnt)))
+    let Ok(st) = crate::sys::fstat(fd.as_fd()) else {
+        return false;
+    };
+    // The frontend's mmap of a range being mapped (it blocks QEMU's main loop, which the
+    // worker may be waiting for: never queue it).
+    e.keys().any(|&(dev, ino, o, l)| {
+        dev == st.st_dev && ino == st.st_ino && off >= o && off.saturating_add(cnt) <= o + l
+    })
 }
 
 impl<S: WindowSink> DaxWindow<S> {
@@ -400,7 +407,9 @@ impl<S: WindowSink> DaxWindow<S> {
             }
             let deadline = Instant::now() + PAUSED_WAIT;
             while !self.running.load(Ordering::SeqCst) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
+                // A timed condvar wait, not a sleep: the seccomp allowlist has futex only.
+                let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+                drop(self.idle.wait_timeout(t, Duration::from_millis(20)));
             }
             if !self.running.load(Ordering::SeqCst) {
                 log::error!(
@@ -484,6 +493,92 @@ impl<S: WindowSink> DaxWindow<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mapper::Mapper;
+    use std::os::fd::BorrowedFd;
+    use std::os::unix::fs::FileExt;
+
+    const MB2: u64 = 2 << 20;
+
+    /// A frontend that keeps what it was asked to map.
+    #[derive(Default)]
+    struct Front {
+        calls: Mutex<Vec<String>>,
+        fds: Mutex<HashMap<u64, File>>,
+    }
+
+    impl WindowSink for Arc<Front> {
+        fn map(&self, m: u64, len: u64, fd: BorrowedFd, fo: u64, _w: bool) -> io::Result<()> {
+            let f = File::from(fd.try_clone_to_owned()?);
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("map {m:#x}+{len:#x}@{fo:#x}"));
+            self.fds.lock().unwrap().insert(m, f);
+            Ok(())
+        }
+        fn unmap(&self, m: u64, len: u64) -> io::Result<()> {
+            self.fds.lock().unwrap().remove(&m);
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("unmap {m:#x}+{len:#x}"));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_host_shrink_moves_direct_mappings_to_shadows_first() {
+        let w = DaxWindow::new(8 * MB2).unwrap();
+        let front = Arc::new(Front::default());
+        w.set_sink(front.clone());
+        w.start();
+        let dir = tempfile::tempdir().unwrap();
+        let bytes: Vec<u8> = (0..3 * MB2).map(|i| (i % 251) as u8).collect();
+        std::fs::write(dir.path().join("f"), &bytes).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.path().join("f"))
+            .unwrap();
+        let key = key_of(&f).unwrap();
+        // Two guest ranges of the file, both mapped from it directly.
+        w.map(7, 0, MB2, f.as_fd(), 0, true).unwrap();
+        w.map(7, MB2, MB2, f.as_fd(), MB2, false).unwrap();
+        front.calls.lock().unwrap().clear();
+        let file_ino = |m: u64| key_of(&front.fds.lock().unwrap()[&m]);
+        assert_eq!(file_ino(0), Some(key));
+
+        // Nothing of the file lies past 4 MiB: nothing moves.
+        assert_eq!(w.evacuate(key, 2 * MB2), 0);
+        // A shrink to 3 MiB could cut the second range only.
+        assert_eq!(w.evacuate(key, MB2 + 4096), 1);
+        assert_eq!(
+            std::mem::take(&mut *front.calls.lock().unwrap()),
+            vec!["unmap 0x200000+0x200000", "map 0x200000+0x200000@0x0"]
+        );
+        assert_ne!(file_ino(MB2), Some(key), "the frontend still maps the file");
+        // An open (maybe O_TRUNC): everything moves; moved ranges stay moved.
+        assert_eq!(w.evacuate(key, 0), 1);
+        assert_ne!(file_ino(0), Some(key));
+        assert_eq!(w.stats().replaced, 2);
+
+        // The host truncates: the frontend's mappings are memfds with the old bytes (no
+        // fault); at the inode's next sync point they read zeros past the new end, and the
+        // file is neither extended nor written.
+        let shadow = front.fds.lock().unwrap()[&MB2].try_clone().unwrap();
+        let mut got = vec![0u8; 4096];
+        shadow.read_exact_at(&mut got, 0).unwrap();
+        assert_eq!(&got[..], &bytes[MB2 as usize..MB2 as usize + 4096]);
+        f.set_len(100).unwrap();
+        w.sync(7);
+        shadow.read_exact_at(&mut got, 0).unwrap();
+        assert!(got.iter().all(|&b| b == 0));
+        let first = front.fds.lock().unwrap()[&0].try_clone().unwrap();
+        first.read_exact_at(&mut got, 0).unwrap();
+        assert_eq!(&got[..100], &bytes[..100]);
+        assert!(got[100..].iter().all(|&b| b == 0));
+        assert_eq!(f.metadata().unwrap().len(), 100);
+    }
 
     #[test]
     fn sent_files_are_window_backed_until_their_offset_is_reused() {
