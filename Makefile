@@ -91,6 +91,13 @@ test-dax-copy: kernel initramfs qemu build
 test-dax-host: kernel initramfs qemu build
 	tests/e2e/dax-host.sh
 
+# One hour of a DAX guest under pressure (fio verify over 4x the window, psync and mmap) while
+# the host edits, truncates and replaces shared files and the VM is paused and resumed: not in
+# `make test`. SOAK_SECONDS=600 for a shorter run.
+.PHONY: soak
+soak: kernel initramfs qemu build
+	tests/e2e/soak.sh
+
 # Escape attempts from a guest against the default sandbox; the host checks nothing changed.
 test-escape: kernel initramfs qemu build
 	tests/e2e/escape.sh
