@@ -64,6 +64,15 @@ fn sent() -> &'static Mutex<Sent> {
     SENT.get_or_init(Mutex::default)
 }
 
+/// The host file each guest inode (owner) mapped last: a guest truncate through an alias
+/// inode reaches the other aliases' mappings by it. Bounded: cleared when it grows past
+/// [`OWNERS_MAX`] (an owner then found by its live mappings only).
+fn owner_keys() -> &'static Mutex<HashMap<u64, Key>> {
+    static KEYS: OnceLock<Mutex<HashMap<u64, Key>>> = OnceLock::new();
+    KEYS.get_or_init(Mutex::default)
+}
+const OWNERS_MAX: usize = 1 << 16;
+
 fn note_sent(moffset: u64, key: Key) {
     let mut s = sent().lock().unwrap_or_else(|e| e.into_inner());
     if let Some(old) = s.by_off.insert(moffset, key) {
@@ -160,11 +169,18 @@ impl Drop for Expect {
 /// Called just before the window maps `len` bytes of `f` from `foffset` at `moffset`: notes
 /// the file as window-backed and watches it for host changes. Keep the guard until the
 /// SHMEM_MAP is answered.
-pub(crate) fn watch(f: &File, moffset: u64, foffset: u64, len: u64) -> Expect {
+pub(crate) fn watch(f: &File, owner: u64, moffset: u64, foffset: u64, len: u64) -> Expect {
     let Some(key) = key_of(f) else {
         return Expect(None);
     };
     note_sent(moffset, key);
+    {
+        let mut o = owner_keys().lock().unwrap_or_else(|e| e.into_inner());
+        if o.len() >= OWNERS_MAX {
+            o.clear();
+        }
+        o.insert(owner, key);
+    }
     let Some(w) = WATCH.get() else {
         return Expect(None);
     };
@@ -361,6 +377,25 @@ fn expected(w: &Watch, fd: &OwnedFd, range: Option<(u64, u64)>) -> bool {
 }
 
 impl<S: WindowSink> DaxWindow<S> {
+    /// The guest is about to shrink inode `owner`'s file to `size` (SETATTR, an O_TRUNC open;
+    /// the daemon's own truncate, which the fanotify watch lets through): every direct mapping
+    /// of the host file reaching past `size`, through any alias inode, moves to a shadow first.
+    pub(crate) fn shrink_owner(&self, owner: u64, size: u64) {
+        let known = owner_keys()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&owner)
+            .copied();
+        let key = known.or_else(|| {
+            let t = self.table.lock().ok()?;
+            let m = t.by_owner.get(&owner)?.iter().next()?;
+            t.live.get(m)?.file.as_ref().and_then(|f| key_of(f))
+        });
+        if let Some(key) = key {
+            self.evacuate(key, size);
+        }
+    }
+
     /// Direct placements of host file `key` whose file part reaches past `from`.
     fn direct_of(&self, key: Key, from: u64) -> Vec<(u64, u64)> {
         let cands: Vec<(u64, u64, Arc<File>)> = {
@@ -581,16 +616,51 @@ mod tests {
     }
 
     #[test]
+    fn a_guest_shrink_through_an_alias_moves_every_mapping_of_the_file() {
+        let w = DaxWindow::new(8 * MB2).unwrap();
+        let front = Arc::new(Front::default());
+        w.set_sink(front.clone());
+        w.start();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), vec![7u8; 4 * MB2 as usize]).unwrap();
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(dir.path().join("f"))
+                .unwrap()
+        };
+        let (a, b) = (open(), open());
+        let key = key_of(&a).unwrap();
+        // Guest inodes 7 and 8 are two names (aliases) of one host file.
+        w.map(7, 0, MB2, a.as_fd(), 0, true).unwrap();
+        w.map(8, MB2, MB2, b.as_fd(), 2 * MB2, false).unwrap();
+        let maps_file = |m: u64| key_of(&front.fds.lock().unwrap()[&m]) == Some(key);
+        assert!(maps_file(0) && maps_file(MB2));
+        // Growing moves nothing.
+        w.shrinking(8, 5 * MB2);
+        assert!(maps_file(0) && maps_file(MB2));
+        // SETATTR size 100 through inode 8 (it may fail half way: the moves come first).
+        w.shrinking(8, 100);
+        assert!(!maps_file(0), "inode 7's mapping still maps the file");
+        assert!(!maps_file(MB2), "inode 8's mapping still maps the file");
+        assert_eq!(w.stats().replaced, 2);
+    }
+
+    #[test]
     fn sent_files_are_window_backed_until_their_offset_is_reused() {
         let dir = tempfile::tempdir().unwrap();
         let a = File::create(dir.path().join("a")).unwrap();
         let b = File::create(dir.path().join("b")).unwrap();
         let (ka, kb) = (key_of(&a).unwrap(), key_of(&b).unwrap());
+        // (Other tests note their own files at other offsets meanwhile: look at this one.)
+        let at = |k: Key| {
+            let s = sent().lock().unwrap();
+            s.by_key.get(&k).is_some_and(|o| o.contains(&(1 << 40)))
+        };
         note_sent(1 << 40, ka);
-        assert!(backs_window(&a));
-        assert!(!backs_window(&b));
+        assert!(backs_window(&a) && at(ka) && !at(kb));
         note_sent(1 << 40, kb);
-        assert!(!backs_window(&a));
-        assert!(backs_window(&b));
+        assert!(backs_window(&b) && at(kb) && !at(ka));
     }
 }

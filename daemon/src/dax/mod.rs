@@ -1126,7 +1126,7 @@ impl<S: WindowSink> DaxWindow<S> {
         };
         if file_len > 0 {
             let f = file.as_ref().ok_or_else(eio)?;
-            let _watched = host_watch::watch(f, moffset, foffset, file_len);
+            let _watched = host_watch::watch(f, owner, moffset, foffset, file_len);
             self.with_sink(|s| s.map(moffset, file_len, f.as_fd(), foffset, writable))
                 .map_err(|e| {
                     log::error!("SHMEM_MAP {moffset:#x}+{file_len:#x} failed: {e}");
@@ -1552,6 +1552,10 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
             self.sync_shadow(&s);
         }
         self.recopy(Some(owner), None);
+    }
+
+    fn shrinking(&self, owner: u64, size: u64) {
+        self.shrink_owner(owner, size);
     }
 
     fn revalidate(&self, owner: u64) {

@@ -587,7 +587,7 @@ fn without_window_files(mem: GuestMem) -> GuestMem {
     }
     match cur {
         Some(m) => GuestMemoryAtomic::new(m),
-        None => mem,
+        None => GuestMemoryAtomic::from(mem.memory().into_inner()),
     }
 }
 
