@@ -19,6 +19,10 @@
 # Known: QEMU 11.1.3 itself can segfault on `stop` while the guest remaps DAX ranges
 # (ARCHITECTURE.md, "DAX on QEMU 11.1", issue #10); this soak remaps all the time, so a
 # pause can hit it. The result line says when QEMU died right after a `stop`.
+# Known (Nov 2026, not from host changes): fio randwrite + crc32c verify with the mmap engine
+# over a file larger than the window sometimes reports a verify error (EILSEQ), also with no
+# host edits and no pauses, on the daemon before issue #20's changes too (every time with
+# --dax-copy=off in a 45 s run): a lost guest store under window churn, to be found.
 set -euo pipefail
 RIG_TAG=soak
 # shellcheck source=../../scripts/lib.sh
@@ -74,7 +78,7 @@ echo "@@SOAK-RUNNING@@"
 wait \$p1; r1=\$?
 wait \$p2; r2=\$?
 echo "fio psync rc=\$r1 mmap rc=\$r2"
-[ \$r1 = 0 ] && [ \$r2 = 0 ] && echo "GUEST PASS fio_verify" || { echo "GUEST FAIL fio_verify"; rc=1; tail -n 15 /tmp/psync.out /tmp/mmap.out; }
+[ \$r1 = 0 ] && [ \$r2 = 0 ] && echo "GUEST PASS fio_verify" || { echo "GUEST FAIL fio_verify"; rc=1; grep -h 'err=\\|verify' /tmp/psync.out /tmp/mmap.out | head -n 12; }
 grep -h 'io=\|bw=\|verify' /tmp/psync.out /tmp/mmap.out | head -n 8
 touch /mnt/soak.stop
 wait \$p3
