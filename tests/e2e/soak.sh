@@ -99,7 +99,7 @@ done
 dpid=$(cat "$mon.daemon-pid" 2>/dev/null || echo "")
 serving=$dpid
 if [[ -n $dpid ]]; then
-    kid=$(cat "/proc/$dpid/task/$dpid/children" 2>/dev/null | awk '{print $1}')
+    kid=$(awk '{print $1}' "/proc/$dpid/task/$dpid/children" 2>/dev/null || true)
     [[ -n $kid ]] && serving=$kid
 fi
 rss() { awk '/^VmRSS/ { print $2 }' "/proc/$serving/status" 2>/dev/null || echo 0; }
@@ -141,7 +141,7 @@ grep -aE '^GUEST|^fio|reader errors|io=|bw=' "$work/out.txt" || true
 log "figures: ${edits} host edits, ${pauses} stop/cont, daemon RSS (KiB, every 30 s): $(awk '{printf "%s@%ss ", $2, $1}' "$work/rss.txt")"
 counters=$(grep -ao 'dax: maps=.*' "${logf%.log}.daemon.log" | tail -n 1 || true)
 log "daemon counters: ${counters:-none}"
-grep -a 'moved to shadows' "${logf%.log}.daemon.log" | wc -l | xargs -I{} echo "evacuations logged: {}"
+echo "evacuations logged: $(grep -ac 'moved to shadows' "${logf%.log}.daemon.log" || true)"
 if ((rc != 124 && rc != 125)); then
     ok alive
 elif ((died_after_stop)); then
@@ -149,7 +149,11 @@ elif ((died_after_stop)); then
 else
     bad alive "rc=$rc: $(grep -ao 'FAIL (.*' "$work/err.txt" | head -n 1) (console $logf)"
 fi
-grep -q '^GUEST PASS fio_verify' "$work/out.txt" && ok fio_verify || bad fio_verify "fio verify failed in the guest (console $logf)"
+if grep -q '^GUEST PASS fio_verify' "$work/out.txt"; then
+    ok fio_verify
+else
+    bad fio_verify "fio verify failed in the guest (console $logf)"
+fi
 if [[ -n $rss_first ]] && ((rss_last <= rss_first * 12 / 10 + 16384)); then
     ok rss_flat
 else
