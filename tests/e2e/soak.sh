@@ -21,8 +21,9 @@
 # pause can hit it. The result line says when QEMU died right after a `stop`.
 # Known (Nov 2026, not from host changes): fio randwrite + crc32c verify with the mmap engine
 # over a file larger than the window sometimes reports a verify error (EILSEQ), also with no
-# host edits and no pauses, on the daemon before issue #20's changes too (both 45 s runs with
-# --dax-copy=off failed, one on each daemon): a lost guest store under window churn, to be found.
+# host edits and no pauses, on the daemon before issue #20's changes too (one fio mmap job, 128
+# MiB, 64 MiB window, 45-60 s: --dax-copy=off failed 3 of 3 runs before them and 1 of 3 after;
+# auto 0 of 7 before, 1 of 6 after): a lost guest store under window churn, to be found.
 set -euo pipefail
 RIG_TAG=soak
 # shellcheck source=../../scripts/lib.sh
