@@ -555,40 +555,39 @@ impl<F: FileSystem + 'static> FsBackend<F> {
 /// Guest memory without the frontend's regions of host files the DAX window mapped: such a
 /// file may shrink under the mapping (a host truncate), and a read past its end would be a
 /// SIGBUS in the daemon. A descriptor pointing there fails its own request only (issue #20).
-fn without_window_files(mem: GuestMem) -> GuestMem {
+/// Returns a collection of its own (sharing the regions), never the frontend handler's.
+fn without_window_files(mem: &GuestMem) -> GuestMemoryLogged {
     use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
-    let skip: Vec<_> = mem
-        .memory()
+    let all = mem.memory();
+    let mut keep = Vec::with_capacity(all.num_regions());
+    let mut rest: Option<GuestMemoryLogged> = None;
+    for (at, len, skip) in all
         .iter()
-        .filter(|r| {
-            r.file_offset()
-                .is_some_and(|fo| crate::dax::host_watch::backs_window(fo.file()))
+        .map(|r| {
+            let skip = r
+                .file_offset()
+                .is_some_and(|fo| crate::dax::host_watch::backs_window(fo.file()));
+            (r.start_addr(), r.len(), skip)
         })
-        .map(|r| (r.start_addr(), r.len()))
-        .collect();
-    if skip.is_empty() {
-        // Our own atomic, never the frontend handler's (which it updates in place before it
-        // calls us: a region to leave out would be visible in between).
-        return GuestMemoryAtomic::from(mem.memory().into_inner());
-    }
-    let mut cur: Option<GuestMemoryLogged> = None;
-    for (at, len) in skip {
-        let next = match &cur {
+        .collect::<Vec<_>>()
+    {
+        // remove_region hands the region out as the Arc the collection holds.
+        let taken = match &rest {
             Some(c) => c.remove_region(at, len),
-            None => mem.memory().remove_region(at, len),
+            None => all.remove_region(at, len),
         };
-        match next {
-            Ok((m, _)) => {
-                log::trace!("memory region {:#x}+{len:#x} maps a DAX-mapped host file: not used for descriptors", at.0);
-                cur = Some(m);
-            }
-            Err(e) => log::warn!("cannot leave out memory region {:#x}: {e}", at.0),
+        let Ok((r, region)) = taken else { continue };
+        rest = Some(r);
+        if skip {
+            log::trace!(
+                "memory region {:#x}+{len:#x} maps a DAX-mapped host file: not used for descriptors",
+                at.0
+            );
+        } else {
+            keep.push(region);
         }
     }
-    match cur {
-        Some(m) => GuestMemoryAtomic::new(m),
-        None => GuestMemoryAtomic::from(mem.memory().into_inner()),
-    }
+    GuestMemoryLogged::from_arc_regions(keep).unwrap_or_else(|_| GuestMemoryLogged::new())
 }
 
 /// The FUSE opcode of a request, if its header is readable.
@@ -769,11 +768,21 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
     }
 
     fn update_memory(&self, mem: GuestMem) -> io::Result<()> {
-        let mem = without_window_files(mem);
-        *self
+        // An atomic of our own, updated in place (queue loops that hold it see the change),
+        // never the frontend handler's: that one is updated before this call, with regions
+        // that must be left out.
+        let filtered = without_window_files(&mem);
+        let mut slot = self
             .mem
             .write()
-            .map_err(|_| io::Error::other("memory lock poisoned"))? = Some(mem);
+            .map_err(|_| io::Error::other("memory lock poisoned"))?;
+        match slot.as_ref() {
+            Some(own) => own
+                .lock()
+                .map_err(|_| io::Error::other("memory lock poisoned"))?
+                .replace(filtered),
+            None => *slot = Some(GuestMemoryAtomic::new(filtered)),
+        }
         Ok(())
     }
 
