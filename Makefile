@@ -104,6 +104,19 @@ test-dax-policy: kernel initramfs qemu build
 test-dax-copy: kernel initramfs qemu build
 	tests/e2e/dax.sh --dax-copy always
 
+# Host truncates, rename-over and unlink of files a DAX guest reads (fd and mmap readers,
+# --cache never and auto): QEMU and the daemon live on, the guest sees the new bytes.
+.PHONY: test-dax-host
+test-dax-host: kernel initramfs qemu build
+	tests/e2e/dax-host.sh
+
+# One hour of a DAX guest under pressure (fio verify over 4x the window, psync and mmap) while
+# the host edits, truncates and replaces shared files and the VM is paused and resumed: not in
+# `make test`. SOAK_SECONDS=600 for a shorter run.
+.PHONY: soak
+soak: kernel initramfs qemu build
+	tests/e2e/soak.sh
+
 # Escape attempts from a guest against the default sandbox; the host checks nothing changed.
 test-escape: kernel initramfs qemu build
 	tests/e2e/escape.sh
@@ -136,7 +149,7 @@ test-host: kernel initramfs qemu virtiofsd build
 test-io-uring: build
 	tests/host/io-uring.sh $(DAXFSD_BIN)
 
-test: deps-test lint test-rig test-unit test-uidmap test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-dax-copy test-escape test-lifecycle test-migrate test-launchers test-acl test-fhandles test-lima test-host test-io-uring
+test: deps-test lint test-rig test-unit test-uidmap test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-dax-copy test-dax-host test-escape test-lifecycle test-migrate test-launchers test-acl test-fhandles test-lima test-host test-io-uring
 	@echo "make test: all suites passed"
 
 demo: kernel initramfs qemu release

@@ -116,6 +116,9 @@ impl<F: FileSystem> FileSystem for Coherent<F> {
         attr: &SetattrIn,
         handle: Option<Handle>,
     ) -> io::Result<(Attr, Duration)> {
+        if attr.valid & crate::abi::fattr::SIZE != 0 {
+            self.mapper.shrinking(inode, attr.size);
+        }
         self.resizing(inode, || self.inner.setattr(ctx, inode, attr, handle))
     }
     fn readlink(&self, ctx: &Context, inode: Inode) -> io::Result<Vec<u8>> {
@@ -186,6 +189,9 @@ impl<F: FileSystem> FileSystem for Coherent<F> {
         fuse_flags: u32,
     ) -> io::Result<(Handle, OpenFlags)> {
         // O_TRUNC resizes; any open is also the point where host changes become visible.
+        if flags & libc::O_TRUNC as u32 != 0 {
+            self.mapper.shrinking(inode, 0);
+        }
         self.resizing(inode, || self.inner.open(ctx, inode, flags, fuse_flags))
     }
     fn create(

@@ -33,6 +33,7 @@
 
 pub mod coherent;
 pub mod copy;
+pub mod host_watch;
 pub mod tail;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -1438,6 +1439,7 @@ impl<S: WindowSink> DaxWindow<S> {
         };
         if file_len > 0 {
             let f = file.as_ref().ok_or_else(eio)?;
+            let _watched = host_watch::watch(f, owner, moffset, foffset, file_len);
             self.with_sink(|s| s.map(moffset, file_len, f.as_fd(), foffset, writable))
                 .map_err(|e| {
                     log::error!("SHMEM_MAP {moffset:#x}+{file_len:#x} failed: {e}");
@@ -1931,6 +1933,10 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
         }
         self.sync_pooled(Some(owner));
         self.recopy(Some(owner), None);
+    }
+
+    fn shrinking(&self, owner: u64, size: u64) {
+        self.shrink_owner(owner, size);
     }
 
     fn revalidate(&self, owner: u64) {

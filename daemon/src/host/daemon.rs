@@ -421,6 +421,8 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         keep
     };
     let stopper = Stopper::install()?;
+    // Host truncates of DAX-mapped files: the fanotify group needs CAP_SYS_ADMIN.
+    let host_watch = cli.dax_window > 0 && crate::dax::host_watch::init();
     caps::drop_to(keep)?;
     let kept = keep.names();
     log::debug!(
@@ -477,6 +479,9 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     if let Some(w) = &window {
         // Bounds what a SIGKILL can lose of guest stores into shadow tails.
         w.spawn_writeback(crate::dax::WRITEBACK_PERIOD);
+        if host_watch {
+            crate::dax::host_watch::spawn(Arc::downgrade(w));
+        }
     }
 
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());

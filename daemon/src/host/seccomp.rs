@@ -142,6 +142,8 @@ pub const ALLOWED: &[(&str, libc::c_long)] = &[
     ("statx", libc::SYS_statx),
     ("newfstatat", libc::SYS_newfstatat),
     ("fstat", libc::SYS_fstat),
+    // DAX: inode marks for host changes to mapped files (dax/host_watch.rs).
+    ("fanotify_mark", libc::SYS_fanotify_mark),
     ("fstatfs", libc::SYS_fstatfs),
     ("getdents64", libc::SYS_getdents64),
     ("readlinkat", libc::SYS_readlinkat),

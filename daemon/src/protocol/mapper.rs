@@ -29,6 +29,10 @@ pub trait Mapper: Send + Sync {
     fn sync(&self, _owner: u64) {}
     /// Inode `owner` may have changed size through the request queue: update its mappings.
     fn refresh(&self, _owner: u64) {}
+    /// Inode `owner`'s file may shrink to `size` through the request queue (SETATTR with a
+    /// size, an O_TRUNC open): no frontend mapping of the file may reach past it meanwhile,
+    /// whether the request succeeds or fails half way.
+    fn shrinking(&self, _owner: u64, _size: u64) {}
     /// Inode `owner` is being looked at (GETATTR): a cheap check that copies of it are not
     /// older than the file (DAX copy slots).
     fn revalidate(&self, _owner: u64) {}

@@ -579,6 +579,44 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     }
 }
 
+/// Guest memory without the frontend's regions of host files the DAX window mapped: such a
+/// file may shrink under the mapping (a host truncate), and a read past its end would be a
+/// SIGBUS in the daemon. A descriptor pointing there fails its own request only (issue #20).
+/// Returns a collection of its own (sharing the regions), never the frontend handler's.
+fn without_window_files(mem: &GuestMem) -> GuestMemoryLogged {
+    use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+    let all = mem.memory();
+    let mut keep = Vec::with_capacity(all.num_regions());
+    let mut rest: Option<GuestMemoryLogged> = None;
+    for (at, len, skip) in all
+        .iter()
+        .map(|r| {
+            let skip = r
+                .file_offset()
+                .is_some_and(|fo| crate::dax::host_watch::backs_window(fo.file()));
+            (r.start_addr(), r.len(), skip)
+        })
+        .collect::<Vec<_>>()
+    {
+        // remove_region hands the region out as the Arc the collection holds.
+        let taken = match &rest {
+            Some(c) => c.remove_region(at, len),
+            None => all.remove_region(at, len),
+        };
+        let Ok((r, region)) = taken else { continue };
+        rest = Some(r);
+        if skip {
+            log::trace!(
+                "memory region {:#x}+{len:#x} maps a DAX-mapped host file: not used for descriptors",
+                at.0
+            );
+        } else {
+            keep.push(region);
+        }
+    }
+    GuestMemoryLogged::from_arc_regions(keep).unwrap_or_else(|_| GuestMemoryLogged::new())
+}
+
 /// A copy of a request's FUSE header, if it is readable.
 fn header_of(readable: &[VolatileSlice<'_>]) -> Option<InHeader> {
     if let Some(first) = readable.first().filter(|f| f.len() >= IN_HEADER_LEN) {
@@ -784,10 +822,21 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             let n = mem.memory().num_regions();
             c.memory_regions(n);
         }
-        *self
+        // An atomic of our own, updated in place (queue loops that hold it see the change),
+        // never the frontend handler's: that one is updated before this call, with regions
+        // that must be left out.
+        let filtered = without_window_files(&mem);
+        let mut slot = self
             .mem
             .write()
-            .map_err(|_| io::Error::other("memory lock poisoned"))? = Some(mem);
+            .map_err(|_| io::Error::other("memory lock poisoned"))?;
+        match slot.as_ref() {
+            Some(own) => own
+                .lock()
+                .map_err(|_| io::Error::other("memory lock poisoned"))?
+                .replace(filtered),
+            None => *slot = Some(GuestMemoryAtomic::new(filtered)),
+        }
         Ok(())
     }
 

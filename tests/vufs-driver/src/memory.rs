@@ -82,7 +82,7 @@ impl GuestMem {
     }
 
     /// The region description for `SET_MEM_TABLE`.
-    pub(crate) fn region_info(&self) -> io::Result<VhostUserMemoryRegionInfo> {
+    pub fn region_info(&self) -> io::Result<VhostUserMemoryRegionInfo> {
         let region = self
             .mem
             .find_region(GuestAddress(self.base))

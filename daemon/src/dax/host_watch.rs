@@ -1,0 +1,666 @@
+//! Host changes to files the window maps directly (issue #20).
+//!
+//! QEMU maps a direct placement's file range shared (`SHMEM_MAP`), and so does the daemon (the
+//! range comes back in the memory table, ADD_MEM_REG). When a host process shrinks the file,
+//! the pages past the new end of file are gone: QEMU's next access to them (a guest load under
+//! TCG) is a SIGBUS and QEMU dies; on KVM hosts the vCPU gets EFAULT and the VM stops.
+//!
+//! Two defences, both here so that `dax/mod.rs` only calls [`watch`] where it maps a file:
+//! - **Before a host process can shrink a mapped file, its mappings leave the file.** Linux
+//!   6.14+ sends fanotify *pre-content* permission events (`FAN_PRE_ACCESS`) before truncate
+//!   (`truncate`, `ftruncate`) and before every read, write or fallocate of a file opened on a
+//!   file system that allows them (ext4, xfs, btrfs: `SB_I_ALLOW_HSM`; not tmpfs, not NFS),
+//!   and `FAN_OPEN_PERM` before an open, which is the only event an `O_TRUNC` open gets (seen on
+//!   6.18). Neither tells a shrink from a read, so any such event from another process on a
+//!   file the window maps directly moves the mappings at or past its offset (all of them for an
+//!   open) to a shadow of the range (the snapshot or merged placement: a memfd that follows
+//!   the file at every sync point and, when writable, writes guest stores back run by run)
+//!   with SHMEM_UNMAP + SHMEM_MAP, and only then allows the operation. A shadow never faults:
+//!   the guest sees the new size and bytes at its next sync point (OPEN, READ, GETATTR of the
+//!   inode, the 5 s pass). The daemon's own accesses are let through at once, and so is the
+//!   frontend's `mmap` of a range the daemon is mapping right now ([`Expect`]).
+//!   The group needs CAP_SYS_ADMIN (made at start, before capabilities are dropped); marks are
+//!   inode marks (`FAN_MARK_EVICTABLE`: they never pin an inode).
+//! - **The daemon never reads guest memory through a host file's mapping** ([`backs_window`]):
+//!   the transport leaves regions whose descriptor is a file the window mapped out of the
+//!   memory it resolves descriptors with, so a descriptor pointing into such a range fails that
+//!   one request instead of faulting in the daemon.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use super::{DaxWindow, Plan, WindowSink};
+
+/// `FAN_PRE_ACCESS` (Linux 6.14+, `include/uapi/linux/fanotify.h`; not in `libc` yet).
+const FAN_PRE_ACCESS: u64 = 0x0010_0000;
+/// `FAN_EVENT_INFO_TYPE_RANGE`: the file range of a pre-content event.
+const FAN_EVENT_INFO_TYPE_RANGE: u8 = 6;
+/// How long a host operation on a mapped file waits for a paused device to run again (no
+/// SHMEM request may go to QEMU 11.1 while it is stopped).
+const PAUSED_WAIT: Duration = Duration::from_secs(10);
+
+type Key = (u64, u64);
+
+fn key_of(f: &File) -> Option<Key> {
+    crate::sys::fstat(f.as_fd())
+        .ok()
+        .map(|st| (st.st_dev, st.st_ino))
+}
+
+/// Host files the window mapped, by window offset (bounded by the window's pages).
+#[derive(Default)]
+struct Sent {
+    by_off: HashMap<u64, Key>,
+    by_key: HashMap<Key, HashSet<u64>>,
+}
+
+fn sent() -> &'static Mutex<Sent> {
+    static SENT: OnceLock<Mutex<Sent>> = OnceLock::new();
+    SENT.get_or_init(Mutex::default)
+}
+
+/// The host file each guest inode (owner) mapped last: a guest truncate through an alias
+/// inode reaches the other aliases' mappings by it. Bounded: cleared when it grows past
+/// [`OWNERS_MAX`] (an owner then found by its live mappings only).
+fn owner_keys() -> &'static Mutex<HashMap<u64, Key>> {
+    static KEYS: OnceLock<Mutex<HashMap<u64, Key>>> = OnceLock::new();
+    KEYS.get_or_init(Mutex::default)
+}
+const OWNERS_MAX: usize = 1 << 16;
+
+fn note_sent(moffset: u64, key: Key) {
+    let mut s = sent().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(old) = s.by_off.insert(moffset, key) {
+        if let Some(set) = s.by_key.get_mut(&old) {
+            set.remove(&moffset);
+            if set.is_empty() {
+                s.by_key.remove(&old);
+            }
+        }
+    }
+    s.by_key.entry(key).or_default().insert(moffset);
+}
+
+/// Whether `file` is a host file the window mapped (then the frontend's memory region of it
+/// may fault when a host process shrinks the file: the daemon must not read through it).
+pub fn backs_window(file: &File) -> bool {
+    let Some(key) = key_of(file) else {
+        return false;
+    };
+    let s = sent().lock().unwrap_or_else(|e| e.into_inner());
+    s.by_key.contains_key(&key)
+}
+
+struct Job {
+    fd: OwnedFd,
+    /// The lowest file offset the operation may shrink the file to.
+    from: u64,
+}
+
+/// The fanotify group and its bookkeeping.
+struct Watch {
+    fd: OwnedFd,
+    pid: i32,
+    /// Frontend `mmap`s of a file range the daemon is sending (dev, ino, offset, len).
+    expected: Mutex<HashMap<(u64, u64, u64, u64), usize>>,
+    jobs: Mutex<VecDeque<Job>>,
+    more: Condvar,
+    /// Marks failed for good (kernel older than 6.14): stop trying.
+    off: AtomicBool,
+    /// File systems already logged as without pre-content events.
+    no_hsm: Mutex<HashSet<u64>>,
+}
+
+static WATCH: OnceLock<Watch> = OnceLock::new();
+
+/// Makes the fanotify group (needs CAP_SYS_ADMIN: call before capabilities are dropped).
+/// Logs and returns false where host truncates cannot be intercepted.
+pub fn init() -> bool {
+    let flags = libc::FAN_CLASS_PRE_CONTENT
+        | libc::FAN_CLOEXEC
+        | libc::FAN_UNLIMITED_QUEUE
+        | libc::FAN_UNLIMITED_MARKS;
+    let ev_flags = (libc::O_RDONLY | libc::O_LARGEFILE | libc::O_CLOEXEC) as libc::c_uint;
+    // SAFETY: fanotify_init takes two flag words and returns a new descriptor or -1.
+    let fd = unsafe { libc::fanotify_init(flags, ev_flags) };
+    if fd < 0 {
+        log::warn!(
+            "DAX: host truncates of mapped files cannot be intercepted (fanotify_init: {}; needs CAP_SYS_ADMIN): a host process that shrinks a file the guest maps can crash QEMU",
+            io::Error::last_os_error()
+        );
+        return false;
+    }
+    // SAFETY: fanotify_init returned a new descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let w = Watch {
+        fd,
+        pid: std::process::id() as i32,
+        expected: Mutex::default(),
+        jobs: Mutex::default(),
+        more: Condvar::new(),
+        off: AtomicBool::new(false),
+        no_hsm: Mutex::default(),
+    };
+    WATCH.set(w).is_ok()
+}
+
+/// While alive, the frontend's `mmap` of this range is expected (not a host change).
+pub(crate) struct Expect(Option<(u64, u64, u64, u64)>);
+
+impl Drop for Expect {
+    fn drop(&mut self) {
+        if let (Some(k), Some(w)) = (self.0, WATCH.get()) {
+            let mut e = w.expected.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = e.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    e.remove(&k);
+                }
+            }
+        }
+    }
+}
+
+/// Called just before the window maps `len` bytes of `f` from `foffset` at `moffset`: notes
+/// the file as window-backed and watches it for host changes. Keep the guard until the
+/// SHMEM_MAP is answered.
+pub(crate) fn watch(f: &File, owner: u64, moffset: u64, foffset: u64, len: u64) -> Expect {
+    let Some(key) = key_of(f) else {
+        return Expect(None);
+    };
+    note_sent(moffset, key);
+    {
+        let mut o = owner_keys().lock().unwrap_or_else(|e| e.into_inner());
+        if o.len() >= OWNERS_MAX {
+            o.clear();
+        }
+        o.insert(owner, key);
+    }
+    let Some(w) = WATCH.get() else {
+        return Expect(None);
+    };
+    if w.off.load(Ordering::Relaxed) {
+        return Expect(None);
+    }
+    let mask = FAN_PRE_ACCESS | libc::FAN_OPEN_PERM;
+    let how = libc::FAN_MARK_ADD | libc::FAN_MARK_INODE | libc::FAN_MARK_EVICTABLE;
+    // SAFETY: marks the inode of the open descriptor `f` (no path); plain integer arguments.
+    let r = unsafe {
+        libc::fanotify_mark(w.fd.as_raw_fd(), how, mask, f.as_raw_fd(), std::ptr::null())
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINVAL) => {
+                if !w.off.swap(true, Ordering::Relaxed) {
+                    log::warn!("DAX: this kernel has no fanotify pre-content events (Linux 6.14+): a host process that shrinks a file the guest maps can crash QEMU");
+                }
+            }
+            _ => {
+                let mut l = w.no_hsm.lock().unwrap_or_else(|e| e.into_inner());
+                if l.len() < 64 && l.insert(key.0) {
+                    log::warn!("DAX: host truncates on file system dev={} cannot be intercepted ({e}; pre-content events need ext4, xfs or btrfs): a host process that shrinks a file the guest maps there can crash QEMU", key.0);
+                }
+            }
+        }
+        return Expect(None);
+    }
+    let k = (key.0, key.1, foffset, len);
+    *w.expected
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(k)
+        .or_default() += 1;
+    Expect(Some(k))
+}
+
+fn respond(w: &Watch, fd: &OwnedFd) {
+    let r = libc::fanotify_response {
+        fd: fd.as_raw_fd(),
+        response: libc::FAN_ALLOW,
+    };
+    // SAFETY: writes one response struct from a live local to the group's descriptor.
+    let n = unsafe {
+        libc::write(
+            w.fd.as_raw_fd(),
+            &r as *const _ as *const libc::c_void,
+            std::mem::size_of_val(&r),
+        )
+    };
+    if n < 0 {
+        log::error!("fanotify response failed: {}", io::Error::last_os_error());
+    }
+}
+
+fn block_signals() {
+    // SAFETY: `all` is initialised by sigfillset; this changes only this thread's mask.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
+}
+
+/// Starts the event threads for `window` (nothing when [`init`] failed).
+pub fn spawn<S: WindowSink + 'static>(window: Weak<DaxWindow<S>>) {
+    let Some(w) = WATCH.get() else { return };
+    let reader = std::thread::Builder::new()
+        .name("dax-host-events".into())
+        .spawn(move || {
+            block_signals();
+            read_events(w)
+        });
+    let worker = std::thread::Builder::new()
+        .name("dax-host-watch".into())
+        .spawn(move || {
+            block_signals();
+            loop {
+                let job = {
+                    let mut q = w.jobs.lock().unwrap_or_else(|e| e.into_inner());
+                    loop {
+                        if let Some(j) = q.pop_front() {
+                            break j;
+                        }
+                        q = w.more.wait(q).unwrap_or_else(|e| e.into_inner());
+                    }
+                };
+                if let (Some(win), Some(key)) = (
+                    window.upgrade(),
+                    crate::sys::fstat(job.fd.as_fd())
+                        .ok()
+                        .map(|st| (st.st_dev, st.st_ino)),
+                ) {
+                    win.evacuate(key, job.from);
+                }
+                respond(w, &job.fd);
+            }
+        });
+    if let Err(e) = reader.and(worker) {
+        log::error!("cannot start the DAX host-watch threads: {e}");
+    }
+}
+
+/// Reads events; lets the daemon's own and expected ones through at once, queues the others.
+fn read_events(w: &'static Watch) {
+    let mut buf = vec![0u64; 1024];
+    loop {
+        // SAFETY: reads into a live buffer of the given size.
+        let n = unsafe {
+            libc::read(
+                w.fd.as_raw_fd(),
+                buf.as_mut_ptr() as *mut libc::c_void,
+                buf.len() * 8,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            log::error!(
+                "reading fanotify events failed: {e}; host changes are no longer intercepted"
+            );
+            return;
+        }
+        // SAFETY: the buffer is u64-aligned and `n` bytes of it were written.
+        let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, n as usize) };
+        let meta = std::mem::size_of::<libc::fanotify_event_metadata>();
+        let mut at = 0;
+        while at + meta <= bytes.len() {
+            // SAFETY: `meta` bytes are in the buffer at `at`; read_unaligned copes with any
+            // alignment.
+            let m: libc::fanotify_event_metadata =
+                unsafe { std::ptr::read_unaligned(bytes[at..].as_ptr() as *const _) };
+            let len = (m.event_len as usize).max(meta);
+            let end = (at + len).min(bytes.len());
+            let mut range: Option<(u64, u64)> = None;
+            let mut i = at + m.metadata_len as usize;
+            while i + 4 <= end {
+                let ty = bytes[i];
+                let hl = u16::from_ne_bytes([bytes[i + 2], bytes[i + 3]]) as usize;
+                if hl < 4 {
+                    break;
+                }
+                if ty == FAN_EVENT_INFO_TYPE_RANGE && i + 24 <= end {
+                    let off = u64::from_ne_bytes(bytes[i + 8..i + 16].try_into().unwrap_or([0; 8]));
+                    let cnt =
+                        u64::from_ne_bytes(bytes[i + 16..i + 24].try_into().unwrap_or([0; 8]));
+                    range = Some((off, cnt));
+                }
+                i += hl;
+            }
+            at += len;
+            if m.fd < 0 {
+                continue;
+            }
+            // SAFETY: the kernel installed this descriptor for the event; we own it.
+            let fd = unsafe { OwnedFd::from_raw_fd(m.fd) };
+            if m.pid == w.pid || expected(w, &fd, range) {
+                respond(w, &fd);
+                continue;
+            }
+            let from = if m.mask & FAN_PRE_ACCESS != 0 {
+                range.map_or(0, |r| r.0)
+            } else {
+                0
+            };
+            w.jobs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push_back(Job { fd, from });
+            w.more.notify_one();
+        }
+    }
+}
+
+fn expected(w: &Watch, fd: &OwnedFd, range: Option<(u64, u64)>) -> bool {
+    let Some((off, cnt)) = range else {
+        return false;
+    };
+    let e = w.expected.lock().unwrap_or_else(|e| e.into_inner());
+    if e.is_empty() {
+        return false;
+    }
+    let Ok(st) = crate::sys::fstat(fd.as_fd()) else {
+        return false;
+    };
+    // The frontend's mmap of a range being mapped (it blocks QEMU's main loop, which the
+    // worker may be waiting for: never queue it).
+    e.keys().any(|&(dev, ino, o, l)| {
+        dev == st.st_dev && ino == st.st_ino && off >= o && off.saturating_add(cnt) <= o + l
+    })
+}
+
+impl<S: WindowSink> DaxWindow<S> {
+    /// The guest is about to shrink inode `owner`'s file to `size` (SETATTR, an O_TRUNC open;
+    /// the daemon's own truncate, which the fanotify watch lets through): every direct mapping
+    /// of the host file reaching past `size`, through any alias inode, moves to a shadow first.
+    pub(crate) fn shrink_owner(&self, owner: u64, size: u64) {
+        let known = owner_keys()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&owner)
+            .copied();
+        let key = known.or_else(|| {
+            let t = self.table.lock().ok()?;
+            let m = t.by_owner.get(&owner)?.iter().next()?;
+            t.live.get(m)?.file.as_ref().and_then(|f| key_of(f))
+        });
+        if let Some(key) = key {
+            self.evacuate(key, size);
+        }
+    }
+
+    /// Direct placements of host file `key` whose file part reaches past `from`.
+    fn direct_of(&self, key: Key, from: u64) -> Vec<(u64, u64)> {
+        let cands: Vec<(u64, u64, Arc<File>)> = {
+            let Ok(t) = self.table.lock() else {
+                return Vec::new();
+            };
+            t.live
+                .iter()
+                .filter(|(_, p)| !p.whole && p.file_len > 0)
+                .filter(|(_, p)| p.foffset.saturating_add(p.file_len) > from)
+                .filter_map(|(&m, p)| Some((m, p.len, p.file.clone()?)))
+                .collect()
+        };
+        let mut keys: HashMap<*const File, Option<Key>> = HashMap::new();
+        cands
+            .into_iter()
+            .filter(|(_, _, f)| {
+                *keys.entry(Arc::as_ptr(f)).or_insert_with(|| key_of(f)) == Some(key)
+            })
+            .map(|(m, l, _)| (m, l))
+            .collect()
+    }
+
+    /// A host process may shrink file `key` to `from` or beyond: moves every direct mapping
+    /// of it reaching past `from` to a shadow (no frontend mapping of the file is left there),
+    /// waiting for a paused device to run. Returns how many moved.
+    pub(crate) fn evacuate(&self, key: Key, from: u64) -> usize {
+        let mut moved = 0;
+        for _pass in 0..3 {
+            let stale = self.direct_of(key, from);
+            if stale.is_empty() {
+                // A round trip in flight may be placing this file: let it publish, look again.
+                let busy = self
+                    .table
+                    .lock()
+                    .map(|t| !t.busy.is_empty())
+                    .unwrap_or(false);
+                if !busy {
+                    break;
+                }
+                let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+                drop(self.idle.wait_timeout(t, Duration::from_millis(500)));
+                continue;
+            }
+            let deadline = Instant::now() + PAUSED_WAIT;
+            while !self.running.load(Ordering::SeqCst) && Instant::now() < deadline {
+                // A timed condvar wait, not a sleep: the seccomp allowlist has futex only.
+                let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+                drop(self.idle.wait_timeout(t, Duration::from_millis(20)));
+            }
+            if !self.running.load(Ordering::SeqCst) {
+                log::error!(
+                    "DAX: a host process changes file dev={} ino={} while the device is stopped: its {} mapping(s) stay (no SHMEM request may reach a stopped QEMU); if it shrinks, the guest's next access there can crash QEMU",
+                    key.0,
+                    key.1,
+                    stale.len()
+                );
+                return moved;
+            }
+            for (m, len) in stale {
+                moved += self.evacuate_one(m, len, key);
+            }
+        }
+        if moved > 0 {
+            log::info!(
+                "DAX: host access to file dev={} ino={}: {moved} direct mapping(s) moved to shadows before it may shrink",
+                key.0,
+                key.1
+            );
+        }
+        moved
+    }
+
+    fn evacuate_one(&self, m: u64, len: u64, key: Key) -> usize {
+        let Ok((gen, taken)) = self.claim(m, m + len) else {
+            return 0;
+        };
+        let mut placed = None;
+        let mut freed = 0;
+        for (s, p) in taken {
+            self.unplace(s, &p);
+            freed += p.regions;
+            if s == m {
+                placed = Some(p);
+            }
+        }
+        self.unreserve(gen, freed);
+        let np = placed.and_then(|p| {
+            let f = p.file.clone()?;
+            if !self.reserve(gen, 1) {
+                return None;
+            }
+            let plan = if p.writable {
+                Plan::Merged
+            } else {
+                Plan::Snapshot
+            };
+            match self.place_reserved(
+                p.owner,
+                m,
+                p.len,
+                Some(f.clone()),
+                &f,
+                key,
+                p.foffset,
+                p.writable,
+                plan,
+                0,
+            ) {
+                Ok(mut np) => {
+                    np.regions = 1;
+                    self.counters.replaced.fetch_add(1, Ordering::Relaxed);
+                    Some(np)
+                }
+                Err(e) => {
+                    // The guest's range is gone from the frontend: its next access there
+                    // reads nothing mapped instead of a page past the end of the file.
+                    log::error!("moving DAX mapping {m:#x} to a shadow failed: {e}");
+                    self.unreserve(gen, 1);
+                    None
+                }
+            }
+        });
+        let ok = np.is_some();
+        self.release(gen, m, np, 0);
+        usize::from(ok)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mapper::Mapper;
+    use std::os::fd::BorrowedFd;
+    use std::os::unix::fs::FileExt;
+
+    const MB2: u64 = 2 << 20;
+
+    /// A frontend that keeps what it was asked to map.
+    #[derive(Default)]
+    struct Front {
+        calls: Mutex<Vec<String>>,
+        fds: Mutex<HashMap<u64, File>>,
+    }
+
+    impl WindowSink for Arc<Front> {
+        fn map(&self, m: u64, len: u64, fd: BorrowedFd, fo: u64, _w: bool) -> io::Result<()> {
+            let f = File::from(fd.try_clone_to_owned()?);
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("map {m:#x}+{len:#x}@{fo:#x}"));
+            self.fds.lock().unwrap().insert(m, f);
+            Ok(())
+        }
+        fn unmap(&self, m: u64, len: u64) -> io::Result<()> {
+            self.fds.lock().unwrap().remove(&m);
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("unmap {m:#x}+{len:#x}"));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_host_shrink_moves_direct_mappings_to_shadows_first() {
+        let w = DaxWindow::new(8 * MB2).unwrap();
+        let front = Arc::new(Front::default());
+        w.set_sink(front.clone());
+        w.start();
+        let dir = tempfile::tempdir().unwrap();
+        let bytes: Vec<u8> = (0..3 * MB2).map(|i| (i % 251) as u8).collect();
+        std::fs::write(dir.path().join("f"), &bytes).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.path().join("f"))
+            .unwrap();
+        let key = key_of(&f).unwrap();
+        // Two guest ranges of the file, both mapped from it directly.
+        w.map(7, 0, MB2, f.as_fd(), 0, true).unwrap();
+        w.map(7, MB2, MB2, f.as_fd(), MB2, false).unwrap();
+        front.calls.lock().unwrap().clear();
+        let file_ino = |m: u64| key_of(&front.fds.lock().unwrap()[&m]);
+        assert_eq!(file_ino(0), Some(key));
+
+        // Nothing of the file lies past 4 MiB: nothing moves.
+        assert_eq!(w.evacuate(key, 2 * MB2), 0);
+        // A shrink to 3 MiB could cut the second range only.
+        assert_eq!(w.evacuate(key, MB2 + 4096), 1);
+        assert_eq!(
+            std::mem::take(&mut *front.calls.lock().unwrap()),
+            vec!["unmap 0x200000+0x200000", "map 0x200000+0x200000@0x0"]
+        );
+        assert_ne!(file_ino(MB2), Some(key), "the frontend still maps the file");
+        // An open (maybe O_TRUNC): everything moves; moved ranges stay moved.
+        assert_eq!(w.evacuate(key, 0), 1);
+        assert_ne!(file_ino(0), Some(key));
+        assert_eq!(w.stats().replaced, 2);
+
+        // The host truncates: the frontend's mappings are memfds with the old bytes (no
+        // fault); at the inode's next sync point they read zeros past the new end, and the
+        // file is neither extended nor written.
+        let shadow = front.fds.lock().unwrap()[&MB2].try_clone().unwrap();
+        let mut got = vec![0u8; 4096];
+        shadow.read_exact_at(&mut got, 0).unwrap();
+        assert_eq!(&got[..], &bytes[MB2 as usize..MB2 as usize + 4096]);
+        f.set_len(100).unwrap();
+        w.sync(7);
+        shadow.read_exact_at(&mut got, 0).unwrap();
+        assert!(got.iter().all(|&b| b == 0));
+        let first = front.fds.lock().unwrap()[&0].try_clone().unwrap();
+        first.read_exact_at(&mut got, 0).unwrap();
+        assert_eq!(&got[..100], &bytes[..100]);
+        assert!(got[100..].iter().all(|&b| b == 0));
+        assert_eq!(f.metadata().unwrap().len(), 100);
+    }
+
+    #[test]
+    fn a_guest_shrink_through_an_alias_moves_every_mapping_of_the_file() {
+        let w = DaxWindow::new(8 * MB2).unwrap();
+        let front = Arc::new(Front::default());
+        w.set_sink(front.clone());
+        w.start();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), vec![7u8; 4 * MB2 as usize]).unwrap();
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(dir.path().join("f"))
+                .unwrap()
+        };
+        let (a, b) = (open(), open());
+        let key = key_of(&a).unwrap();
+        // Guest inodes 7 and 8 are two names (aliases) of one host file.
+        w.map(7, 0, MB2, a.as_fd(), 0, true).unwrap();
+        w.map(8, MB2, MB2, b.as_fd(), 2 * MB2, false).unwrap();
+        let maps_file = |m: u64| key_of(&front.fds.lock().unwrap()[&m]) == Some(key);
+        assert!(maps_file(0) && maps_file(MB2));
+        // Growing moves nothing.
+        w.shrinking(8, 5 * MB2);
+        assert!(maps_file(0) && maps_file(MB2));
+        // SETATTR size 100 through inode 8 (it may fail half way: the moves come first).
+        w.shrinking(8, 100);
+        assert!(!maps_file(0), "inode 7's mapping still maps the file");
+        assert!(!maps_file(MB2), "inode 8's mapping still maps the file");
+        assert_eq!(w.stats().replaced, 2);
+    }
+
+    #[test]
+    fn sent_files_are_window_backed_until_their_offset_is_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = File::create(dir.path().join("a")).unwrap();
+        let b = File::create(dir.path().join("b")).unwrap();
+        let (ka, kb) = (key_of(&a).unwrap(), key_of(&b).unwrap());
+        // (Other tests note their own files at other offsets meanwhile: look at this one.)
+        let at = |k: Key| {
+            let s = sent().lock().unwrap();
+            s.by_key.get(&k).is_some_and(|o| o.contains(&(1 << 40)))
+        };
+        note_sent(1 << 40, ka);
+        assert!(backs_window(&a) && at(ka) && !at(kb));
+        note_sent(1 << 40, kb);
+        assert!(backs_window(&b) && at(kb) && !at(ka));
+    }
+}
