@@ -1,6 +1,7 @@
 //! Writes the fuzz seed corpus: one valid request per opcode (plus request sequences) for
 //! the server targets, the same requests wrapped in descriptor chains for the chain target,
-//! and migration streams (real exports, hostile ones) for the migration-stream target.
+//! migration streams (real exports, hostile ones) for the migration-stream target, and
+//! frontend connections (a QEMU-like handshake and hostile variations) for vhost_frontend.
 //! `cargo run -p daxfsd --features fuzzing --example fuzz_seeds -- fuzz/seeds`
 
 use std::path::PathBuf;
@@ -30,6 +31,12 @@ fn main() -> std::io::Result<()> {
     let dir = out.join("migration_stream");
     std::fs::create_dir_all(&dir)?;
     for (name, input) in daxfsd::fuzzing::migration_seeds(top.path())? {
+        std::fs::write(dir.join(name), input)?;
+    }
+    // The vhost-user control channel: connections a frontend could open.
+    let dir = out.join("vhost_frontend");
+    std::fs::create_dir_all(&dir)?;
+    for (name, input) in daxfsd::testing::frontend::frontend_seeds() {
         std::fs::write(dir.join(name), input)?;
     }
     println!("wrote {n} seeds per target under {}", out.display());
