@@ -221,7 +221,8 @@ rm -rf -- "$share" && mkdir -p "$share"
 head -c $((3 * 1024 * 1024 + 777)) /dev/urandom >"$share/imm"
 chattr +i "$share/imm" || bad immutable_read "chattr +i failed on $(df --output=fstype "$share" | tail -n 1)"
 binpid=""
-trap 'chattr -i "$share/imm" 2>/dev/null; [[ -n $binpid ]] && kill "$binpid" 2>/dev/null; rm -rf -- "$work"' EXIT
+# (set -e applies in the trap too: a command failing there would fail the run.)
+trap 'chattr -i "$share/imm" 2>/dev/null || true; [[ -z $binpid ]] || kill "$binpid" 2>/dev/null || true; rm -rf -- "$work"' EXIT
 head -c 300000 /dev/urandom >"$share/ro0444" && chmod 0444 "$share/ro0444"
 cp /bin/sleep "$share/runbin" && chmod 0755 "$share/runbin"
 "$share/runbin" 900 &
