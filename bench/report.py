@@ -386,7 +386,7 @@ def render_md(res):
     w("- Configurations: " + "; ".join(
         f"`{k}` = {CONFIGS[k]}" for k in ("daxfsd-never", "daxfsd-never-dax", "daxfsd-auto",
                                           "virtiofsd-never", "virtiofsd-auto")) + ".")
-    w("  daxfsd runs with `--dax-window=1G` in all three (mounted `-o dax=never` or `-o dax=always`); "
+    w("  daxfsd runs with `--dax-window=512M` in all three (mounted `-o dax=never` or `-o dax=always`); "
       "`--allow-mmap` with `--cache never` for both daemons (FUSE_DIRECT_IO_ALLOW_MMAP), so mmap "
       "without DAX is measured instead of being unsupported as in the seed. Both daemons run with "
       "their default sandbox and seccomp.\n")

@@ -70,9 +70,9 @@ QUICK_MATRIX_JOBS = ["seqread-psync", "randread-psync", "randread-mmap", "randre
 
 MATRIX_CONFIGS = [
     # name, daemon, cache, mount options, extra daemon args
-    ("daxfsd-never", "daxfsd", "never", "dax=never", ["--dax-window=1G", "--allow-mmap"]),
-    ("daxfsd-never-dax", "daxfsd", "never", "dax=always", ["--dax-window=1G", "--allow-mmap"]),
-    ("daxfsd-auto", "daxfsd", "auto", "dax=never", ["--dax-window=1G"]),
+    ("daxfsd-never", "daxfsd", "never", "dax=never", ["--dax-window=512M", "--allow-mmap"]),
+    ("daxfsd-never-dax", "daxfsd", "never", "dax=always", ["--dax-window=512M", "--allow-mmap"]),
+    ("daxfsd-auto", "daxfsd", "auto", "dax=never", ["--dax-window=512M"]),
     ("virtiofsd-never", "virtiofsd", "never", "dax=never", ["--allow-mmap"]),
     ("virtiofsd-auto", "virtiofsd", "auto", "dax=never", []),
 ]
