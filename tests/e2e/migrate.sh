@@ -185,7 +185,10 @@ run_mode() {
     mkdir -p "$share"
     log "mode $mode: booting the source"
     src_args=(--migration-mode="$mode")
-    dst_args=(--migration-on-error=abort)
+    # The destination migrates in the source's mode: a daemon in find-paths mode refuses a
+    # stream of file-handle entries (handles from a stream are trusted in file-handles mode
+    # only, and checked to lie inside the share there too).
+    dst_args=(--migration-mode="$mode" --migration-on-error=abort)
     # Opening file handles on the destination needs CAP_DAC_READ_SEARCH (as in virtiofsd).
     [[ $mode == file-handles ]] && dst_args+=(--modcaps=+dac_read_search)
     start_daemon "src-$mode" "$share" "${src_args[@]}" || return 0
