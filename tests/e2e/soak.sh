@@ -19,11 +19,11 @@
 # Known: QEMU 11.1.3 itself can segfault on `stop` while the guest remaps DAX ranges
 # (ARCHITECTURE.md, "DAX on QEMU 11.1", issue #10); this soak remaps all the time, so a
 # pause can hit it. The result line says when QEMU died right after a `stop`.
-# Known (Nov 2026, not from host changes): fio randwrite + crc32c verify with the mmap engine
-# over a file larger than the window sometimes reports a verify error (EILSEQ), also with no
-# host edits and no pauses, on the daemon before issue #20's changes too (one fio mmap job, 128
-# MiB, 64 MiB window, 45-60 s: --dax-copy=off failed 3 of 3 runs before them and 1 of 3 after;
-# auto 0 of 7 before, 1 of 6 after): a lost guest store under window churn, to be found.
+# Fixed (Nov 2026): fio mmap verify failed with EILSEQ (--dax-copy=off 3 of 3 runs, then 1 of
+# 3; auto 1 of 6) also with no host edits and no pauses: QEMU 11.1 acks SHMEM_MAP before it
+# commits the mapping, and the daemon answered the guest at the ack, so the first load after a
+# fault could read a hole (zeros). The daemon now waits for the commit (ARCHITECTURE.md, "DAX
+# on QEMU 11.1"; tests/e2e/dax.sh run 4b reproduces it in under 20 s on the old daemon).
 set -euo pipefail
 RIG_TAG=soak
 # shellcheck source=../../scripts/lib.sh

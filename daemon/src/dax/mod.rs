@@ -183,17 +183,21 @@ pub struct DaxStats {
     /// most ever: what QEMU holds against its `VHOST_USER_MAX_RAM_SLOTS`.
     pub table_regions: u64,
     pub peak_table_regions: u64,
+    /// SHMEM requests whose memory-table update had not reached the daemon yet when the
+    /// frontend acknowledged them (each waited for it before the guest got its reply).
+    pub commit_waits: u64,
 }
 
 impl std::fmt::Display for DaxStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "dax: maps={} unmaps={} upgrades={} failures={} mapped_bytes={} tails={} snapshots={} merged={} replaced={} written_back={} pulled={} regions={} peak_regions={} copies={} reused={} recopied={} parked={} evicted={} pooled={} table_regions={} peak_table_regions={}",
+            "dax: maps={} unmaps={} upgrades={} failures={} mapped_bytes={} tails={} snapshots={} merged={} replaced={} written_back={} pulled={} regions={} peak_regions={} copies={} reused={} recopied={} parked={} evicted={} pooled={} table_regions={} peak_table_regions={} commit_waits={}",
             self.maps, self.unmaps, self.upgrades, self.failures, self.mapped_bytes, self.tails,
             self.snapshots, self.merged, self.replaced, self.written_back, self.pulled,
             self.regions, self.peak_regions, self.copies, self.reused, self.recopied,
-            self.parked, self.evicted, self.pooled, self.table_regions, self.peak_table_regions
+            self.parked, self.evicted, self.pooled, self.table_regions, self.peak_table_regions,
+            self.commit_waits
         )
     }
 }
@@ -400,6 +404,7 @@ struct Counters {
     pooled: AtomicU64,
     table_regions: AtomicU64,
     peak_table_regions: AtomicU64,
+    commit_waits: AtomicU64,
 }
 
 /// The DAX window of one device.
@@ -444,7 +449,30 @@ pub struct DaxWindow<S: WindowSink = Backend> {
     agreed: std::sync::OnceLock<Slots>,
     /// Serialises the pool's SHMEM_MAP.
     pool_lock: Mutex<()>,
+    /// Serialises SHMEM requests to the frontend, each until its memory-table update
+    /// arrived (see [`DaxWindow::with_sink`]).
+    shmem_lock: Mutex<()>,
+    /// Memory-table updates received from the frontend, and whether it sends one for each
+    /// SHMEM request (QEMU 11.1 does).
+    committed: Mutex<TableUpdates>,
+    /// Signalled at each memory-table update.
+    committed_cv: Condvar,
 }
+
+/// Memory-table updates seen, for [`DaxWindow::with_sink`].
+#[derive(Default)]
+struct TableUpdates {
+    count: u64,
+    /// Whether the frontend sends a memory-table update for each SHMEM request: learnt from
+    /// the first request (an update within [`COMMIT_PROBE`]) and from any update holding a
+    /// host file the window mapped; `None` until then.
+    reports: Option<bool>,
+}
+
+/// How long a SHMEM request waits for the frontend's memory-table update after the ack.
+const COMMIT_WAIT: Duration = Duration::from_secs(2);
+/// How long the first SHMEM request waits for one, to learn whether the frontend sends them.
+const COMMIT_PROBE: Duration = Duration::from_millis(500);
 
 fn einval(why: &str) -> io::Error {
     log::warn!("DAX request refused: {why}");
@@ -498,6 +526,9 @@ impl<S: WindowSink> DaxWindow<S> {
             slots: std::sync::OnceLock::new(),
             agreed: std::sync::OnceLock::new(),
             pool_lock: Mutex::new(()),
+            shmem_lock: Mutex::new(()),
+            committed: Mutex::new(TableUpdates::default()),
+            committed_cv: Condvar::new(),
         })
     }
 
@@ -592,10 +623,19 @@ impl<S: WindowSink> DaxWindow<S> {
 
     /// Records the number of regions in the frontend's memory table (every SET_MEM_TABLE,
     /// ADD_MEM_REG and REM_MEM_REG).
-    pub fn note_table_regions(&self, n: usize) {
+    /// `window_regions` of them map host files this window mapped: such a frontend (QEMU
+    /// 11.1) puts every SHMEM mapping in the table, at the commit that makes it visible.
+    pub fn note_table_regions(&self, n: usize, window_regions: usize) {
         let c = &self.counters;
         c.table_regions.store(n as u64, Ordering::Relaxed);
         c.peak_table_regions.fetch_max(n as u64, Ordering::Relaxed);
+        let mut u = self.committed.lock().unwrap_or_else(|e| e.into_inner());
+        u.count += 1;
+        if window_regions > 0 {
+            u.reports = Some(true);
+        }
+        drop(u);
+        self.committed_cv.notify_all();
     }
 
     /// Learns the guest's range size from a checked SETUPMAPPING.
@@ -664,6 +704,7 @@ impl<S: WindowSink> DaxWindow<S> {
     /// waits for a round trip in progress (those see the new generation and publish nothing).
     pub fn stop(&self) {
         self.running.store(false, Ordering::SeqCst);
+        self.wake_commit_waiters();
         let (live, parked, _pool) = self.drain(true);
         for (m, p) in live {
             self.settle(m, &p);
@@ -679,6 +720,13 @@ impl<S: WindowSink> DaxWindow<S> {
     /// What `device_paused` does: send nothing until the device starts; keep the table.
     pub fn pause(&self) {
         self.running.store(false, Ordering::SeqCst);
+        self.wake_commit_waiters();
+    }
+
+    /// Ends the waits of [`Self::with_sink`] for a memory-table update (the device stopped).
+    fn wake_commit_waiters(&self) {
+        drop(self.committed.lock().unwrap_or_else(|e| e.into_inner()));
+        self.committed_cv.notify_all();
     }
 
     #[cfg(test)]
@@ -747,6 +795,7 @@ impl<S: WindowSink> DaxWindow<S> {
             pooled: c.pooled.load(Ordering::Relaxed),
             table_regions: c.table_regions.load(Ordering::Relaxed),
             peak_table_regions: c.peak_table_regions.load(Ordering::Relaxed),
+            commit_waits: c.commit_waits.load(Ordering::Relaxed),
         }
     }
 
@@ -822,6 +871,23 @@ impl<S: WindowSink> DaxWindow<S> {
             .map_err(|_| io::Error::other("mapping table lock poisoned"))
     }
 
+    /// Sends one SHMEM request with `f` and returns once the frontend has made it visible
+    /// to the guest.
+    ///
+    /// QEMU 11.1 acknowledges SHMEM_MAP/UNMAP *before* it commits the memory-map change
+    /// (`vhost_user_backend_handle_shmem_map`/`_unmap` send the reply, then call
+    /// `memory_region_transaction_commit`: committing sends the backend its memory-table
+    /// update, which must not wait for a backend blocked on the ack). Until that commit the
+    /// vCPUs still see the window as it was: a guest that got its SETUPMAPPING reply right
+    /// after the ack stored into a hole (stores dropped, loads of zeros) or into the range's
+    /// previous file offset, and fio mmap verify failed with EILSEQ. The commit's listeners
+    /// run in priority order, TCG's and KVM's (the vCPUs' view) before vhost's, which sends
+    /// this daemon ADD_MEM_REG/REM_MEM_REG for the window mapping: that update is the
+    /// witness that the change is visible. Requests are serialised so that the first
+    /// update after an ack is its own (QEMU serves backend requests one at a time and
+    /// finishes each commit before reading the next one). A frontend that sends no update
+    /// for the first request within [`COMMIT_PROBE`] (the userspace driver) is not waited
+    /// for again, unless an update holding a window-mapped host file shows it does.
     fn with_sink<T>(&self, f: impl FnOnce(&S) -> io::Result<T>) -> io::Result<T> {
         if !self.running.load(Ordering::SeqCst) {
             log::warn!("DAX request while the device is not running: nothing sent");
@@ -831,13 +897,48 @@ impl<S: WindowSink> DaxWindow<S> {
             .sink
             .read()
             .map_err(|_| io::Error::other("sink lock poisoned"))?;
-        match guard.as_ref() {
-            Some(s) => f(s),
-            None => {
-                log::warn!("DAX request before the frontend set up the backend channel");
-                Err(eio())
+        let Some(s) = guard.as_ref() else {
+            log::warn!("DAX request before the frontend set up the backend channel");
+            return Err(eio());
+        };
+        let _serial = self.shmem_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let before = self
+            .committed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .count;
+        let res = f(s)?;
+        let mut u = self.committed.lock().unwrap_or_else(|e| e.into_inner());
+        let limit = match u.reports {
+            Some(false) => None,
+            Some(true) => Some(COMMIT_WAIT),
+            None => Some(COMMIT_PROBE),
+        };
+        if let Some(limit) = limit.filter(|_| u.count == before) {
+            self.counters.commit_waits.fetch_add(1, Ordering::Relaxed);
+            let (g, timeout) = self
+                .committed_cv
+                .wait_timeout_while(u, limit, |u| {
+                    u.count == before && self.running.load(Ordering::SeqCst)
+                })
+                .unwrap_or_else(|e| e.into_inner());
+            u = g;
+            if timeout.timed_out() && u.reports.is_none() {
+                log::info!(
+                    "DAX: the frontend sent no memory-table update for a SHMEM request within {COMMIT_PROBE:?}: SHMEM acks are taken as visible to the guest"
+                );
+                u.reports = Some(false);
+            } else if timeout.timed_out() {
+                log::warn!(
+                    "DAX: no memory-table update from the frontend {limit:?} after a SHMEM request's ack: the guest may see the window change late"
+                );
             }
         }
+        if u.reports.is_none() && u.count != before {
+            u.reports = Some(true);
+        }
+        drop(u);
+        Ok(res)
     }
 
     /// Counts a refused or failed request.
@@ -2034,8 +2135,8 @@ impl BackendChannel for DaxWindow<Backend> {
         self.table.lock().map(|t| t.busy.len()).unwrap_or(0)
     }
 
-    fn memory_regions(&self, n: usize) {
-        self.note_table_regions(n);
+    fn memory_regions(&self, n: usize, window_regions: usize) {
+        self.note_table_regions(n, window_regions);
     }
 }
 
@@ -2097,6 +2198,99 @@ mod tests {
                 .push(format!("unmap {moffset:#x}+{len:#x}"));
             Ok(())
         }
+    }
+
+    /// QEMU 11.1 as it answers SHMEM requests: the ack at once, the commit (the vCPUs' new
+    /// view of the window, then the backend's memory-table update) a moment later, from its
+    /// main loop (`vhost_user_backend_handle_shmem_map` replies before
+    /// `memory_region_transaction_commit`).
+    #[derive(Default)]
+    struct AckThenCommit {
+        window: std::sync::OnceLock<std::sync::Weak<DaxWindow<Arc<AckThenCommit>>>>,
+        acked: AtomicU64,
+        /// Requests the guest can see (committed).
+        visible: AtomicU64,
+    }
+
+    impl AckThenCommit {
+        fn ack(self: &Arc<Self>) -> io::Result<()> {
+            self.acked.fetch_add(1, Ordering::SeqCst);
+            let me = Arc::clone(self);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                let n = me.visible.fetch_add(1, Ordering::SeqCst) + 1;
+                if let Some(w) = me.window.get().and_then(std::sync::Weak::upgrade) {
+                    // RAM plus the window's mappings; one of them a host file it mapped.
+                    w.note_table_regions(1 + n as usize, 1);
+                }
+            });
+            Ok(())
+        }
+    }
+
+    impl WindowSink for Arc<AckThenCommit> {
+        fn map(&self, _: u64, _: u64, _: BorrowedFd, _: u64, _: bool) -> io::Result<()> {
+            self.ack()
+        }
+        fn unmap(&self, _: u64, _: u64) -> io::Result<()> {
+            self.ack()
+        }
+    }
+
+    #[test]
+    fn a_mapping_is_answered_only_once_the_frontend_made_it_visible() {
+        let q = Arc::new(AckThenCommit::default());
+        let w = Arc::new(DaxWindow::new(8 * MB2).unwrap());
+        q.window.set(Arc::downgrade(&w)).ok().unwrap();
+        w.set_sink(q.clone());
+        w.start();
+        // The guest RAM at start-up.
+        w.note_table_regions(1, 0);
+        let f = tempfile::tempfile().unwrap();
+        f.set_len(16 * MB2).unwrap();
+        for i in 0..4 {
+            // SETUPMAPPING, an upgrade (UNMAP + MAP), REMOVEMAPPING: the reply (the return)
+            // must not reach the guest before the window change it answers is visible.
+            w.map(1, i * MB2, MB2, f.as_fd(), i * MB2, false).unwrap();
+            assert_eq!(
+                q.visible.load(Ordering::SeqCst),
+                q.acked.load(Ordering::SeqCst),
+                "SETUPMAPPING answered before QEMU committed its SHMEM_MAP"
+            );
+            w.map(1, i * MB2, MB2, f.as_fd(), i * MB2, true).unwrap();
+            assert_eq!(
+                q.visible.load(Ordering::SeqCst),
+                q.acked.load(Ordering::SeqCst),
+                "upgrade answered before QEMU committed its SHMEM_UNMAP and SHMEM_MAP"
+            );
+            w.unmap(i * MB2, MB2).unwrap();
+            assert_eq!(
+                q.visible.load(Ordering::SeqCst),
+                q.acked.load(Ordering::SeqCst),
+                "REMOVEMAPPING answered before QEMU committed its SHMEM_UNMAP"
+            );
+        }
+        assert_eq!(q.acked.load(Ordering::SeqCst), 16);
+        assert!(w.stats().commit_waits >= 16);
+    }
+
+    /// A frontend that sends no memory-table update for SHMEM requests (the userspace driver)
+    /// costs one probe, not a wait per request.
+    #[test]
+    fn a_frontend_without_table_updates_is_probed_once() {
+        let (w, _rec, f) = window();
+        w.note_table_regions(1, 0);
+        let t = std::time::Instant::now();
+        for i in 0..4 {
+            w.map(1, i * MB2, MB2, f.as_fd(), i * MB2, true).unwrap();
+            w.unmap(i * MB2, MB2).unwrap();
+        }
+        assert!(
+            t.elapsed() < COMMIT_PROBE + Duration::from_millis(400),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(w.stats().commit_waits, 1);
     }
 
     const MB2: u64 = 2 << 20;

@@ -85,8 +85,9 @@ pub trait BackendChannel: Send + Sync {
     fn round_trips_in_flight(&self) -> usize {
         0
     }
-    /// The frontend's memory table now holds `n` regions (for the window's counters).
-    fn memory_regions(&self, _n: usize) {}
+    /// The frontend's memory table now holds `n` regions, `window_regions` of them host
+    /// files the window mapped (a SHMEM mapping the frontend reports in the table).
+    fn memory_regions(&self, _n: usize, _window_regions: usize) {}
 }
 
 /// Backend options.
@@ -582,12 +583,14 @@ impl<F: FileSystem + 'static> FsBackend<F> {
 /// Guest memory without the frontend's regions of host files the DAX window mapped: such a
 /// file may shrink under the mapping (a host truncate), and a read past its end would be a
 /// SIGBUS in the daemon. A descriptor pointing there fails its own request only (issue #20).
-/// Returns a collection of its own (sharing the regions), never the frontend handler's.
-fn without_window_files(mem: &GuestMem) -> GuestMemoryLogged {
+/// Returns a collection of its own (sharing the regions), never the frontend handler's, and
+/// the number of regions left out.
+fn without_window_files(mem: &GuestMem) -> (GuestMemoryLogged, usize) {
     use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
     let all = mem.memory();
     let mut keep = Vec::with_capacity(all.num_regions());
     let mut rest: Option<GuestMemoryLogged> = None;
+    let mut left_out = 0;
     for (at, len, skip) in all
         .iter()
         .map(|r| {
@@ -606,6 +609,7 @@ fn without_window_files(mem: &GuestMem) -> GuestMemoryLogged {
         let Ok((r, region)) = taken else { continue };
         rest = Some(r);
         if skip {
+            left_out += 1;
             log::trace!(
                 "memory region {:#x}+{len:#x} maps a DAX-mapped host file: not used for descriptors",
                 at.0
@@ -614,7 +618,10 @@ fn without_window_files(mem: &GuestMem) -> GuestMemoryLogged {
             keep.push(region);
         }
     }
-    GuestMemoryLogged::from_arc_regions(keep).unwrap_or_else(|_| GuestMemoryLogged::new())
+    (
+        GuestMemoryLogged::from_arc_regions(keep).unwrap_or_else(|_| GuestMemoryLogged::new()),
+        left_out,
+    )
 }
 
 /// A copy of a request's FUSE header, if it is readable.
@@ -817,15 +824,14 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
     }
 
     fn update_memory(&self, mem: GuestMem) -> io::Result<()> {
-        if let Some(c) = &self.channel {
-            use vm_memory::GuestMemoryBackend as _;
-            let n = mem.memory().num_regions();
-            c.memory_regions(n);
-        }
         // An atomic of our own, updated in place (queue loops that hold it see the change),
         // never the frontend handler's: that one is updated before this call, with regions
         // that must be left out.
-        let filtered = without_window_files(&mem);
+        let (filtered, window_regions) = without_window_files(&mem);
+        if let Some(c) = &self.channel {
+            use vm_memory::GuestMemoryBackend as _;
+            c.memory_regions(mem.memory().num_regions(), window_regions);
+        }
         let mut slot = self
             .mem
             .write()
