@@ -16,26 +16,9 @@ use daxfsd::abi::{self, RemovemappingOne, SETUPMAPPING_FLAG_READ as READ};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vm_memory::ByteValued;
 use vufs_driver::dax::QEMU_SLOT_LIMIT;
-use vufs_driver::{DaemonKind, DriverConfig};
+use vufs_driver::DriverConfig;
 
 const MIB2: u64 = 2 << 20;
-
-fn only_daxfsd(test: &str) -> bool {
-    if common::kind() != DaemonKind::Daxfsd {
-        eprintln!(
-            "{test}: {} has no DAX window; this test is for daxfsd",
-            common::kind().name()
-        );
-        return false;
-    }
-    true
-}
-
-fn bytes(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
-        .collect()
-}
 
 /// 128 small files, each mapped writable in its own 2 MiB range of a 256 MiB window: mapped
 /// naively (whole pages from the file + a tail) that is 256 frontend mappings, past QEMU's
@@ -43,7 +26,7 @@ fn bytes(len: usize, seed: u8) -> Vec<u8> {
 /// reads the file's bytes, and guest stores reach the files.
 #[test]
 fn map_storm_past_the_budget_stays_within_qemus_slots() {
-    if !only_daxfsd("map_storm_past_the_budget_stays_within_qemus_slots") {
+    if !common::only_daxfsd("map_storm_past_the_budget_stays_within_qemus_slots") {
         return;
     }
     const N: usize = 128;
@@ -51,7 +34,7 @@ fn map_storm_past_the_budget_stays_within_qemus_slots() {
     let sz = sizes.clone();
     let mut r = common::start_with(&["--dax-window=256M"], &DriverConfig::default(), |d| {
         for (i, n) in sz.iter().enumerate() {
-            fs::write(d.join(format!("f{i}")), bytes(*n, i as u8)).unwrap();
+            fs::write(d.join(format!("f{i}")), common::bytes(*n, i as u8)).unwrap();
         }
     });
     let w =
@@ -80,7 +63,7 @@ fn map_storm_past_the_budget_stays_within_qemus_slots() {
     for (i, n) in sizes.iter().enumerate() {
         let mut got = vec![0u8; 8192];
         w.read(i as u64 * MIB2, &mut got).unwrap();
-        let mut want = bytes(*n, i as u8);
+        let mut want = common::bytes(*n, i as u8);
         want.resize(8192, 0);
         assert_eq!(got, want, "range {i}");
     }
@@ -93,7 +76,7 @@ fn map_storm_past_the_budget_stays_within_qemus_slots() {
         let host = fs::read(r.host(&format!("f{i}"))).unwrap();
         assert_eq!(host.len(), *n, "file {i} size");
         assert_eq!(&host[4096..4101], b"GUEST", "file {i}");
-        assert_eq!(host[..4096], bytes(*n, i as u8)[..4096], "file {i}");
+        assert_eq!(host[..4096], common::bytes(*n, i as u8)[..4096], "file {i}");
     }
     for (i, (node, fh)) in handles.iter().enumerate() {
         let one = RemovemappingOne {
@@ -113,7 +96,7 @@ fn map_storm_past_the_budget_stays_within_qemus_slots() {
 /// page: after each sync point both sides' bytes are in the file and in the window.
 #[test]
 fn host_writes_and_guest_tail_writes_both_survive() {
-    if !only_daxfsd("host_writes_and_guest_tail_writes_both_survive") {
+    if !common::only_daxfsd("host_writes_and_guest_tail_writes_both_survive") {
         return;
     }
     let len = 4096 + 2000;
@@ -183,7 +166,7 @@ fn host_writes_and_guest_tail_writes_both_survive() {
 /// overwrite the other's bytes with a stale copy.
 #[test]
 fn alias_inodes_share_a_tail() {
-    if !only_daxfsd("alias_inodes_share_a_tail") {
+    if !common::only_daxfsd("alias_inodes_share_a_tail") {
         return;
     }
     let mut r = common::start_with(&["--dax-window=64M"], &DriverConfig::default(), |d| {
@@ -254,10 +237,10 @@ fn alias_inodes_share_a_tail() {
 /// window agrees with the frontend's.
 #[test]
 fn resets_race_a_map_storm_with_delayed_frontend_replies() {
-    if !only_daxfsd("resets_race_a_map_storm_with_delayed_frontend_replies") {
+    if !common::only_daxfsd("resets_race_a_map_storm_with_delayed_frontend_replies") {
         return;
     }
-    let data = bytes(8 << 20, 9);
+    let data = common::bytes(8 << 20, 9);
     let d2 = data.clone();
     // RESET_DEVICE too (QEMU negotiates it when the backend offers it).
     let cfg = DriverConfig {
@@ -378,10 +361,10 @@ fn resets_race_a_map_storm_with_delayed_frontend_replies() {
 /// After `cont` the window maps again and reads the file's bytes.
 #[test]
 fn pause_during_a_remap_sends_no_shmem_request() {
-    if !only_daxfsd("pause_during_a_remap_sends_no_shmem_request") {
+    if !common::only_daxfsd("pause_during_a_remap_sends_no_shmem_request") {
         return;
     }
-    let data = bytes(4 << 20, 3);
+    let data = common::bytes(4 << 20, 3);
     let d2 = data.clone();
     let mut r = common::start_with(&["--dax-window=64M"], &DriverConfig::default(), |d| {
         fs::write(d.join("big"), &d2).unwrap();
@@ -429,7 +412,7 @@ fn pause_during_a_remap_sends_no_shmem_request() {
 /// write-back: a SIGKILL of the daemon after that loses nothing.
 #[test]
 fn syncfs_fsyncdir_and_the_periodic_write_back_reach_the_file() {
-    if !only_daxfsd("syncfs_fsyncdir_and_the_periodic_write_back_reach_the_file") {
+    if !common::only_daxfsd("syncfs_fsyncdir_and_the_periodic_write_back_reach_the_file") {
         return;
     }
     let mut r = common::start_with(&["--dax-window=64M"], &DriverConfig::default(), |d| {
@@ -478,11 +461,11 @@ fn syncfs_fsyncdir_and_the_periodic_write_back_reach_the_file() {
 /// from an empty window.
 #[test]
 fn destroy_unmaps_every_mapping() {
-    if !only_daxfsd("destroy_unmaps_every_mapping") {
+    if !common::only_daxfsd("destroy_unmaps_every_mapping") {
         return;
     }
     let mut r = common::start_with(&["--dax-window=64M"], &DriverConfig::default(), |d| {
-        fs::write(d.join("big"), bytes(5 << 20, 3)).unwrap();
+        fs::write(d.join("big"), common::bytes(5 << 20, 3)).unwrap();
         fs::write(d.join("small"), b"small file").unwrap();
     });
     let w = r.s.dax().cloned().expect("no window");
@@ -512,7 +495,7 @@ fn destroy_unmaps_every_mapping() {
         .unwrap();
     let mut got = vec![0u8; 4096];
     w.read(4096, &mut got).unwrap();
-    assert_eq!(got, bytes(5 << 20, 3)[4096..8192]);
+    assert_eq!(got, common::bytes(5 << 20, 3)[4096..8192]);
     let st = w.stats();
     assert_eq!((st.maps_rejected, st.unmaps_rejected), (0, 0), "{st:?}");
     r.assert_clean();

@@ -12,26 +12,9 @@ use daxfsd::abi::SETUPMAPPING_FLAG_WRITE as WRITE;
 use daxfsd::abi::{self, RemovemappingOne, SETUPMAPPING_FLAG_READ as READ};
 use daxfsd::dax::DEFAULT_MAP_BUDGET;
 use vufs_driver::dax::QEMU_SLOT_LIMIT;
-use vufs_driver::{DaemonKind, DriverConfig};
+use vufs_driver::DriverConfig;
 
 const MIB2: u64 = 2 << 20;
-
-fn only_daxfsd(test: &str) -> bool {
-    if common::kind() != DaemonKind::Daxfsd {
-        eprintln!(
-            "{test}: {} has no DAX window; this test is for daxfsd",
-            common::kind().name()
-        );
-        return false;
-    }
-    true
-}
-
-fn bytes(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
-        .collect()
-}
 
 /// A 1 GiB window has 512 ranges of 2 MiB, more than the budget: a guest (upstream policy,
 /// which fails the read when SETUPMAPPING fails) that maps every one of them, each a small
@@ -39,7 +22,7 @@ fn bytes(len: usize, seed: u8) -> Vec<u8> {
 /// every range reads its file, and guest stores reach the files.
 #[test]
 fn setupmappings_past_the_budget_stay_within_qemus_slots() {
-    if !only_daxfsd("setupmappings_past_the_budget_stay_within_qemus_slots") {
+    if !common::only_daxfsd("setupmappings_past_the_budget_stay_within_qemus_slots") {
         return;
     }
     const N: usize = 512;
@@ -47,7 +30,7 @@ fn setupmappings_past_the_budget_stay_within_qemus_slots() {
     let sz = sizes.clone();
     let r = common::start_with(&["--dax-window=1G"], &DriverConfig::default(), |d| {
         for (i, n) in sz.iter().enumerate() {
-            fs::write(d.join(format!("f{i}")), bytes(*n, i as u8)).unwrap();
+            fs::write(d.join(format!("f{i}")), common::bytes(*n, i as u8)).unwrap();
         }
     });
     let w =
@@ -78,7 +61,7 @@ fn setupmappings_past_the_budget_stay_within_qemus_slots() {
     for (i, n) in sizes.iter().enumerate() {
         let mut got = vec![0u8; 8192];
         w.read(i as u64 * MIB2, &mut got).unwrap();
-        let mut want = bytes(*n, i as u8);
+        let mut want = common::bytes(*n, i as u8);
         want.resize(8192, 0);
         assert_eq!(got, want, "range {i}");
     }
@@ -93,7 +76,7 @@ fn setupmappings_past_the_budget_stay_within_qemus_slots() {
         let want: &[u8] = if i % 2 == 1 {
             b"GUEST"
         } else {
-            &bytes(*n, i as u8)[4096..4101]
+            &common::bytes(*n, i as u8)[4096..4101]
         };
         assert_eq!(&host[4096..4101], want, "file {i}");
     }
@@ -143,7 +126,7 @@ fn peak_rss_kib(pid: u32) -> u64 {
 /// memory in proportion to its length, at the map or at each READ/FLUSH sync point after it.
 #[test]
 fn a_window_long_read_only_map_keeps_the_daemons_memory_bounded() {
-    if !only_daxfsd("a_window_long_read_only_map_keeps_the_daemons_memory_bounded") {
+    if !common::only_daxfsd("a_window_long_read_only_map_keeps_the_daemons_memory_bounded") {
         return;
     }
     for (win, len) in [
@@ -191,11 +174,11 @@ fn a_window_long_read_only_map_keeps_the_daemons_memory_bounded() {
 /// ranges anywhere in it map, read their files and write back.
 #[test]
 fn a_64g_window_is_one_frontend_mapping() {
-    if !only_daxfsd("a_64g_window_is_one_frontend_mapping") {
+    if !common::only_daxfsd("a_64g_window_is_one_frontend_mapping") {
         return;
     }
     let r = common::start_with(&["--dax-window=64G"], &DriverConfig::default(), |d| {
-        fs::write(d.join("f"), bytes(3 << 20, 9)).unwrap();
+        fs::write(d.join("f"), common::bytes(3 << 20, 9)).unwrap();
     });
     let w = r.s.dax().cloned().expect("no window");
     assert_eq!(w.len(), 64 << 30);
@@ -207,7 +190,7 @@ fn a_64g_window_is_one_frontend_mapping() {
             .unwrap_or_else(|err| panic!("SETUPMAPPING at {m:#x}: {err}"));
         let mut got = vec![0u8; 4096];
         w.read(m, &mut got).unwrap();
-        let want = &bytes(3 << 20, 9)[(i << 20)..(i << 20) + 4096];
+        let want = &common::bytes(3 << 20, 9)[(i << 20)..(i << 20) + 4096];
         assert_eq!(got, want, "range at {m:#x}");
     }
     w.write(last + 10, b"END").unwrap();

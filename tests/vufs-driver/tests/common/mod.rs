@@ -89,3 +89,23 @@ impl Rig {
         );
     }
 }
+
+/// Whether the daemon under test is daxfsd (the DAX tests' precondition: the peer has no DAX
+/// window); says so on stderr when not.
+pub fn only_daxfsd(test: &str) -> bool {
+    if kind() != DaemonKind::Daxfsd {
+        eprintln!(
+            "{test}: {} has no DAX window; this test is for daxfsd",
+            kind().name()
+        );
+        return false;
+    }
+    true
+}
+
+/// `len` bytes of a pattern that differs per `seed` and per offset.
+pub fn bytes(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
