@@ -470,19 +470,9 @@ impl<S: WindowSink> DaxWindow<S> {
     }
 
     fn evacuate_one(&self, m: u64, len: u64, key: Key) -> usize {
-        let Ok((gen, taken)) = self.claim(m, m + len) else {
+        let Ok((gen, placed)) = self.claim_off(m, len) else {
             return 0;
         };
-        let mut placed = None;
-        let mut freed = 0;
-        for (s, p) in taken {
-            self.unplace(s, &p);
-            freed += p.regions;
-            if s == m {
-                placed = Some(p);
-            }
-        }
-        self.unreserve(gen, freed);
         let np = placed.and_then(|p| {
             let f = p.file.clone()?;
             if !self.reserve(gen, 1) {

@@ -957,6 +957,24 @@ impl<S: WindowSink> DaxWindow<S> {
             .map(|(g, t, _)| (g, t))
     }
 
+    /// Claims `[m, m + len)` and takes every mapping in it out of the frontend, freeing their
+    /// share of the budget. Returns the generation and the placement that started at `m`
+    /// (for the caller to place again, then release the claim with).
+    fn claim_off(&self, m: u64, len: u64) -> io::Result<(u64, Option<Placed>)> {
+        let (gen, taken) = self.claim(m, m + len)?;
+        let mut placed = None;
+        let mut freed = 0;
+        for (s, p) in taken {
+            self.unplace(s, &p);
+            freed += p.regions;
+            if s == m {
+                placed = Some(p);
+            }
+        }
+        self.unreserve(gen, freed);
+        Ok((gen, placed))
+    }
+
     /// [`Self::claim`]; with `take_parked`, also takes the parked copy slots overlapping the
     /// range out of the table (the busy range then spans them too) and returns them.
     #[allow(clippy::type_complexity)]
@@ -1658,19 +1676,9 @@ impl<S: WindowSink> DaxWindow<S> {
                 .collect()
         };
         for (m, len) in stale {
-            let Ok((gen, taken)) = self.claim(m, m + len) else {
+            let Ok((gen, placed)) = self.claim_off(m, len) else {
                 continue;
             };
-            let mut placed = None;
-            let mut freed = 0;
-            for (s, p) in taken {
-                self.unplace(s, &p);
-                freed += p.regions;
-                if s == m {
-                    placed = Some(p);
-                }
-            }
-            self.unreserve(gen, freed);
             let np = placed.and_then(|p| {
                 let f = p.file.clone()?;
                 let key = crate::sys::fstat(f.as_fd())
