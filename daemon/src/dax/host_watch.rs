@@ -34,7 +34,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use super::{DaxWindow, Plan, WindowSink};
+use super::placement::{Plan, Source};
+use super::{DaxWindow, WindowSink};
 
 /// `FAN_PRE_ACCESS` (Linux 6.14+, `include/uapi/linux/fanotify.h`; not in `libc` yet).
 const FAN_PRE_ACCESS: u64 = 0x0010_0000;
@@ -483,18 +484,7 @@ impl<S: WindowSink> DaxWindow<S> {
             } else {
                 Plan::Snapshot
             };
-            match self.place_reserved(
-                p.owner,
-                m,
-                p.len,
-                Some(f.clone()),
-                &f,
-                key,
-                p.foffset,
-                p.writable,
-                plan,
-                0,
-            ) {
+            match self.place_reserved(&p.request(m, &f), &Source::kept(&f, key), plan, 0) {
                 Ok(mut np) => {
                     np.regions = 1;
                     self.counters.replaced.fetch_add(1, Ordering::Relaxed);
@@ -518,7 +508,8 @@ impl<S: WindowSink> DaxWindow<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mapper::Mapper;
+    use crate::dax::coherent::Coherence;
+    use crate::dax::tests::MapAt;
     use std::os::fd::BorrowedFd;
     use std::os::unix::fs::FileExt;
 
@@ -567,8 +558,8 @@ mod tests {
             .unwrap();
         let key = key_of(&f).unwrap();
         // Two guest ranges of the file, both mapped from it directly.
-        w.map(7, 0, MB2, f.as_fd(), 0, true).unwrap();
-        w.map(7, MB2, MB2, f.as_fd(), MB2, false).unwrap();
+        w.map_at(7, 0, MB2, f.as_fd(), 0, true).unwrap();
+        w.map_at(7, MB2, MB2, f.as_fd(), MB2, false).unwrap();
         front.calls.lock().unwrap().clear();
         let file_ino = |m: u64| key_of(&front.fds.lock().unwrap()[&m]);
         assert_eq!(file_ino(0), Some(key));
@@ -623,8 +614,8 @@ mod tests {
         let (a, b) = (open(), open());
         let key = key_of(&a).unwrap();
         // Guest inodes 7 and 8 are two names (aliases) of one host file.
-        w.map(7, 0, MB2, a.as_fd(), 0, true).unwrap();
-        w.map(8, MB2, MB2, b.as_fd(), 2 * MB2, false).unwrap();
+        w.map_at(7, 0, MB2, a.as_fd(), 0, true).unwrap();
+        w.map_at(8, MB2, MB2, b.as_fd(), 2 * MB2, false).unwrap();
         let maps_file = |m: u64| key_of(&front.fds.lock().unwrap()[&m]) == Some(key);
         assert!(maps_file(0) && maps_file(MB2));
         // Growing moves nothing.
