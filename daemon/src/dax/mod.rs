@@ -27,6 +27,14 @@
 //! wait for a frontend reply. A request for an inode with no mappings looks at one shard of
 //! an owner index, not the table.
 //!
+//! Files: `mapping` has the [`Mapper`](crate::protocol::mapper::Mapper) side
+//! (SETUPMAPPING, REMOVEMAPPING, end of session); `placement` and `pool` decide and make
+//! placements; `table` keeps the bookkeeping (claims, budget, parked copy slots, generations);
+//! `sink` sends SHMEM requests and waits for their commit; `sync` keeps placements coherent
+//! with their files ([`coherent::Coherence`]); `config` and `stats` are settings and
+//! counters; [`tail`], [`copy`] and `memfd` are the memfds behind shadows and copy slots;
+//! [`host_watch`] follows host processes that may shrink a mapped file.
+//!
 //! Budget. Every frontend mapping is a memory region in QEMU (a KVM memory slot on KVM hosts,
 //! an entry in each vhost-user backend's memory table). The window never has more than
 //! `budget` of them live or in flight; see [`DEFAULT_MAP_BUDGET`].
@@ -106,17 +114,22 @@ pub const WRITEBACK_PERIOD: Duration = Duration::from_secs(5);
 
 /// The DAX window of one device.
 ///
-/// Lock order (a thread holding one may take those after it, never one before it):
-/// 1. `pool_lock` (held across the pool's one SHMEM_MAP round trip; pause and reset never
+/// Lock order: a thread holding a lock takes only locks of a later group, never one of an
+/// earlier group or a second one of its own group (except as the arrows say):
+/// 1. `pool_lock`, held across the pool's one SHMEM_MAP round trip (pause and reset never
 ///    take it);
-/// 2. `shadows` (the registry), then one shadow's own mutex (`SharedShadow`; never held
-///    across a frontend round trip);
-/// 3. `table` (bookkeeping only, never across a round trip; `idle` waits on it);
-/// 4. an `owners` shard, `logged`;
+/// 2. `shadows` (the registry) -> one shadow's own mutex (`SharedShadow`);
+/// 3. `table` (`idle` waits on it) -> an `owners` shard;
+/// 4. `sink` (a read lock for one request to the frontend, its commit wait included) ->
+///    `shmem_lock` -> `committed` (`committed_cv` waits on it);
+/// 5. leaves: `logged`, and [`host_watch`]'s registries (files sent to the frontend, owner
+///    keys, a watch's expected ranges).
 ///
-/// `sink` (a read lock for the duration of one request to the frontend) is taken with none of
-/// the mutexes above held except `pool_lock`. A shadow's mutex and `table` are never held
-/// together: code that needs both copies what it needs out of the table first.
+/// Groups 2 and 3 are never held together either: code that needs a shadow and the table
+/// copies what it needs out of the table first. So nothing but `pool_lock` is held across a
+/// frontend round trip, and device pause and reset (called from the vhost-user control
+/// thread, which the frontend may be blocking on) never wait for one: they take `committed`
+/// alone to wake the commit waits, and `table` then a shadow, one after the other.
 pub struct DaxWindow<S: WindowSink = Backend> {
     size: u64,
     /// The configured budget of frontend mappings (see [`DaxWindow::budget`]).

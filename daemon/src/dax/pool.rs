@@ -76,24 +76,18 @@ impl<S: WindowSink> DaxWindow<S> {
         req: &MapRequest<'_>,
         src: &Source<'_>,
     ) -> io::Result<Option<Placed>> {
-        let MapRequest {
-            owner,
-            moffset,
-            len,
-            foffset,
-            writable,
-            ..
-        } = *req;
-        let (file, source) = (src.keep.clone(), src.file);
+        let (moffset, len, writable) = (req.moffset, req.len, req.writable);
         if !self.ensure_pool(gen)? {
             return Ok(None);
         }
-        let sig = CopySig::of(source)?;
+        let sig = CopySig::of(src.file)?;
         let slots = self.slots()?;
-        let copied = slots.fill(moffset, len, source, foffset).map_err(|e| {
-            log::error!("copying a file range into the DAX pool at {moffset:#x}: {e}");
-            eio()
-        })?;
+        let copied = slots
+            .fill(moffset, len, src.file, req.foffset)
+            .map_err(|e| {
+                log::error!("copying a file range into the DAX pool at {moffset:#x}: {e}");
+                eio()
+            })?;
         let pool_agreed = if writable {
             self.agreed()
                 .and_then(|a| a.copy_from(slots, moffset, len))
@@ -107,11 +101,11 @@ impl<S: WindowSink> DaxWindow<S> {
         };
         self.counters.pooled.fetch_add(1, Ordering::Relaxed);
         Ok(Some(Placed {
-            owner,
+            owner: req.owner,
             len,
-            foffset,
+            foffset: req.foffset,
             writable,
-            file,
+            file: src.keep.clone(),
             file_len: 0,
             shadow: None,
             whole: true,

@@ -15,6 +15,11 @@ use super::tail::Shadow;
 use super::{einval, DaxWindow, WindowSink, MAP_ALIGNMENT};
 use crate::protocol::mapper::MapRequest;
 
+/// Placements taken out of the table, by window offset.
+pub(super) type Taken = Vec<(u64, Placed)>;
+/// Window extents `(offset, length)`.
+pub(super) type Extents = Vec<(u64, u64)>;
+
 pub(super) type SharedShadow = Arc<Mutex<Shadow>>;
 
 /// One guest mapping as placed in the frontend.
@@ -234,7 +239,7 @@ impl<S: WindowSink> DaxWindow<S> {
     /// Claims `[moffset, end)`: waits until no round trip is in progress there, takes every
     /// live mapping wholly inside it out of the table and marks the range busy. Returns the
     /// generation and what was taken out (still in the frontend).
-    pub(super) fn claim(&self, moffset: u64, end: u64) -> io::Result<(u64, Vec<(u64, Placed)>)> {
+    pub(super) fn claim(&self, moffset: u64, end: u64) -> io::Result<(u64, Taken)> {
         self.claim_parked(moffset, end, false)
             .map(|(g, t, _)| (g, t))
     }
@@ -259,13 +264,12 @@ impl<S: WindowSink> DaxWindow<S> {
 
     /// [`Self::claim`]; with `take_parked`, also takes the parked copy slots overlapping the
     /// range out of the table (the busy range then spans them too) and returns them.
-    #[allow(clippy::type_complexity)]
     pub(super) fn claim_parked(
         &self,
         moffset: u64,
         end: u64,
         take_parked: bool,
-    ) -> io::Result<(u64, Vec<(u64, Placed)>, Vec<(u64, u64)>)> {
+    ) -> io::Result<(u64, Taken, Extents)> {
         let mut t = self.lock()?;
         let (bstart, bend) = loop {
             let (mut s, mut e) = (moffset, end);
@@ -448,8 +452,7 @@ impl<S: WindowSink> DaxWindow<S> {
     /// Empties the table (new generation); returns what was in it, the parked copy slots and
     /// whether the pool was in the frontend. `reset`: the frontend dropped every mapping,
     /// orphans included.
-    #[allow(clippy::type_complexity)]
-    pub(super) fn drain(&self, reset: bool) -> (Vec<(u64, Placed)>, Vec<(u64, u64)>, bool) {
+    pub(super) fn drain(&self, reset: bool) -> (Taken, Extents, bool) {
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         let pool = t.pool.take() == Some(t.gen);
         t.gen += 1;

@@ -770,9 +770,9 @@ fn a_failed_setattr_that_shrank_the_file_still_replaces_its_mappings() {
             &self,
             _: &Context,
             _: Inode,
-            _: &crate::abi::SetattrIn,
+            _: &crate::protocol::abi::SetattrIn,
             _: Option<Handle>,
-        ) -> io::Result<(crate::abi::Attr, Duration)> {
+        ) -> io::Result<(crate::protocol::abi::Attr, Duration)> {
             self.0.set_len(0)?;
             Err(io::Error::from_raw_os_error(libc::EINVAL))
         }
@@ -788,7 +788,7 @@ fn a_failed_setattr_that_shrank_the_file_still_replaces_its_mappings() {
         pid: 0,
     };
     let e = fs
-        .setattr(&ctx, 7, &crate::abi::SetattrIn::default(), None)
+        .setattr(&ctx, 7, &crate::protocol::abi::SetattrIn::default(), None)
         .unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
     assert_eq!(
