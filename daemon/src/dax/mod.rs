@@ -42,6 +42,7 @@
 pub mod coherent;
 mod config;
 pub mod copy;
+mod evacuate;
 pub mod host_watch;
 mod mapping;
 mod memfd;
