@@ -42,7 +42,7 @@ impl<S: WindowSink> DaxWindow<S> {
     /// Whether new guest mappings are served from the pool: the pool is in the frontend
     /// already, or the window has more guest ranges than the budget (a guest that maps all
     /// of them one frontend mapping each would pass QEMU's memory slots). Pooled, the whole
-    /// window is one frontend mapping of [`Slots`] (slot offset = window offset), made at the
+    /// window is one frontend mapping of [`Slots`](super::copy::Slots) (slot offset = window offset), made at the
     /// first SETUPMAPPING; each guest mapping is a copy of its file range there, merged back
     /// into the file at the sync points when writable (as a merged shadow). So no guest
     /// mapping is ever refused for the budget, whatever the window's size and the guest's

@@ -5,7 +5,7 @@
 //! the pages past the new end of file are gone: QEMU's next access to them (a guest load under
 //! TCG) is a SIGBUS and QEMU dies; on KVM hosts the vCPU gets EFAULT and the VM stops.
 //!
-//! Two defences, both here so that placement only calls [`watch`] where it maps a file (and
+//! Two defences, both here so that placement only calls `watch` where it maps a file (and
 //! `evacuate` moves the mappings the watch finds):
 //! - **Before a host process can shrink a mapped file, its mappings leave the file.** Linux
 //!   6.14+ sends fanotify *pre-content* permission events (`FAN_PRE_ACCESS`) before truncate
@@ -19,7 +19,7 @@
 //!   with SHMEM_UNMAP + SHMEM_MAP, and only then allows the operation. A shadow never faults:
 //!   the guest sees the new size and bytes at its next sync point (OPEN, READ, GETATTR of the
 //!   inode, the 5 s pass). The daemon's own accesses are let through at once, and so is the
-//!   frontend's `mmap` of a range the daemon is mapping right now ([`Expect`]).
+//!   frontend's `mmap` of a range the daemon is mapping right now (`Expect`).
 //!   The group needs CAP_SYS_ADMIN (made at start, before capabilities are dropped); marks are
 //!   inode marks (`FAN_MARK_EVICTABLE`: they never pin an inode).
 //! - **The daemon never reads guest memory through a host file's mapping** ([`backs_window`]):

@@ -13,7 +13,7 @@
 //! three-way merge between the memfd (the guest's view), the agreed bytes (what both sides
 //! agreed on at the last sync: a second memfd once a writable guest mapping uses the shadow,
 //! the memfd itself before) and the file (the host's view), a chunk at a time so the heap
-//! it takes does not grow with the mapping ([`merge`]; writable pooled ranges use it too):
+//! it takes does not grow with the mapping (`merge`; writable pooled ranges use it too):
 //! - each run of bytes the guest changed (memfd != snapshot) is written to the file, run by
 //!   run, never past the file's current end, so bytes in between keep the host's value;
 //! - each byte the guest did not change but the host did (file != snapshot), and each byte
