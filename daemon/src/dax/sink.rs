@@ -12,8 +12,9 @@ use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
 
 use super::{eio, DaxWindow};
 
-/// Where map/unmap requests go.
+/// Where map/unmap requests go: the vhost-user backend channel, a recorder in tests.
 pub trait WindowSink: Send + Sync {
+    /// SHMEM_MAP: `len` bytes of `fd` from `foffset` at window offset `moffset`.
     fn map(
         &self,
         moffset: u64,
@@ -22,6 +23,7 @@ pub trait WindowSink: Send + Sync {
         foffset: u64,
         writable: bool,
     ) -> io::Result<()>;
+    /// SHMEM_UNMAP of the mapping of `len` bytes at window offset `moffset`.
     fn unmap(&self, moffset: u64, len: u64) -> io::Result<()>;
 }
 
@@ -89,15 +91,18 @@ impl<S: WindowSink> DaxWindow<S> {
         self.running.store(true, Ordering::SeqCst);
     }
 
-    /// What `device_paused` does: send nothing until the device starts; keep the table.
+    /// The device paused (a vring stopped: `stop` in the monitor, a snapshot, the source of a
+    /// migration): send nothing until it starts again; keep the table (QEMU keeps its SHMEM
+    /// mappings across stop/cont).
     pub fn pause(&self) {
         self.running.store(false, Ordering::SeqCst);
         self.wake_commit_waiters();
     }
 
-    /// The device was reset (or the daemon exits): the frontend dropped every mapping (QEMU's `virtio_reset`
-    /// removes them all), so do we, after writing shadows back. Sends nothing and never
-    /// waits for a round trip in progress (those see the new generation and publish nothing).
+    /// The device was reset (RESET_DEVICE, the frontend went away) or the daemon exits: the
+    /// frontend dropped every mapping (QEMU's `virtio_reset` removes them all), so do we,
+    /// after writing shadows back. Sends nothing and never waits for a round trip in progress
+    /// (those see the new generation and publish nothing).
     pub fn reset(&self) {
         self.running.store(false, Ordering::SeqCst);
         self.wake_commit_waiters();
