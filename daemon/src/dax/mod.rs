@@ -33,7 +33,9 @@
 //! `sink` sends SHMEM requests and waits for their commit; `sync` keeps placements coherent
 //! with their files ([`coherent::Coherence`]); `config` and `stats` are settings and
 //! counters; [`tail`], [`copy`] and `memfd` are the memfds behind shadows and copy slots;
-//! [`host_watch`] follows host processes that may shrink a mapped file.
+//! [`host_watch`] follows host processes that may shrink a mapped file and `evacuate` moves
+//! the mappings of such a file to shadows; [`coherent`] is the filesystem decorator that
+//! calls the coherence hooks around requests.
 //!
 //! Budget. Every frontend mapping is a memory region in QEMU (a KVM memory slot on KVM hosts,
 //! an entry in each vhost-user backend's memory table). The window never has more than
