@@ -379,7 +379,7 @@ fn expected(w: &Watch, fd: &OwnedFd, range: Option<(u64, u64)>) -> bool {
 mod tests {
     use super::*;
     use crate::dax::coherent::Coherence;
-    use crate::dax::tests::MapAt;
+    use crate::dax::tests::map_at;
     use std::os::fd::BorrowedFd;
     use std::os::unix::fs::FileExt;
     use std::sync::Arc;
@@ -429,8 +429,8 @@ mod tests {
             .unwrap();
         let key = key_of(&f).unwrap();
         // Two guest ranges of the file, both mapped from it directly.
-        w.map_at(7, 0, MB2, f.as_fd(), 0, true).unwrap();
-        w.map_at(7, MB2, MB2, f.as_fd(), MB2, false).unwrap();
+        map_at(&w, 7, 0, MB2, f.as_fd(), 0, true).unwrap();
+        map_at(&w, 7, MB2, MB2, f.as_fd(), MB2, false).unwrap();
         front.calls.lock().unwrap().clear();
         let file_ino = |m: u64| key_of(&front.fds.lock().unwrap()[&m]);
         assert_eq!(file_ino(0), Some(key));
@@ -485,8 +485,8 @@ mod tests {
         let (a, b) = (open(), open());
         let key = key_of(&a).unwrap();
         // Guest inodes 7 and 8 are two names (aliases) of one host file.
-        w.map_at(7, 0, MB2, a.as_fd(), 0, true).unwrap();
-        w.map_at(8, MB2, MB2, b.as_fd(), 2 * MB2, false).unwrap();
+        map_at(&w, 7, 0, MB2, a.as_fd(), 0, true).unwrap();
+        map_at(&w, 8, MB2, MB2, b.as_fd(), 2 * MB2, false).unwrap();
         let maps_file = |m: u64| key_of(&front.fds.lock().unwrap()[&m]) == Some(key);
         assert!(maps_file(0) && maps_file(MB2));
         // Growing moves nothing.

@@ -16,37 +16,23 @@ use super::{fd_writable, DaxWindow, WindowSink, DEFAULT_MAP_BUDGET, MIN_GUEST_RA
 use crate::protocol::mapper::{MapRequest, Mapper};
 
 /// [`Mapper::map`] with the request's fields as arguments.
-pub(super) trait MapAt {
-    fn map_at(
-        &self,
-        owner: u64,
-        moffset: u64,
-        len: u64,
-        fd: BorrowedFd,
-        foffset: u64,
-        writable: bool,
-    ) -> io::Result<()>;
-}
-
-impl<M: Mapper> MapAt for M {
-    fn map_at(
-        &self,
-        owner: u64,
-        moffset: u64,
-        len: u64,
-        fd: BorrowedFd,
-        foffset: u64,
-        writable: bool,
-    ) -> io::Result<()> {
-        self.map(&MapRequest {
-            owner,
-            moffset,
-            len,
-            fd,
-            foffset,
-            writable,
-        })
-    }
+pub(super) fn map_at(
+    w: &impl Mapper,
+    owner: u64,
+    moffset: u64,
+    len: u64,
+    fd: BorrowedFd,
+    foffset: u64,
+    writable: bool,
+) -> io::Result<()> {
+    w.map(&MapRequest {
+        owner,
+        moffset,
+        len,
+        fd,
+        foffset,
+        writable,
+    })
 }
 
 #[derive(Default)]
@@ -154,14 +140,13 @@ fn a_mapping_is_answered_only_once_the_frontend_made_it_visible() {
     for i in 0..4 {
         // SETUPMAPPING, an upgrade (UNMAP + MAP), REMOVEMAPPING: the reply (the return)
         // must not reach the guest before the window change it answers is visible.
-        w.map_at(1, i * MB2, MB2, f.as_fd(), i * MB2, false)
-            .unwrap();
+        map_at(&w, 1, i * MB2, MB2, f.as_fd(), i * MB2, false).unwrap();
         assert_eq!(
             q.visible.load(Ordering::SeqCst),
             q.acked.load(Ordering::SeqCst),
             "SETUPMAPPING answered before QEMU committed its SHMEM_MAP"
         );
-        w.map_at(1, i * MB2, MB2, f.as_fd(), i * MB2, true).unwrap();
+        map_at(&w, 1, i * MB2, MB2, f.as_fd(), i * MB2, true).unwrap();
         assert_eq!(
             q.visible.load(Ordering::SeqCst),
             q.acked.load(Ordering::SeqCst),
@@ -186,7 +171,7 @@ fn a_frontend_without_table_updates_is_probed_once() {
     w.note_table_regions(1, 0);
     let t = std::time::Instant::now();
     for i in 0..4 {
-        w.map_at(1, i * MB2, MB2, f.as_fd(), i * MB2, true).unwrap();
+        map_at(&w, 1, i * MB2, MB2, f.as_fd(), i * MB2, true).unwrap();
         w.unmap(i * MB2, MB2).unwrap();
     }
     assert!(
@@ -204,10 +189,7 @@ fn window() -> (
     std::sync::Arc<Rec>,
     std::fs::File,
 ) {
-    let w = DaxWindow::new(8 * MB2).unwrap();
-    let rec = std::sync::Arc::new(Rec::default());
-    w.set_sink(rec.clone());
-    w.start();
+    let (w, rec) = running(8 * MB2, DEFAULT_MAP_BUDGET);
     (w, rec, {
         let f = tempfile::tempfile().unwrap();
         f.set_len(16 * MB2).unwrap();
@@ -222,7 +204,7 @@ fn calls(r: &Rec) -> Vec<String> {
 #[test]
 fn map_unmap_round_trip() {
     let (w, rec, f) = window();
-    w.map_at(7, MB2, MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 7, MB2, MB2, f.as_fd(), 0, false).unwrap();
     assert_eq!(w.stats().mapped_bytes, MB2);
     w.unmap(MB2, MB2).unwrap();
     assert_eq!(
@@ -239,8 +221,8 @@ fn map_unmap_round_trip() {
 #[test]
 fn remap_of_live_range_is_unmap_then_map() {
     let (w, rec, f) = window();
-    w.map_at(7, 0, MB2, f.as_fd(), 0, false).unwrap();
-    w.map_at(7, 0, MB2, f.as_fd(), 0, true).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, true).unwrap();
     assert_eq!(
         calls(&rec),
         vec![
@@ -257,25 +239,25 @@ fn remap_of_live_range_is_unmap_then_map() {
 fn invalid_requests_send_nothing() {
     let (w, rec, f) = window();
     let fd = f.as_fd();
-    assert!(w.map_at(7, 0, 0, fd, 0, false).is_err(), "zero length");
+    assert!(map_at(&w, 7, 0, 0, fd, 0, false).is_err(), "zero length");
     assert!(
-        w.map_at(7, 8 * MB2, MB2, fd, 0, false).is_err(),
+        map_at(&w, 7, 8 * MB2, MB2, fd, 0, false).is_err(),
         "past the end"
     );
     assert!(
-        w.map_at(7, u64::MAX - 4095, 8192, fd, 0, false).is_err(),
+        map_at(&w, 7, u64::MAX - 4095, 8192, fd, 0, false).is_err(),
         "overflowing sum"
     );
     assert!(
-        w.map_at(7, 100, MB2, fd, 0, false).is_err(),
+        map_at(&w, 7, 100, MB2, fd, 0, false).is_err(),
         "unaligned window offset"
     );
     assert!(
-        w.map_at(7, 0, MB2, fd, 7, false).is_err(),
+        map_at(&w, 7, 0, MB2, fd, 7, false).is_err(),
         "unaligned file offset"
     );
     assert!(
-        w.map_at(7, 0, MB2, fd, u64::MAX - 4095, false).is_err(),
+        map_at(&w, 7, 0, MB2, fd, u64::MAX - 4095, false).is_err(),
         "file range overflows"
     );
     assert!(w.unmap(0, !4095).is_err(), "unmap past the end");
@@ -286,14 +268,14 @@ fn invalid_requests_send_nothing() {
 #[test]
 fn partial_overlaps_are_refused() {
     let (w, rec, f) = window();
-    w.map_at(7, MB2, MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 7, MB2, MB2, f.as_fd(), 0, false).unwrap();
     calls(&rec);
-    assert!(w.map_at(7, MB2 + 4096, MB2, f.as_fd(), 0, false).is_err());
-    assert!(w.map_at(7, 0, MB2 + 4096, f.as_fd(), 0, false).is_err());
+    assert!(map_at(&w, 7, MB2 + 4096, MB2, f.as_fd(), 0, false).is_err());
+    assert!(map_at(&w, 7, 0, MB2 + 4096, f.as_fd(), 0, false).is_err());
     assert!(w.unmap(MB2, 4096).is_err());
     assert!(calls(&rec).is_empty());
     // A range that covers it wholly replaces it.
-    w.map_at(7, 0, 4 * MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 7, 0, 4 * MB2, f.as_fd(), 0, false).unwrap();
     assert_eq!(
         calls(&rec),
         vec!["unmap 0x200000+0x200000", "map 0x0+0x800000@0x0 ro"]
@@ -311,14 +293,14 @@ fn unmapping_an_unmapped_range_is_a_no_op() {
 #[test]
 fn nothing_is_sent_while_stopped() {
     let (w, rec, f) = window();
-    w.map_at(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
     w.reset();
     assert_eq!(w.stats().mapped_bytes, 0, "reset forgets every mapping");
     calls(&rec);
-    assert!(w.map_at(7, 0, MB2, f.as_fd(), 0, false).is_err());
+    assert!(map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).is_err());
     assert!(calls(&rec).is_empty());
     w.start();
-    w.map_at(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
     assert_eq!(
         calls(&rec),
         vec!["map 0x0+0x200000@0x0 ro"],
@@ -330,7 +312,7 @@ fn nothing_is_sent_while_stopped() {
 fn frontend_refusal_is_eio_and_counted() {
     let (w, rec, f) = window();
     rec.fail_map.store(true, Ordering::SeqCst);
-    let e = w.map_at(7, 0, MB2, f.as_fd(), 0, false).unwrap_err();
+    let e = map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EIO));
     assert_eq!(w.stats().failures, 1);
     assert_eq!(w.stats().mapped_bytes, 0);
@@ -340,7 +322,7 @@ fn frontend_refusal_is_eio_and_counted() {
 fn short_files_get_a_shadow_tail() {
     let (w, rec, f) = window();
     f.set_len(MB2 / 2 + 100).unwrap();
-    w.map_at(7, 0, MB2, f.as_fd(), 0, true).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, true).unwrap();
     assert_eq!(
         calls(&rec),
         vec!["map 0x0+0x100000@0x0 rw", "map 0x100000+0x100000@0x0 rw"],
@@ -380,7 +362,7 @@ fn short_files_get_a_shadow_tail() {
 fn empty_files_map_only_a_tail() {
     let (w, rec, f) = window();
     f.set_len(0).unwrap();
-    w.map_at(7, MB2, MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 7, MB2, MB2, f.as_fd(), 0, false).unwrap();
     assert_eq!(calls(&rec), vec!["map 0x200000+0x200000@0x0 ro"]);
     assert_eq!(f.metadata().unwrap().len(), 0, "the file is never extended");
 }
@@ -424,7 +406,7 @@ fn mapped_bytes(rec: &Rec, moffset: u64, len: usize) -> Vec<u8> {
 fn executables_are_mapped_from_a_snapshot_without_a_writable_descriptor() {
     let (w, rec, _) = window();
     let f = tmpfile_with(&[7u8; 10000], 0o755);
-    w.map_at(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
     assert_eq!(calls(&rec), vec!["map 0x0+0x200000@0x0 ro"]);
     assert_eq!(w.stats().snapshots, 1);
     assert_eq!(mapped_bytes(&rec, 0, 10000), vec![7u8; 10000]);
@@ -434,14 +416,11 @@ fn executables_are_mapped_from_a_snapshot_without_a_writable_descriptor() {
     assert!(t.live[&0].file.is_none());
     drop(t);
     // With /proc/self/fd, a read-only one, which follows host changes at sync points.
-    let w2: DaxWindow<Arc<Rec>> = DaxWindow::new(8 * MB2).unwrap();
-    let rec2 = Arc::new(Rec::default());
-    w2.set_sink(rec2.clone());
-    w2.start();
+    let (w2, rec2) = running(8 * MB2, DEFAULT_MAP_BUDGET);
     w2.set_proc_self_fd(
         crate::sys::open(c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY, 0).unwrap(),
     );
-    w2.map_at(5, 0, MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w2, 5, 0, MB2, f.as_fd(), 0, false).unwrap();
     {
         let t = w2.table.lock().unwrap();
         let kept = t.live[&0].file.as_ref().expect("a read-only descriptor");
@@ -451,7 +430,7 @@ fn executables_are_mapped_from_a_snapshot_without_a_writable_descriptor() {
     w2.sync(5);
     assert_eq!(&mapped_bytes(&rec2, 0, 3), b"new");
     // A writable mapping of it maps the file itself.
-    w.map_at(7, 0, MB2, f.as_fd(), 0, true).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, true).unwrap();
     assert_eq!(
         calls(&rec),
         vec![
@@ -468,10 +447,10 @@ fn read_only_descriptors_get_a_snapshot_kept_coherent() {
     let path = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(path.path(), [1u8; 5000]).unwrap();
     let ro = File::open(path.path()).unwrap();
-    w.map_at(9, 0, MB2, ro.as_fd(), 0, false).unwrap();
+    map_at(&w, 9, 0, MB2, ro.as_fd(), 0, false).unwrap();
     assert_eq!(calls(&rec), vec!["map 0x0+0x200000@0x0 ro"]);
     // A writable mapping needs a writable descriptor.
-    let e = w.map_at(9, MB2, MB2, ro.as_fd(), 0, true).unwrap_err();
+    let e = map_at(&w, 9, MB2, MB2, ro.as_fd(), 0, true).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EACCES));
     // The host changes the file: the next sync point shows it to the guest.
     let rw = std::fs::OpenOptions::new()
@@ -501,8 +480,8 @@ fn aliases_share_one_tail() {
     };
     let (a, b) = (open(), open());
     // Two inodes (a bind mount alias) map the same host range at two window offsets.
-    w.map_at(1, 0, MB2, a.as_fd(), 0, true).unwrap();
-    w.map_at(2, MB2, MB2, b.as_fd(), 0, true).unwrap();
+    map_at(&w, 1, 0, MB2, a.as_fd(), 0, true).unwrap();
+    map_at(&w, 2, MB2, MB2, b.as_fd(), 0, true).unwrap();
     calls(&rec);
     let fds = rec.fds.lock().unwrap();
     fds[&0].write_all_at(b"HELLO", 0).unwrap();
@@ -522,7 +501,7 @@ fn aliases_share_one_tail() {
 fn size_changes_replace_only_when_the_page_layout_changes() {
     let (w, rec, f) = window();
     f.set_len(100).unwrap();
-    w.map_at(7, 0, MB2, f.as_fd(), 0, true).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, true).unwrap();
     calls(&rec);
     // Growth inside the last page: the tail is updated in place, nothing re-placed.
     f.write_all_at(b"grown", 100).unwrap();
@@ -550,16 +529,12 @@ fn size_changes_replace_only_when_the_page_layout_changes() {
 #[test]
 fn the_budget_folds_tails_into_one_mapping_per_range() {
     // 8 ranges, room for 10 frontend mappings: small files need 2 each, so most fold.
-    let w: DaxWindow<Arc<Rec>> = DaxWindow::with_budget(8 * MB2, 10).unwrap();
-    let rec = Arc::new(Rec::default());
-    w.set_sink(rec.clone());
-    w.start();
+    let (w, rec) = running(8 * MB2, 10);
     let files: Vec<File> = (0..8)
         .map(|i| tmpfile_with(&vec![i as u8; 5000], 0o644))
         .collect();
     for (i, f) in files.iter().enumerate() {
-        w.map_at(i as u64, i as u64 * MB2, MB2, f.as_fd(), 0, true)
-            .unwrap();
+        map_at(&w, i as u64, i as u64 * MB2, MB2, f.as_fd(), 0, true).unwrap();
     }
     let s = w.stats();
     assert!(s.peak_regions <= 10, "{s}");
@@ -573,30 +548,25 @@ fn the_budget_folds_tails_into_one_mapping_per_range() {
         assert_eq!(window_read(&rec, m, 8192), want, "range {i}");
     }
     // A hostile guest mapping 4 KiB pieces runs into the budget and gets ENOSPC.
-    let w2: DaxWindow<Arc<Rec>> = DaxWindow::with_budget(2 * MB2, 2).unwrap();
-    w2.set_sink(Arc::new(Rec::default()));
-    w2.start();
+    let (w2, _) = running(2 * MB2, 2);
     let f = tmpfile_with(&[0u8; 8192], 0o644);
-    w2.map_at(1, 0, 4096, f.as_fd(), 0, false).unwrap();
-    w2.map_at(1, 4096, 4096, f.as_fd(), 0, false).unwrap();
-    let e = w2.map_at(1, 8192, 4096, f.as_fd(), 0, false).unwrap_err();
+    map_at(&w2, 1, 0, 4096, f.as_fd(), 0, false).unwrap();
+    map_at(&w2, 1, 4096, 4096, f.as_fd(), 0, false).unwrap();
+    let e = map_at(&w2, 1, 8192, 4096, f.as_fd(), 0, false).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
 }
 
 #[test]
 fn smaller_guest_ranges_past_the_budget_go_to_the_pool() {
     // 4 MiB window, room for 2 frontend mappings: 2 ranges of 2 MiB at first.
-    let w: DaxWindow<Arc<Rec>> = DaxWindow::with_budget(2 * MB2, 2).unwrap();
-    let rec = Arc::new(Rec::default());
-    w.set_sink(rec.clone());
-    w.start();
+    let (w, rec) = running(2 * MB2, 2);
     assert_eq!((w.ranges(), w.budget(), w.pooled()), (2, 2, false));
     let f = tmpfile_with(&vec![7u8; 4 << 20], 0o644);
     // A guest mounted with dax_range=512k maps 8 ranges of 512 KiB: more than the budget,
     // so the window becomes one pooled mapping and every range fits.
     let r = 512 << 10;
     for i in 0..8 {
-        w.map_at(1, i * r, r, f.as_fd(), i * r, i % 2 == 1).unwrap();
+        map_at(&w, 1, i * r, r, f.as_fd(), i * r, i % 2 == 1).unwrap();
     }
     assert_eq!((w.ranges(), w.budget(), w.pooled()), (8, 2, true));
     assert_eq!(calls(&rec), vec!["map 0x0+0x400000@0x0 rw"]);
@@ -604,11 +574,10 @@ fn smaller_guest_ranges_past_the_budget_go_to_the_pool() {
     assert_eq!(frontend_read(&rec, 0, 4 << 20), vec![7u8; 4 << 20]);
     // Below MIN_GUEST_RANGE, or unaligned, the ranges stay 2 MiB: a hostile guest's
     // 4 KiB pieces run into the budget (ENOSPC), they cannot grow the frontend's map.
-    let w2: DaxWindow<Arc<Rec>> = DaxWindow::with_budget(2 * MB2, 2).unwrap();
-    w2.set_sink(Arc::new(Rec::default()));
-    w2.start();
-    w2.map_at(1, 0, 4096, f.as_fd(), 0, false).unwrap();
-    w2.map_at(
+    let (w2, _) = running(2 * MB2, 2);
+    map_at(&w2, 1, 0, 4096, f.as_fd(), 0, false).unwrap();
+    map_at(
+        &w2,
         1,
         3 * MIN_GUEST_RANGE,
         MIN_GUEST_RANGE * 2,
@@ -618,7 +587,7 @@ fn smaller_guest_ranges_past_the_budget_go_to_the_pool() {
     )
     .unwrap();
     assert_eq!((w2.ranges(), w2.budget()), (2, 2));
-    let e = w2.map_at(1, MB2, 4096, f.as_fd(), 0, false).unwrap_err();
+    let e = map_at(&w2, 1, MB2, 4096, f.as_fd(), 0, false).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
 }
 
@@ -627,15 +596,11 @@ fn a_window_with_more_ranges_than_the_budget_is_one_pooled_mapping() {
     // 16 ranges, room for 4 frontend mappings: a guest that maps all 16 (half of them
     // writable, of files shorter than a range) is never refused and the frontend holds
     // one mapping.
-    let w: DaxWindow<Arc<Rec>> = DaxWindow::with_budget(16 * MB2, 4).unwrap();
-    let rec = Arc::new(Rec::default());
-    w.set_sink(rec.clone());
-    w.start();
+    let (w, rec) = running(16 * MB2, 4);
     assert!(w.pooled());
     let files: Vec<File> = (0..16).map(|i| data_file(i as u8 + 1, 5000)).collect();
     for (i, f) in files.iter().enumerate() {
-        w.map_at(i as u64, i as u64 * MB2, MB2, f.as_fd(), 0, i % 2 == 1)
-            .unwrap();
+        map_at(&w, i as u64, i as u64 * MB2, MB2, f.as_fd(), 0, i % 2 == 1).unwrap();
     }
     assert_eq!(calls(&rec), vec!["map 0x0+0x2000000@0x0 rw"]);
     let s = w.stats();
@@ -662,7 +627,7 @@ fn a_window_with_more_ranges_than_the_budget_is_one_pooled_mapping() {
     w.sync(0);
     assert_eq!(&pool_read(&rec, 0, 3), b"NEW");
     // An upgrade stays in the pool; guest stores reach the file.
-    w.map_at(0, 0, MB2, files[0].as_fd(), 0, true).unwrap();
+    map_at(&w, 0, 0, MB2, files[0].as_fd(), 0, true).unwrap();
     pool.write_all_at(b"up", 3).unwrap();
     w.unmap(0, MB2).unwrap();
     let mut got = [0u8; 5];
@@ -681,7 +646,7 @@ fn a_window_with_more_ranges_than_the_budget_is_one_pooled_mapping() {
     files[3].read_exact_at(&mut got, 0).unwrap();
     assert_eq!(&got, b"Z", "written back at the reset");
     w.start();
-    w.map_at(3, 0, MB2, files[3].as_fd(), 0, false).unwrap();
+    map_at(&w, 3, 0, MB2, files[3].as_fd(), 0, false).unwrap();
     w.end_session();
     assert_eq!(
         calls(&rec),
@@ -699,7 +664,7 @@ fn a_reset_during_the_pools_map_drops_it_and_maps_it_again() {
     let f = data_file(4, MB2 as usize);
     let gate = rec.gate.lock().unwrap();
     let (w2, fd) = (w.clone(), f.try_clone().unwrap());
-    let t = std::thread::spawn(move || w2.map_at(1, 0, MB2, fd.as_fd(), 0, false));
+    let t = std::thread::spawn(move || map_at(&w2, 1, 0, MB2, fd.as_fd(), 0, false));
     std::thread::sleep(Duration::from_millis(100));
     let started = std::time::Instant::now();
     w.reset();
@@ -707,7 +672,7 @@ fn a_reset_during_the_pools_map_drops_it_and_maps_it_again() {
     drop(gate);
     assert!(t.join().unwrap().is_err(), "the map raced a reset");
     w.start();
-    w.map_at(1, MB2, MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 1, MB2, MB2, f.as_fd(), 0, false).unwrap();
     assert_eq!(
         calls(&rec),
         vec![
@@ -737,10 +702,10 @@ fn a_reset_does_not_wait_for_a_tail_mapping_in_flight() {
         .unwrap();
     // A live mapping with a tail, then another mapping of the same range (same shadow)
     // whose tail reply the frontend holds back.
-    w.map_at(7, MB2, MB2, f.as_fd(), 0, true).unwrap();
+    map_at(&w, 7, MB2, MB2, f.as_fd(), 0, true).unwrap();
     let gate = rec.tail_gate.lock().unwrap();
     let (w2, fd) = (w.clone(), f.try_clone().unwrap());
-    let t = std::thread::spawn(move || w2.map_at(8, 0, MB2, fd.as_fd(), 0, true));
+    let t = std::thread::spawn(move || map_at(&w2, 8, 0, MB2, fd.as_fd(), 0, true));
     std::thread::sleep(Duration::from_millis(200));
     let (tx, rx) = std::sync::mpsc::channel();
     let w3 = w.clone();
@@ -779,7 +744,7 @@ fn a_failed_setattr_that_shrank_the_file_still_replaces_its_mappings() {
     }
     let (w, rec, f) = window();
     let w = Arc::new(w);
-    w.map_at(7, 0, MB2, f.as_fd(), 0, true).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, true).unwrap();
     calls(&rec);
     let fs = coherent::Coherent::new(TruncatesThenFails(f.try_clone().unwrap()), Some(w.clone()));
     let ctx = Context {
@@ -807,8 +772,8 @@ fn a_grown_shadow_holds_the_files_bytes() {
     let bytes: Vec<u8> = (0..3 * 4096u32).map(|i| (i % 251) as u8 + 1).collect();
     std::fs::write(path.path(), &bytes).unwrap();
     let ro = File::open(path.path()).unwrap();
-    w.map_at(9, 0, 4096, ro.as_fd(), 0, false).unwrap();
-    w.map_at(9, MB2, 4 * 4096, ro.as_fd(), 0, false).unwrap();
+    map_at(&w, 9, 0, 4096, ro.as_fd(), 0, false).unwrap();
+    map_at(&w, 9, MB2, 4 * 4096, ro.as_fd(), 0, false).unwrap();
     assert_eq!(mapped_bytes(&rec, MB2, 3 * 4096), bytes);
     w.sync(9);
     assert_eq!(mapped_bytes(&rec, MB2, 3 * 4096), bytes);
@@ -823,7 +788,7 @@ fn reset_and_pause_never_wait_for_a_frontend_round_trip() {
     // A SETUPMAPPING whose SHMEM_MAP reply is held back by the frontend.
     let w2 = w.clone();
     let fd = f.try_clone().unwrap();
-    let t = std::thread::spawn(move || w2.map_at(7, 0, MB2, fd.as_fd(), 0, false));
+    let t = std::thread::spawn(move || map_at(&w2, 7, 0, MB2, fd.as_fd(), 0, false));
     std::thread::sleep(Duration::from_millis(50));
     let started = std::time::Instant::now();
     w.device_paused_for_test();
@@ -845,7 +810,7 @@ fn reset_and_pause_never_wait_for_a_frontend_round_trip() {
     // range is used again.
     calls(&rec);
     w.start();
-    w.map_at(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
     assert_eq!(
         calls(&rec),
         vec!["unmap 0x0+0x200000", "map 0x0+0x200000@0x0 ro"]
@@ -855,7 +820,7 @@ fn reset_and_pause_never_wait_for_a_frontend_round_trip() {
 #[test]
 fn an_unmap_while_paused_is_sent_once_the_device_runs() {
     let (w, rec, f) = window();
-    w.map_at(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
     calls(&rec);
     // stop/cont keeps QEMU's mappings: a removal that completes while paused is not
     // sent then, and not forgotten either.
@@ -863,13 +828,13 @@ fn an_unmap_while_paused_is_sent_once_the_device_runs() {
     w.unmap(0, MB2).unwrap();
     assert!(calls(&rec).is_empty());
     w.start();
-    w.map_at(7, 0, MB2, f.as_fd(), 0, true).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, true).unwrap();
     assert_eq!(
         calls(&rec),
         vec!["unmap 0x0+0x200000", "map 0x0+0x200000@0x0 rw"]
     );
     // DESTROY sends the pending ones too.
-    w.map_at(7, MB2, MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 7, MB2, MB2, f.as_fd(), 0, false).unwrap();
     w.pause();
     w.unmap(MB2, MB2).unwrap();
     w.start();
@@ -899,12 +864,18 @@ fn frontend_read(rec: &Rec, m: u64, len: usize) -> Vec<u8> {
     v
 }
 
-fn copy_window(mode: CopyMode, ranges: u64, budget: usize) -> (DaxWindow<Arc<Rec>>, Arc<Rec>) {
-    let w = DaxWindow::with_budget(ranges * MB2, budget).unwrap();
+/// A running window of `size` bytes and `budget` frontend mappings, with its recorder.
+fn running(size: u64, budget: usize) -> (DaxWindow<Arc<Rec>>, Arc<Rec>) {
+    let w = DaxWindow::with_budget(size, budget).unwrap();
     let rec = Arc::new(Rec::default());
     w.set_sink(rec.clone());
-    w.set_copy_mode(mode);
     w.start();
+    (w, rec)
+}
+
+fn copy_window(mode: CopyMode, ranges: u64, budget: usize) -> (DaxWindow<Arc<Rec>>, Arc<Rec>) {
+    let (w, rec) = running(ranges * MB2, budget);
+    w.set_copy_mode(mode);
     (w, rec)
 }
 
@@ -919,7 +890,7 @@ fn copy_slots_park_and_refill_without_a_round_trip() {
     let (w, rec) = copy_window(CopyMode::Always, 8, DEFAULT_MAP_BUDGET);
     let a = data_file(1, 3 * MB2 as usize);
     let b = data_file(2, 3 * MB2 as usize);
-    w.map_at(7, MB2, MB2, a.as_fd(), MB2, false).unwrap();
+    map_at(&w, 7, MB2, MB2, a.as_fd(), MB2, false).unwrap();
     assert_eq!(
         calls(&rec),
         vec!["map 0x200000+0x200000@0x200000 ro"],
@@ -932,7 +903,7 @@ fn copy_slots_park_and_refill_without_a_round_trip() {
     let s = w.stats();
     assert_eq!((s.parked, s.regions, s.mapped_bytes), (1, 1, 0), "{s}");
     // Another file's read-only range at the same window offset: refilled in place.
-    w.map_at(9, MB2, MB2, b.as_fd(), 0, false).unwrap();
+    map_at(&w, 9, MB2, MB2, b.as_fd(), 0, false).unwrap();
     assert!(calls(&rec).is_empty(), "no SHMEM request for a parked slot");
     assert_eq!(
         frontend_read(&rec, MB2, MB2 as usize),
@@ -942,7 +913,7 @@ fn copy_slots_park_and_refill_without_a_round_trip() {
     assert_eq!((s.copies, s.reused, s.parked, s.maps), (1, 1, 0, 2), "{s}");
     // A parked slot of another extent is unmapped before a map over it.
     w.unmap(MB2, MB2).unwrap();
-    w.map_at(9, MB2, 4096, b.as_fd(), 0, false).unwrap();
+    map_at(&w, 9, MB2, 4096, b.as_fd(), 0, false).unwrap();
     assert_eq!(
         calls(&rec),
         vec!["unmap 0x200000+0x200000", "map 0x200000+0x1000@0x200000 ro"]
@@ -952,7 +923,7 @@ fn copy_slots_park_and_refill_without_a_round_trip() {
     w.reset();
     w.start();
     assert_eq!((w.stats().parked, w.stats().regions), (0, 0));
-    w.map_at(9, MB2, MB2, b.as_fd(), 0, false).unwrap();
+    map_at(&w, 9, MB2, MB2, b.as_fd(), 0, false).unwrap();
     assert_eq!(calls(&rec), vec!["map 0x200000+0x200000@0x200000 ro"]);
     // DESTROY unmaps parked slots.
     w.unmap(MB2, MB2).unwrap();
@@ -964,8 +935,8 @@ fn copy_slots_park_and_refill_without_a_round_trip() {
 fn an_upgrade_turns_a_copy_into_a_direct_mapping() {
     let (w, rec) = copy_window(CopyMode::Always, 8, DEFAULT_MAP_BUDGET);
     let f = data_file(3, MB2 as usize);
-    w.map_at(7, 0, MB2, f.as_fd(), 0, false).unwrap();
-    w.map_at(7, 0, MB2, f.as_fd(), 0, true).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, true).unwrap();
     assert_eq!(
         calls(&rec),
         vec![
@@ -982,10 +953,10 @@ fn an_upgrade_turns_a_copy_into_a_direct_mapping() {
     f.read_exact_at(&mut got, 10).unwrap();
     assert_eq!(&got, b"store");
     // A writable map over a parked slot unmaps the slot first.
-    w.map_at(7, MB2, MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 7, MB2, MB2, f.as_fd(), 0, false).unwrap();
     w.unmap(MB2, MB2).unwrap();
     calls(&rec);
-    w.map_at(7, MB2, MB2, f.as_fd(), 0, true).unwrap();
+    map_at(&w, 7, MB2, MB2, f.as_fd(), 0, true).unwrap();
     assert_eq!(
         calls(&rec),
         vec!["unmap 0x200000+0x200000", "map 0x200000+0x200000@0x0 rw"]
@@ -997,7 +968,7 @@ fn an_upgrade_turns_a_copy_into_a_direct_mapping() {
 fn copies_follow_the_file_at_sync_points_and_zero_past_eof() {
     let (w, rec) = copy_window(CopyMode::Always, 8, DEFAULT_MAP_BUDGET);
     let f = data_file(4, 5000);
-    w.map_at(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
     let got = frontend_read(&rec, 0, 8192);
     assert_eq!(&got[..5000], &[4u8; 5000][..]);
     assert!(got[5000..].iter().all(|&b| b == 0), "zeros past EOF");
@@ -1017,8 +988,8 @@ fn copies_follow_the_file_at_sync_points_and_zero_past_eof() {
     assert_eq!(&frontend_read(&rec, 0, 4), b"fuse");
     // A request-path write elsewhere in the file re-reads only the copies it overlaps.
     let big = data_file(1, 2 * MB2 as usize);
-    w.map_at(9, 2 * MB2, MB2, big.as_fd(), 0, false).unwrap();
-    w.map_at(9, 3 * MB2, MB2, big.as_fd(), MB2, false).unwrap();
+    map_at(&w, 9, 2 * MB2, MB2, big.as_fd(), 0, false).unwrap();
+    map_at(&w, 9, 3 * MB2, MB2, big.as_fd(), MB2, false).unwrap();
     calls(&rec);
     let before = w.stats().recopied;
     big.write_all_at(b"x", MB2 + 5).unwrap();
@@ -1046,8 +1017,7 @@ fn the_budget_evicts_parked_slots_oldest_first() {
     let (w, rec) = copy_window(CopyMode::Always, 4, 6);
     let f = data_file(5, 4 * MB2 as usize);
     for i in 0..4 {
-        w.map_at(7, i * MB2, MB2, f.as_fd(), i * MB2, false)
-            .unwrap();
+        map_at(&w, 7, i * MB2, MB2, f.as_fd(), i * MB2, false).unwrap();
     }
     for i in 0..4 {
         w.unmap(i * MB2, MB2).unwrap();
@@ -1057,7 +1027,7 @@ fn the_budget_evicts_parked_slots_oldest_first() {
     // A writable mapping of a short file needs 2 mappings plus one in reserve per free
     // range: parked slots make room, oldest first.
     let short = data_file(6, 5000);
-    w.map_at(8, 0, MB2, short.as_fd(), 0, true).unwrap();
+    map_at(&w, 8, 0, MB2, short.as_fd(), 0, true).unwrap();
     assert_eq!(
         calls(&rec),
         vec![
@@ -1077,45 +1047,42 @@ fn the_budget_evicts_parked_slots_oldest_first() {
 fn auto_copies_only_while_the_window_churns() {
     let (w, rec) = copy_window(CopyMode::Auto, 8, DEFAULT_MAP_BUDGET);
     let f = data_file(7, 8 * MB2 as usize);
-    w.map_at(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
     assert_eq!(calls(&rec), vec!["map 0x0+0x200000@0x0 ro"]);
     assert_eq!(w.stats().copies, 0, "a calm window maps the file");
     // An emptying window is not churn: the guest drops many ranges of a window with room
     // to spare (an evicted inode, dropped caches), then maps again.
     for i in 1..4 {
-        w.map_at(7, i * MB2, MB2, f.as_fd(), i * MB2, false)
-            .unwrap();
+        map_at(&w, 7, i * MB2, MB2, f.as_fd(), i * MB2, false).unwrap();
     }
     for _ in 0..=copy::CHURN_PER_SECOND {
         for i in 0..4 {
             w.unmap(i * MB2, MB2).unwrap();
         }
         for i in 0..4 {
-            w.map_at(7, i * MB2, MB2, f.as_fd(), i * MB2, false)
-                .unwrap();
+            map_at(&w, 7, i * MB2, MB2, f.as_fd(), i * MB2, false).unwrap();
         }
     }
     assert_eq!(w.stats().copies, 0, "half a window recycled: {}", w.stats());
     // A full window recycling one range is.
     for i in 4..8 {
-        w.map_at(7, i * MB2, MB2, f.as_fd(), i * MB2, false)
-            .unwrap();
+        map_at(&w, 7, i * MB2, MB2, f.as_fd(), i * MB2, false).unwrap();
     }
     for _ in 0..=copy::CHURN_PER_SECOND {
         w.unmap(0, MB2).unwrap();
-        w.map_at(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+        map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
     }
     assert!(w.stats().copies >= 1, "{}", w.stats());
     let before = rec.calls.lock().unwrap().len();
     w.unmap(0, MB2).unwrap();
-    w.map_at(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
     assert_eq!(rec.calls.lock().unwrap().len(), before, "parked and reused");
     // Calm again (the rate window is 2 s): a map onto a parked slot still refills it
     // within CHURN_LINGER (another file too); a range with no parked slot maps the file.
     std::thread::sleep(Duration::from_millis(2100));
     let g = data_file(9, MB2 as usize);
     w.unmap(0, MB2).unwrap();
-    w.map_at(8, 0, MB2, g.as_fd(), 0, false).unwrap();
+    map_at(&w, 8, 0, MB2, g.as_fd(), 0, false).unwrap();
     assert_eq!(
         rec.calls.lock().unwrap().len(),
         before,
@@ -1123,7 +1090,7 @@ fn auto_copies_only_while_the_window_churns() {
     );
     assert_eq!(window_read(&rec, 0, 4), vec![9u8; 4]);
     w.unmap(MB2, MB2).unwrap();
-    w.map_at(7, MB2, MB2, f.as_fd(), MB2, false).unwrap();
+    map_at(&w, 7, MB2, MB2, f.as_fd(), MB2, false).unwrap();
     assert_eq!(
         calls(&rec)[before..],
         [
@@ -1134,7 +1101,7 @@ fn auto_copies_only_while_the_window_churns() {
     // Off never copies (the default of a window: today's behaviour).
     let (w, rec) = copy_window(CopyMode::Off, 8, DEFAULT_MAP_BUDGET);
     for _ in 0..=copy::CHURN_PER_SECOND {
-        w.map_at(7, 0, MB2, f.as_fd(), 0, false).unwrap();
+        map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
         w.unmap(0, MB2).unwrap();
     }
     assert_eq!(w.stats().copies, 0);
