@@ -5,10 +5,10 @@
 //! The rules (ARCHITECTURE.md, "DAX coherence invariants"):
 //! - before a request reads, writes, resizes, syncs or closes an inode's file, bytes the
 //!   guest stored in that inode's tails are written back and host changes pulled in
-//!   ([`Mapper::sync`]);
+//!   ([`Coherence::sync`]);
 //! - after a request that may change the file's size, the inode's mappings are re-placed
-//!   when (and only when) the page layout changed ([`Mapper::refresh`]);
-//! - SYNCFS and FSYNCDIR write back every tail of the share ([`Mapper::sync_all`]).
+//!   when (and only when) the page layout changed ([`Coherence::refresh`]);
+//! - SYNCFS and FSYNCDIR write back every tail of the share ([`Coherence::sync_all`]).
 //!
 //! An inode with no mappings costs one sharded lookup, never a global lock.
 
@@ -18,21 +18,51 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::abi::{Attr, FileLock, Kstatfs, SetattrIn};
-use crate::filesystem::{
+use crate::protocol::abi::{Attr, FileLock, Kstatfs, SetattrIn};
+use crate::protocol::filesystem::{
     AddEntry, Context, Entry, FileSystem, Handle, InitCaps, Inode, OpenFlags, XattrReply,
 };
-use crate::iobuf::{Reader, Writer};
-use crate::mapper::Mapper;
+use crate::protocol::iobuf::{Reader, Writer};
+use crate::protocol::mapper::{Mapper, NoMapper};
 
-/// A filesystem whose file I/O stays coherent with the DAX window `M`.
+/// A cache window that keeps its mappings coherent with the request path: the hooks
+/// [`Coherent`] calls around the inner filesystem's requests. The window
+/// ([`super::DaxWindow`]) implements them; without a window ([`NoMapper`]) they do nothing.
+pub trait Coherence: Mapper {
+    /// Inode `owner` is about to be read, written or synced through the request queue:
+    /// bring the file up to date with what the guest wrote through the window.
+    fn sync(&self, _owner: u64) {}
+    /// Inode `owner` may have changed size through the request queue: update its mappings.
+    fn refresh(&self, _owner: u64) {}
+    /// Inode `owner`'s file may shrink to `size` through the request queue (SETATTR with a
+    /// size, an O_TRUNC open): no frontend mapping of the file may reach past it meanwhile,
+    /// whether the request succeeds or fails half way.
+    fn shrinking(&self, _owner: u64, _size: u64) {}
+    /// Inode `owner` is being looked at (GETATTR): a cheap check that copies of it are not
+    /// older than the file (DAX copy slots).
+    fn revalidate(&self, _owner: u64) {}
+    /// Bytes `[offset, offset + len)` of inode `owner` were just written through the request
+    /// queue: copies of them must show the write before the reply.
+    fn written(&self, _owner: u64, _offset: u64, _len: u64) {}
+    /// The guest synced the whole share (SYNCFS, FSYNCDIR), a periodic write-back or a clean
+    /// exit: write every tail the guest changed back to its file.
+    fn sync_all(&self) {}
+}
+
+/// No window: nothing to keep coherent.
+impl Coherence for NoMapper {}
+
+/// A filesystem whose file I/O stays coherent with a DAX window (the inner filesystem `F`
+/// does the I/O; the window's [`Coherence`] hooks run around it).
 pub struct Coherent<F> {
     inner: F,
-    mapper: Arc<dyn Mapper>,
+    mapper: Arc<dyn Coherence>,
 }
 
 impl<F: FileSystem> Coherent<F> {
-    pub fn new(inner: F, mapper: Arc<dyn Mapper>) -> Self {
+    /// Wraps `inner` around `window`; without one (`None`) the decorator only forwards.
+    pub fn new(inner: F, window: Option<Arc<dyn Coherence>>) -> Self {
+        let mapper = window.unwrap_or_else(|| Arc::new(NoMapper));
         Coherent { inner, mapper }
     }
 

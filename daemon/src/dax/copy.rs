@@ -184,7 +184,7 @@ impl Slots {
 
     /// [`Slots::new`] with the memfd named `name` (for `/proc/PID/fd`).
     pub fn named(name: &std::ffi::CStr, size: u64) -> io::Result<Slots> {
-        let memfd = super::tail::memfd(name, size)?;
+        let memfd = super::memfd::memfd(name, size)?;
         Ok(Slots { memfd, size })
     }
 
@@ -215,7 +215,7 @@ impl Slots {
         if !matches!(foffset.checked_add(len), Some(e) if i64::try_from(e).is_ok()) {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
-        let done = super::tail::copy_range(file, foffset, &self.memfd, at, len, false)?;
+        let done = super::memfd::copy_range(file, foffset, &self.memfd, at, len, false)?;
         self.zero(at + done, len - done)?;
         Ok(done)
     }
@@ -223,7 +223,7 @@ impl Slots {
     /// Copies `[at, at + len)` of `other` (a memfd of the same size) into the same range.
     pub fn copy_from(&self, other: &Slots, at: u64, len: u64) -> io::Result<()> {
         self.check(at, len)?;
-        let done = super::tail::copy_range(&other.memfd, at, &self.memfd, at, len, false)?;
+        let done = super::memfd::copy_range(&other.memfd, at, &self.memfd, at, len, false)?;
         self.zero(at + done, len - done)
     }
 
@@ -231,7 +231,7 @@ impl Slots {
     /// frees them), the partial pages at either end by a write.
     pub fn zero(&self, at: u64, len: u64) -> io::Result<()> {
         self.check(at, len)?;
-        super::tail::zero_range(&self.memfd, at, len)
+        super::memfd::zero_range(&self.memfd, at, len)
     }
 }
 

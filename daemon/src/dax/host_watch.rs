@@ -5,7 +5,8 @@
 //! the pages past the new end of file are gone: QEMU's next access to them (a guest load under
 //! TCG) is a SIGBUS and QEMU dies; on KVM hosts the vCPU gets EFAULT and the VM stops.
 //!
-//! Two defences, both here so that `dax/mod.rs` only calls [`watch`] where it maps a file:
+//! Two defences, both here so that placement only calls `watch` where it maps a file (and
+//! `evacuate` moves the mappings the watch finds):
 //! - **Before a host process can shrink a mapped file, its mappings leave the file.** Linux
 //!   6.14+ sends fanotify *pre-content* permission events (`FAN_PRE_ACCESS`) before truncate
 //!   (`truncate`, `ftruncate`) and before every read, write or fallocate of a file opened on a
@@ -18,7 +19,7 @@
 //!   with SHMEM_UNMAP + SHMEM_MAP, and only then allows the operation. A shadow never faults:
 //!   the guest sees the new size and bytes at its next sync point (OPEN, READ, GETATTR of the
 //!   inode, the 5 s pass). The daemon's own accesses are let through at once, and so is the
-//!   frontend's `mmap` of a range the daemon is mapping right now ([`Expect`]).
+//!   frontend's `mmap` of a range the daemon is mapping right now (`Expect`).
 //!   The group needs CAP_SYS_ADMIN (made at start, before capabilities are dropped); marks are
 //!   inode marks (`FAN_MARK_EVICTABLE`: they never pin an inode).
 //! - **The daemon never reads guest memory through a host file's mapping** ([`backs_window`]):
@@ -31,22 +32,20 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Condvar, Mutex, OnceLock, Weak};
 
-use super::{DaxWindow, Plan, WindowSink};
+use super::{DaxWindow, WindowSink};
 
 /// `FAN_PRE_ACCESS` (Linux 6.14+, `include/uapi/linux/fanotify.h`; not in `libc` yet).
 const FAN_PRE_ACCESS: u64 = 0x0010_0000;
 /// `FAN_EVENT_INFO_TYPE_RANGE`: the file range of a pre-content event.
 const FAN_EVENT_INFO_TYPE_RANGE: u8 = 6;
-/// How long a host operation on a mapped file waits for a paused device to run again (no
-/// SHMEM request may go to QEMU 11.1 while it is stopped).
-const PAUSED_WAIT: Duration = Duration::from_secs(10);
 
-type Key = (u64, u64);
+/// A host file: `(st_dev, st_ino)`.
+pub(super) type Key = (u64, u64);
 
-fn key_of(f: &File) -> Option<Key> {
+/// The host file `f` is.
+pub(super) fn key_of(f: &File) -> Option<Key> {
     crate::sys::fstat(f.as_fd())
         .ok()
         .map(|st| (st.st_dev, st.st_ino))
@@ -67,7 +66,7 @@ fn sent() -> &'static Mutex<Sent> {
 /// The host file each guest inode (owner) mapped last: a guest truncate through an alias
 /// inode reaches the other aliases' mappings by it. Bounded: cleared when it grows past
 /// [`OWNERS_MAX`] (an owner then found by its live mappings only).
-fn owner_keys() -> &'static Mutex<HashMap<u64, Key>> {
+pub(super) fn owner_keys() -> &'static Mutex<HashMap<u64, Key>> {
     static KEYS: OnceLock<Mutex<HashMap<u64, Key>>> = OnceLock::new();
     KEYS.get_or_init(Mutex::default)
 }
@@ -376,151 +375,14 @@ fn expected(w: &Watch, fd: &OwnedFd, range: Option<(u64, u64)>) -> bool {
     })
 }
 
-impl<S: WindowSink> DaxWindow<S> {
-    /// The guest is about to shrink inode `owner`'s file to `size` (SETATTR, an O_TRUNC open;
-    /// the daemon's own truncate, which the fanotify watch lets through): every direct mapping
-    /// of the host file reaching past `size`, through any alias inode, moves to a shadow first.
-    pub(crate) fn shrink_owner(&self, owner: u64, size: u64) {
-        let known = owner_keys()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&owner)
-            .copied();
-        let key = known.or_else(|| {
-            let t = self.table.lock().ok()?;
-            let m = t.by_owner.get(&owner)?.iter().next()?;
-            t.live.get(m)?.file.as_ref().and_then(|f| key_of(f))
-        });
-        if let Some(key) = key {
-            self.evacuate(key, size);
-        }
-    }
-
-    /// Direct placements of host file `key` whose file part reaches past `from`.
-    fn direct_of(&self, key: Key, from: u64) -> Vec<(u64, u64)> {
-        let cands: Vec<(u64, u64, Arc<File>)> = {
-            let Ok(t) = self.table.lock() else {
-                return Vec::new();
-            };
-            t.live
-                .iter()
-                .filter(|(_, p)| !p.whole && p.file_len > 0)
-                .filter(|(_, p)| p.foffset.saturating_add(p.file_len) > from)
-                .filter_map(|(&m, p)| Some((m, p.len, p.file.clone()?)))
-                .collect()
-        };
-        let mut keys: HashMap<*const File, Option<Key>> = HashMap::new();
-        cands
-            .into_iter()
-            .filter(|(_, _, f)| {
-                *keys.entry(Arc::as_ptr(f)).or_insert_with(|| key_of(f)) == Some(key)
-            })
-            .map(|(m, l, _)| (m, l))
-            .collect()
-    }
-
-    /// A host process may shrink file `key` to `from` or beyond: moves every direct mapping
-    /// of it reaching past `from` to a shadow (no frontend mapping of the file is left there),
-    /// waiting for a paused device to run. Returns how many moved.
-    pub(crate) fn evacuate(&self, key: Key, from: u64) -> usize {
-        let mut moved = 0;
-        for _pass in 0..3 {
-            let stale = self.direct_of(key, from);
-            if stale.is_empty() {
-                // A round trip in flight may be placing this file: let it publish, look again.
-                let busy = self
-                    .table
-                    .lock()
-                    .map(|t| !t.busy.is_empty())
-                    .unwrap_or(false);
-                if !busy {
-                    break;
-                }
-                let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-                drop(self.idle.wait_timeout(t, Duration::from_millis(500)));
-                continue;
-            }
-            let deadline = Instant::now() + PAUSED_WAIT;
-            while !self.running.load(Ordering::SeqCst) && Instant::now() < deadline {
-                // A timed condvar wait, not a sleep: the seccomp allowlist has futex only.
-                let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-                drop(self.idle.wait_timeout(t, Duration::from_millis(20)));
-            }
-            if !self.running.load(Ordering::SeqCst) {
-                log::error!(
-                    "DAX: a host process changes file dev={} ino={} while the device is stopped: its {} mapping(s) stay (no SHMEM request may reach a stopped QEMU); if it shrinks, the guest's next access there can crash QEMU",
-                    key.0,
-                    key.1,
-                    stale.len()
-                );
-                return moved;
-            }
-            for (m, len) in stale {
-                moved += self.evacuate_one(m, len, key);
-            }
-        }
-        if moved > 0 {
-            log::info!(
-                "DAX: host access to file dev={} ino={}: {moved} direct mapping(s) moved to shadows before it may shrink",
-                key.0,
-                key.1
-            );
-        }
-        moved
-    }
-
-    fn evacuate_one(&self, m: u64, len: u64, key: Key) -> usize {
-        let Ok((gen, placed)) = self.claim_off(m, len) else {
-            return 0;
-        };
-        let np = placed.and_then(|p| {
-            let f = p.file.clone()?;
-            if !self.reserve(gen, 1) {
-                return None;
-            }
-            let plan = if p.writable {
-                Plan::Merged
-            } else {
-                Plan::Snapshot
-            };
-            match self.place_reserved(
-                p.owner,
-                m,
-                p.len,
-                Some(f.clone()),
-                &f,
-                key,
-                p.foffset,
-                p.writable,
-                plan,
-                0,
-            ) {
-                Ok(mut np) => {
-                    np.regions = 1;
-                    self.counters.replaced.fetch_add(1, Ordering::Relaxed);
-                    Some(np)
-                }
-                Err(e) => {
-                    // The guest's range is gone from the frontend: its next access there
-                    // reads nothing mapped instead of a page past the end of the file.
-                    log::error!("moving DAX mapping {m:#x} to a shadow failed: {e}");
-                    self.unreserve(gen, 1);
-                    None
-                }
-            }
-        });
-        let ok = np.is_some();
-        self.release(gen, m, np, 0);
-        usize::from(ok)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mapper::Mapper;
+    use crate::dax::coherent::Coherence;
+    use crate::dax::tests::map_at;
     use std::os::fd::BorrowedFd;
     use std::os::unix::fs::FileExt;
+    use std::sync::Arc;
 
     const MB2: u64 = 2 << 20;
 
@@ -567,8 +429,8 @@ mod tests {
             .unwrap();
         let key = key_of(&f).unwrap();
         // Two guest ranges of the file, both mapped from it directly.
-        w.map(7, 0, MB2, f.as_fd(), 0, true).unwrap();
-        w.map(7, MB2, MB2, f.as_fd(), MB2, false).unwrap();
+        map_at(&w, 7, 0, MB2, f.as_fd(), 0, true).unwrap();
+        map_at(&w, 7, MB2, MB2, f.as_fd(), MB2, false).unwrap();
         front.calls.lock().unwrap().clear();
         let file_ino = |m: u64| key_of(&front.fds.lock().unwrap()[&m]);
         assert_eq!(file_ino(0), Some(key));
@@ -623,8 +485,8 @@ mod tests {
         let (a, b) = (open(), open());
         let key = key_of(&a).unwrap();
         // Guest inodes 7 and 8 are two names (aliases) of one host file.
-        w.map(7, 0, MB2, a.as_fd(), 0, true).unwrap();
-        w.map(8, MB2, MB2, b.as_fd(), 2 * MB2, false).unwrap();
+        map_at(&w, 7, 0, MB2, a.as_fd(), 0, true).unwrap();
+        map_at(&w, 8, MB2, MB2, b.as_fd(), 2 * MB2, false).unwrap();
         let maps_file = |m: u64| key_of(&front.fds.lock().unwrap()[&m]) == Some(key);
         assert!(maps_file(0) && maps_file(MB2));
         // Growing moves nothing.

@@ -13,7 +13,7 @@
 //! three-way merge between the memfd (the guest's view), the agreed bytes (what both sides
 //! agreed on at the last sync: a second memfd once a writable guest mapping uses the shadow,
 //! the memfd itself before) and the file (the host's view), a chunk at a time so the heap
-//! it takes does not grow with the mapping ([`merge`]; writable pooled ranges use it too):
+//! it takes does not grow with the mapping (`merge`; writable pooled ranges use it too):
 //! - each run of bytes the guest changed (memfd != snapshot) is written to the file, run by
 //!   run, never past the file's current end, so bytes in between keep the host's value;
 //! - each byte the guest did not change but the host did (file != snapshot), and each byte
@@ -27,10 +27,12 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
+use super::copy::CopySig;
+use super::memfd::{copy_range, memfd, pread_full, CHUNK};
 use super::MAP_ALIGNMENT;
 
 /// How a guest mapping of `len` bytes at file offset `foffset` splits for a file of
@@ -59,125 +61,6 @@ pub struct Synced {
     pub written: u64,
     /// Host bytes copied into the memfd.
     pub pulled: u64,
-}
-
-/// Bytes a merge or a copy handles at a time: the heap a shadow costs per sync, whatever
-/// the length of the guest's mapping.
-const CHUNK: usize = 256 << 10;
-
-/// A new memfd of `size` bytes (nothing allocated until written).
-pub(crate) fn memfd(name: &std::ffi::CStr, size: u64) -> io::Result<File> {
-    // SAFETY: `name` is NUL-terminated; memfd_create takes no other pointers.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just returned by memfd_create and nothing else owns it.
-    let memfd = unsafe { File::from_raw_fd(fd) };
-    memfd.set_len(size)?;
-    Ok(memfd)
-}
-
-/// Copies `len` bytes of `src` from `from` to `dst` at `to`, a chunk at a time; stops early
-/// at the end of `src`. Returns the bytes of `src` the range covered. Holes of `src` (found
-/// with `SEEK_DATA`/`SEEK_HOLE`) are not read: with `dst_zero` the destination is known to
-/// read zeros there already and is left alone, otherwise they are zeroed in `dst` (punched
-/// out where whole pages). So a sparse file costs neither reads nor memory.
-pub(crate) fn copy_range(
-    src: &File,
-    from: u64,
-    dst: &File,
-    to: u64,
-    len: u64,
-    dst_zero: bool,
-) -> io::Result<u64> {
-    let size = crate::sys::fstat(src.as_fd())?.st_size.max(0) as u64;
-    let end = size.min(from.saturating_add(len));
-    if end <= from {
-        return Ok(0);
-    }
-    let mut buf = vec![0u8; CHUNK.min(usize::try_from(end - from).unwrap_or(CHUNK))];
-    let mut pos = from;
-    while pos < end {
-        // The next data at or after `pos`, and the hole after it.
-        let data = seek(src, pos, libc::SEEK_DATA).unwrap_or(pos).min(end);
-        if data > pos && !dst_zero {
-            zero_range(dst, to + (pos - from), data - pos)?;
-        }
-        if data >= end {
-            break;
-        }
-        let hole = seek(src, data, libc::SEEK_HOLE).unwrap_or(end).min(end);
-        let hole = if hole <= data { end } else { hole };
-        let mut at = data;
-        while at < hole {
-            let n = (hole - at).min(buf.len() as u64) as usize;
-            let got = pread_full(src, &mut buf[..n], at)?;
-            dst.write_all_at(&buf[..got], to + (at - from))?;
-            at += got as u64;
-            if got < n {
-                // The file shrank meanwhile.
-                return Ok(at - from);
-            }
-        }
-        pos = hole;
-    }
-    Ok(end - from)
-}
-
-/// `lseek(2)` for `SEEK_DATA`/`SEEK_HOLE`; `None` when the file system cannot tell (then the
-/// caller treats everything as data) or there is no data past `at`.
-fn seek(f: &File, at: u64, whence: libc::c_int) -> Option<u64> {
-    let at = i64::try_from(at).ok()?;
-    // SAFETY: lseek takes no pointers; `f` is a valid descriptor for the call.
-    let r = unsafe { libc::lseek(f.as_raw_fd(), at, whence) };
-    if r < 0 {
-        if whence == libc::SEEK_DATA
-            && io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO)
-        {
-            // No data at or after `at`: a hole to the end.
-            return Some(u64::MAX);
-        }
-        return None;
-    }
-    Some(r as u64)
-}
-
-/// Zeros `[at, at + len)` of `f`: whole pages by punching them out (which also frees them),
-/// the partial pages at either end by a write.
-pub(crate) fn zero_range(f: &File, at: u64, len: u64) -> io::Result<()> {
-    if len == 0 {
-        return Ok(());
-    }
-    let end = at
-        .checked_add(len)
-        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let first = at.next_multiple_of(MAP_ALIGNMENT).min(end);
-    let last = (end / MAP_ALIGNMENT * MAP_ALIGNMENT).max(first);
-    let zeros = [0u8; MAP_ALIGNMENT as usize];
-    f.write_all_at(&zeros[..(first - at) as usize], at)?;
-    f.write_all_at(&zeros[..(end - last) as usize], last)?;
-    if last > first {
-        // SAFETY: fallocate takes no pointers; `f` is a valid descriptor for the call.
-        let r = unsafe {
-            libc::fallocate(
-                f.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                first as i64,
-                (last - first) as i64,
-            )
-        };
-        if r < 0 {
-            let zeros = vec![0u8; CHUNK];
-            let mut o = first;
-            while o < last {
-                let n = (last - o).min(zeros.len() as u64);
-                f.write_all_at(&zeros[..n as usize], o)?;
-                o += n;
-            }
-        }
-    }
-    Ok(())
 }
 
 /// One side of a three-way merge: `len` bytes of a file at an offset.
@@ -351,7 +234,7 @@ pub struct Shadow {
     file: Option<Arc<File>>,
     writable: bool,
     /// The file as of the last sync of a read-only shadow: unchanged, nothing to merge.
-    seen: Option<super::copy::CopySig>,
+    seen: Option<CopySig>,
 }
 
 impl Shadow {
@@ -359,7 +242,7 @@ impl Shadow {
     pub fn new(file: &File, at: u64, size: u64) -> io::Result<Shadow> {
         let memfd = memfd(c"daxfsd-shadow", size)?;
         // Taken before the copy: a change during it shows at the next sync.
-        let seen = super::copy::CopySig::of(file).ok();
+        let seen = CopySig::of(file).ok();
         let file_size = crate::sys::fstat(file.as_fd())?.st_size.max(0) as u64;
         let want = file_size.saturating_sub(at).min(size);
         let valid = copy_range(file, at, &memfd, 0, want, true)?;
@@ -433,7 +316,7 @@ impl Shadow {
         let Some(file) = self.file.clone() else {
             return Ok(Synced::default());
         };
-        let sig = super::copy::CopySig::of(&file).ok();
+        let sig = CopySig::of(&file).ok();
         let unchanged = sig.is_some() && sig == self.seen;
         if !self.writable && unchanged {
             // Read-only and the file did not move: nothing to merge.
@@ -456,7 +339,7 @@ impl Shadow {
         )?;
         self.valid = valid;
         // As the merge left it (its own writes moved the timestamps).
-        self.seen = super::copy::CopySig::of(&file).ok();
+        self.seen = CopySig::of(&file).ok();
         Ok(out)
     }
 }
@@ -479,21 +362,6 @@ fn runs(a: &[u8], b: &[u8]) -> Vec<(usize, usize)> {
     }
     out
 }
-
-/// Reads up to `buf.len()` bytes at `at`, stopping early only at end of file.
-fn pread_full(file: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], at + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -454,7 +454,7 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         None => Arc::new(NoMapper),
     };
     // DAX coherence (shadow write-back, re-placement) wraps the filesystem.
-    let fs = crate::dax::coherent::Coherent::new(fs, mapper.clone());
+    let fs = crate::dax::coherent::Coherent::new(fs, window.clone().map(|w| w as _));
     let server = Arc::new(Server::new(
         fs,
         Box::new(mapper),
@@ -533,7 +533,7 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     }
     if let Some(w) = &window {
         // Write shadow tails back before the process goes.
-        w.stop();
+        w.reset();
     }
     backend.server().reset();
     if let Some(w) = &window {

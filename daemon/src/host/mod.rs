@@ -4,6 +4,7 @@
 pub mod caps;
 pub mod cli;
 pub mod daemon;
+mod dax_channel;
 pub mod mount;
 pub mod runfiles;
 pub mod sandbox;

@@ -219,7 +219,7 @@ fn serve(
     let fs = PassthroughFs::with_proc_self_fd(cfg, inside.proc_self_fd)?;
     let mapper: Arc<dyn Mapper> = Arc::new(NoMapper);
     // No DAX window here: the decorator only forwards.
-    let fs = crate::dax::coherent::Coherent::new(fs, mapper.clone());
+    let fs = crate::dax::coherent::Coherent::new(fs, None);
     let dev = Arc::new(dev);
     let policy = match can_pass_through {
         true => passthrough_policy(cli),

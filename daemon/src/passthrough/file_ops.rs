@@ -556,7 +556,14 @@ impl PassthroughFs {
                 Err(e) => return Err(e),
             }
         };
-        mapper.map(inode, moffset, len, fd.as_fd(), foffset, writable)
+        mapper.map(&crate::protocol::mapper::MapRequest {
+            owner: inode,
+            moffset,
+            len,
+            fd: fd.as_fd(),
+            foffset,
+            writable,
+        })
     }
 }
 

@@ -607,6 +607,13 @@ impl FileSystem for MemFs {
         if !matches!(self.lock()?.node(inode)?.kind, Kind::File(_)) {
             return Err(errno(libc::EINVAL));
         }
-        mapper.map(inode, moffset, len, self.backing.as_fd(), foffset, writable)
+        mapper.map(&crate::protocol::mapper::MapRequest {
+            owner: inode,
+            moffset,
+            len,
+            fd: self.backing.as_fd(),
+            foffset,
+            writable,
+        })
     }
 }

@@ -1,10 +1,9 @@
 //! A mapper that records calls instead of mapping anything (server tests, fuzzing).
 
 use std::io;
-use std::os::fd::BorrowedFd;
 use std::sync::Mutex;
 
-use crate::mapper::Mapper;
+use crate::protocol::mapper::{MapRequest, Mapper};
 
 /// One call seen by a [`RecordingMapper`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,22 +61,14 @@ impl Mapper for RecordingMapper {
         self.size
     }
 
-    fn map(
-        &self,
-        _owner: u64,
-        moffset: u64,
-        len: u64,
-        fd: BorrowedFd,
-        foffset: u64,
-        writable: bool,
-    ) -> io::Result<()> {
-        self.check(moffset, len)?;
-        let st = crate::sys::fstat(fd)?;
+    fn map(&self, req: &MapRequest<'_>) -> io::Result<()> {
+        self.check(req.moffset, req.len)?;
+        let st = crate::sys::fstat(req.fd)?;
         self.push(MapCall::Map {
-            moffset,
-            len,
-            foffset,
-            writable,
+            moffset: req.moffset,
+            len: req.len,
+            foffset: req.foffset,
+            writable: req.writable,
             file: (st.st_dev, st.st_ino),
         });
         Ok(())

@@ -1,0 +1,265 @@
+//! Coherence with the request path: shadows written back, mappings re-placed when their
+//! file's page layout changed, copy slots re-read when their file moved, periodically and
+//! at the hooks of [`Coherence`].
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::Duration;
+
+use super::coherent::Coherence;
+use super::copy::CopySig;
+use super::placement::{Plan, Source};
+use super::table::SharedShadow;
+use super::tail;
+use super::{file_size, DaxWindow, WindowSink};
+
+impl<S: WindowSink> DaxWindow<S> {
+    /// Writes every shadow back every `period` until the window is dropped.
+    pub fn spawn_writeback(self: &Arc<Self>, period: Duration)
+    where
+        S: 'static,
+    {
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("dax-writeback".into())
+            .spawn(move || {
+                // Signals are for the threads that wait for them (SIGUSR1, SIGTERM): a
+                // thread with them unblocked would take their default action instead.
+                // SAFETY: `all` is initialised by sigfillset; this changes only this
+                // thread's mask.
+                unsafe {
+                    let mut all: libc::sigset_t = std::mem::zeroed();
+                    libc::sigfillset(&mut all);
+                    libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+                }
+                loop {
+                    // A timed condvar wait (futex) rather than a sleep: the seccomp allowlist
+                    // has futex for every lock already.
+                    let (m, cv) = (Mutex::new(()), Condvar::new());
+                    let g = m.lock().unwrap_or_else(|e| e.into_inner());
+                    drop(cv.wait_timeout(g, period));
+                    match weak.upgrade() {
+                        Some(w) => w.sync_all(),
+                        None => return,
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            log::error!("cannot start the DAX write-back thread: {e}");
+        }
+    }
+
+    /// Merges a shadow with its file, counting what moved.
+    pub(super) fn sync_shadow(&self, s: &SharedShadow) {
+        let mut g = s.lock().unwrap_or_else(|e| e.into_inner());
+        match g.sync() {
+            Ok(r) => {
+                self.counters
+                    .written_back
+                    .fetch_add(r.written, Ordering::Relaxed);
+                self.counters.pulled.fetch_add(r.pulled, Ordering::Relaxed);
+            }
+            Err(e) => log::error!("syncing a DAX shadow with its file failed: {e}"),
+        }
+    }
+
+    /// Shadows of `owner`'s mappings.
+    pub(super) fn shadows_of(&self, owner: u64) -> Vec<SharedShadow> {
+        let Ok(t) = self.table.lock() else {
+            return Vec::new();
+        };
+        let mut out: Vec<SharedShadow> = Vec::new();
+        if let Some(set) = t.by_owner.get(&owner) {
+            for m in set {
+                if let Some(s) = t.live.get(m).and_then(|p| p.shadow.clone()) {
+                    if !out.iter().any(|o| Arc::ptr_eq(o, &s)) {
+                        out.push(s);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Re-places `owner`'s mappings whose page layout no longer matches the file.
+    pub(super) fn relayout(&self, owner: u64) {
+        let stale: Vec<(u64, u64)> = {
+            let Ok(t) = self.table.lock() else { return };
+            let Some(set) = t.by_owner.get(&owner) else {
+                return;
+            };
+            // Every mapping of an owner maps the same inode (through its own descriptor):
+            // one fstat for all of them, however many ranges the guest maps.
+            let mut size: Option<Option<u64>> = None;
+            set.iter()
+                .filter_map(|m| {
+                    let p = t.live.get(m)?;
+                    if p.whole {
+                        return None;
+                    }
+                    let f = p.file.as_ref()?;
+                    let size = *size.get_or_insert_with(|| file_size(f).ok());
+                    let size = size?;
+                    (tail::layout(size, p.foffset, p.len).0 != p.file_len).then_some((*m, p.len))
+                })
+                .collect()
+        };
+        for (m, len) in stale {
+            let Ok((gen, placed)) = self.claim_off(m, len) else {
+                continue;
+            };
+            let np = placed.and_then(|p| {
+                let f = p.file.clone()?;
+                let key = crate::sys::fstat(f.as_fd())
+                    .map(|st| (st.st_dev, st.st_ino))
+                    .ok()?;
+                let r = self.place(gen, &p.request(m, &f), &Source::kept(&f, key), Plan::Direct);
+                match r {
+                    Ok(np) => {
+                        self.counters.replaced.fetch_add(1, Ordering::Relaxed);
+                        Some(np)
+                    }
+                    Err(e) => {
+                        // The guest's mapping is gone from the frontend: its next access
+                        // faults there instead of reading stale data.
+                        log::error!(
+                            "re-placing DAX mapping {m:#x} after a size change failed: {e}"
+                        );
+                        self.counters.failures.fetch_add(1, Ordering::Relaxed);
+                        None
+                    }
+                }
+            });
+            self.release(gen, m, np, 0);
+        }
+    }
+
+    /// Re-reads copy slots whose file changed since the copy (size, mtime or ctime moved):
+    /// `owner`'s, or every live one. With `force` (a file range the request path just wrote),
+    /// the slots of `owner` overlapping it are re-read whatever the timestamps say.
+    pub(super) fn recopy(&self, owner: Option<u64>, force: Option<(u64, u64)>) {
+        let cands: Vec<(u64, u64, u64, u64, Arc<File>, CopySig)> = {
+            let Ok(t) = self.table.lock() else { return };
+            let pick = |m: &u64| {
+                let p = t.live.get(m)?;
+                let sig = p.copy?;
+                Some((*m, p.owner, p.len, p.foffset, p.file.clone()?, sig))
+            };
+            match owner {
+                Some(o) => match t.by_owner.get(&o) {
+                    Some(set) => set.iter().filter_map(pick).collect(),
+                    None => return,
+                },
+                None => t.live.keys().filter_map(pick).collect(),
+            }
+        };
+        // One fstat per owner (its mappings all map the same inode), not one per copy.
+        let mut sigs: HashMap<u64, Option<CopySig>> = HashMap::new();
+        for (m, owner, len, foffset, f, sig) in cands {
+            let forced = force.is_some_and(|(s, e)| s < foffset.saturating_add(len) && foffset < e);
+            let now = *sigs.entry(owner).or_insert_with(|| CopySig::of(&f).ok());
+            if !forced && now == Some(sig) {
+                continue;
+            }
+            if force.is_some() && !forced {
+                // The file moved because of the request path's own write, elsewhere: this
+                // copy's bytes did not change (the request was checked against the file
+                // just before it). Take the new timestamps without re-reading.
+                if let (Some(now), Ok(mut t)) = (now, self.table.lock()) {
+                    if let Some(p) = t.live.get_mut(&m) {
+                        if p.copy == Some(sig)
+                            && p.file.as_ref().is_some_and(|x| Arc::ptr_eq(x, &f))
+                        {
+                            p.copy = Some(now);
+                        }
+                    }
+                }
+                continue;
+            }
+            let Ok((gen, taken)) = self.claim(m, m + len) else {
+                continue;
+            };
+            let mut placed = None;
+            for (s, mut p) in taken {
+                let same = s == m
+                    && p.copy.is_some()
+                    && p.file.as_ref().is_some_and(|x| Arc::ptr_eq(x, &f));
+                if same && placed.is_none() {
+                    match self.fill_slot(m, p.len, &f, p.foffset) {
+                        Ok(sig) => {
+                            p.copy = Some(sig);
+                            self.counters.recopied.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => log::error!("refreshing DAX copy slot {m:#x}: {e}"),
+                    }
+                    placed = Some(p);
+                } else if s == m && placed.is_none() {
+                    // Re-placed meanwhile: put it back as it is.
+                    placed = Some(p);
+                } else {
+                    self.unplace(s, &p);
+                    self.unreserve(gen, p.regions);
+                }
+            }
+            self.release(gen, m, placed, 0);
+        }
+    }
+}
+
+impl<S: WindowSink> Coherence for DaxWindow<S> {
+    fn sync(&self, owner: u64) {
+        if !self.owners.has(owner) {
+            return;
+        }
+        for s in self.shadows_of(owner) {
+            self.sync_shadow(&s);
+        }
+        self.sync_pooled(Some(owner));
+        self.relayout(owner);
+        self.recopy(Some(owner), None);
+    }
+
+    fn refresh(&self, owner: u64) {
+        if !self.owners.has(owner) {
+            return;
+        }
+        self.relayout(owner);
+        for s in self.shadows_of(owner) {
+            self.sync_shadow(&s);
+        }
+        self.sync_pooled(Some(owner));
+        self.recopy(Some(owner), None);
+    }
+
+    fn shrinking(&self, owner: u64, size: u64) {
+        self.shrink_owner(owner, size);
+    }
+
+    fn revalidate(&self, owner: u64) {
+        if self.owners.has(owner) {
+            self.recopy(Some(owner), None);
+        }
+    }
+
+    fn written(&self, owner: u64, offset: u64, len: u64) {
+        if self.owners.has(owner) {
+            self.sync_pooled(Some(owner));
+            self.recopy(Some(owner), Some((offset, offset.saturating_add(len))));
+        }
+    }
+
+    fn sync_all(&self) {
+        let all: Vec<SharedShadow> = {
+            let reg = self.shadows.lock().unwrap_or_else(|e| e.into_inner());
+            reg.values().filter_map(Weak::upgrade).collect()
+        };
+        for s in all {
+            self.sync_shadow(&s);
+        }
+        self.sync_pooled(None);
+        self.recopy(None, None);
+    }
+}

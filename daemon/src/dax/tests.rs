@@ -1,0 +1,1113 @@
+//! Unit tests of the window against recording frontends.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::coherent::{self, Coherence};
+use super::copy::{self, CopyMode};
+use super::sink::COMMIT_PROBE;
+use super::{fd_writable, DaxWindow, WindowSink, DEFAULT_MAP_BUDGET, MIN_GUEST_RANGE};
+use crate::protocol::mapper::{MapRequest, Mapper};
+
+/// [`Mapper::map`] with the request's fields as arguments.
+pub(super) fn map_at(
+    w: &impl Mapper,
+    owner: u64,
+    moffset: u64,
+    len: u64,
+    fd: BorrowedFd,
+    foffset: u64,
+    writable: bool,
+) -> io::Result<()> {
+    w.map(&MapRequest {
+        owner,
+        moffset,
+        len,
+        fd,
+        foffset,
+        writable,
+    })
+}
+
+#[derive(Default)]
+struct Rec {
+    calls: Mutex<Vec<String>>,
+    fail_map: AtomicBool,
+    /// Descriptors of live maps by window offset (what the frontend would map).
+    fds: Mutex<HashMap<u64, File>>,
+    /// Held by a test to delay every reply.
+    gate: Mutex<()>,
+    /// Held by a test to delay the replies to maps that do not start a 2 MiB range
+    /// (shadow tails).
+    tail_gate: Mutex<()>,
+    /// File offsets of live maps by window offset.
+    foffs: Mutex<HashMap<u64, u64>>,
+}
+
+impl WindowSink for std::sync::Arc<Rec> {
+    fn map(
+        &self,
+        moffset: u64,
+        len: u64,
+        _fd: BorrowedFd,
+        foffset: u64,
+        writable: bool,
+    ) -> io::Result<()> {
+        drop(self.gate.lock().unwrap());
+        if moffset % MB2 != 0 {
+            drop(self.tail_gate.lock().unwrap());
+        }
+        if self.fail_map.load(Ordering::SeqCst) {
+            return Err(io::Error::other("frontend said no"));
+        }
+        self.fds
+            .lock()
+            .unwrap()
+            .insert(moffset, File::from(_fd.try_clone_to_owned().unwrap()));
+        self.foffs.lock().unwrap().insert(moffset, foffset);
+        let w = if writable { "rw" } else { "ro" };
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("map {moffset:#x}+{len:#x}@{foffset:#x} {w}"));
+        Ok(())
+    }
+    fn unmap(&self, moffset: u64, len: u64) -> io::Result<()> {
+        drop(self.gate.lock().unwrap());
+        self.fds.lock().unwrap().remove(&moffset);
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("unmap {moffset:#x}+{len:#x}"));
+        Ok(())
+    }
+}
+
+/// QEMU 11.1 as it answers SHMEM requests: the ack at once, the commit (the vCPUs' new
+/// view of the window, then the backend's memory-table update) a moment later, from its
+/// main loop (`vhost_user_backend_handle_shmem_map` replies before
+/// `memory_region_transaction_commit`).
+#[derive(Default)]
+struct AckThenCommit {
+    window: std::sync::OnceLock<std::sync::Weak<DaxWindow<Arc<AckThenCommit>>>>,
+    acked: AtomicU64,
+    /// Requests the guest can see (committed).
+    visible: AtomicU64,
+}
+
+impl AckThenCommit {
+    fn ack(self: &Arc<Self>) -> io::Result<()> {
+        self.acked.fetch_add(1, Ordering::SeqCst);
+        let me = Arc::clone(self);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            let n = me.visible.fetch_add(1, Ordering::SeqCst) + 1;
+            if let Some(w) = me.window.get().and_then(std::sync::Weak::upgrade) {
+                // RAM plus the window's mappings; one of them a host file it mapped.
+                w.note_table_regions(1 + n as usize, 1);
+            }
+        });
+        Ok(())
+    }
+}
+
+impl WindowSink for Arc<AckThenCommit> {
+    fn map(&self, _: u64, _: u64, _: BorrowedFd, _: u64, _: bool) -> io::Result<()> {
+        self.ack()
+    }
+    fn unmap(&self, _: u64, _: u64) -> io::Result<()> {
+        self.ack()
+    }
+}
+
+#[test]
+fn a_mapping_is_answered_only_once_the_frontend_made_it_visible() {
+    let q = Arc::new(AckThenCommit::default());
+    let w = Arc::new(DaxWindow::new(8 * MB2).unwrap());
+    q.window.set(Arc::downgrade(&w)).ok().unwrap();
+    w.set_sink(q.clone());
+    w.start();
+    // The guest RAM at start-up.
+    w.note_table_regions(1, 0);
+    let f = tempfile::tempfile().unwrap();
+    f.set_len(16 * MB2).unwrap();
+    for i in 0..4 {
+        // SETUPMAPPING, an upgrade (UNMAP + MAP), REMOVEMAPPING: the reply (the return)
+        // must not reach the guest before the window change it answers is visible.
+        map_at(&w, 1, i * MB2, MB2, f.as_fd(), i * MB2, false).unwrap();
+        assert_eq!(
+            q.visible.load(Ordering::SeqCst),
+            q.acked.load(Ordering::SeqCst),
+            "SETUPMAPPING answered before QEMU committed its SHMEM_MAP"
+        );
+        map_at(&w, 1, i * MB2, MB2, f.as_fd(), i * MB2, true).unwrap();
+        assert_eq!(
+            q.visible.load(Ordering::SeqCst),
+            q.acked.load(Ordering::SeqCst),
+            "upgrade answered before QEMU committed its SHMEM_UNMAP and SHMEM_MAP"
+        );
+        w.unmap(i * MB2, MB2).unwrap();
+        assert_eq!(
+            q.visible.load(Ordering::SeqCst),
+            q.acked.load(Ordering::SeqCst),
+            "REMOVEMAPPING answered before QEMU committed its SHMEM_UNMAP"
+        );
+    }
+    assert_eq!(q.acked.load(Ordering::SeqCst), 16);
+    assert!(w.stats().commit_waits >= 16);
+}
+
+/// A frontend that sends no memory-table update for SHMEM requests (the userspace driver)
+/// costs one probe, not a wait per request.
+#[test]
+fn a_frontend_without_table_updates_is_probed_once() {
+    let (w, _rec, f) = window();
+    w.note_table_regions(1, 0);
+    let t = std::time::Instant::now();
+    for i in 0..4 {
+        map_at(&w, 1, i * MB2, MB2, f.as_fd(), i * MB2, true).unwrap();
+        w.unmap(i * MB2, MB2).unwrap();
+    }
+    assert!(
+        t.elapsed() < COMMIT_PROBE + Duration::from_millis(400),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(w.stats().commit_waits, 1);
+}
+
+const MB2: u64 = 2 << 20;
+
+fn window() -> (
+    DaxWindow<std::sync::Arc<Rec>>,
+    std::sync::Arc<Rec>,
+    std::fs::File,
+) {
+    let (w, rec) = running(8 * MB2, DEFAULT_MAP_BUDGET);
+    (w, rec, {
+        let f = tempfile::tempfile().unwrap();
+        f.set_len(16 * MB2).unwrap();
+        f
+    })
+}
+
+fn calls(r: &Rec) -> Vec<String> {
+    std::mem::take(&mut *r.calls.lock().unwrap())
+}
+
+#[test]
+fn map_unmap_round_trip() {
+    let (w, rec, f) = window();
+    map_at(&w, 7, MB2, MB2, f.as_fd(), 0, false).unwrap();
+    assert_eq!(w.stats().mapped_bytes, MB2);
+    w.unmap(MB2, MB2).unwrap();
+    assert_eq!(
+        calls(&rec),
+        vec!["map 0x200000+0x200000@0x0 ro", "unmap 0x200000+0x200000"]
+    );
+    let s = w.stats();
+    assert_eq!(
+        (s.maps, s.unmaps, s.upgrades, s.failures, s.mapped_bytes),
+        (1, 1, 0, 0, 0)
+    );
+}
+
+#[test]
+fn remap_of_live_range_is_unmap_then_map() {
+    let (w, rec, f) = window();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, true).unwrap();
+    assert_eq!(
+        calls(&rec),
+        vec![
+            "map 0x0+0x200000@0x0 ro",
+            "unmap 0x0+0x200000",
+            "map 0x0+0x200000@0x0 rw"
+        ]
+    );
+    assert_eq!(w.stats().upgrades, 1);
+    assert_eq!(w.stats().mapped_bytes, MB2);
+}
+
+#[test]
+fn invalid_requests_send_nothing() {
+    let (w, rec, f) = window();
+    let fd = f.as_fd();
+    assert!(map_at(&w, 7, 0, 0, fd, 0, false).is_err(), "zero length");
+    assert!(
+        map_at(&w, 7, 8 * MB2, MB2, fd, 0, false).is_err(),
+        "past the end"
+    );
+    assert!(
+        map_at(&w, 7, u64::MAX - 4095, 8192, fd, 0, false).is_err(),
+        "overflowing sum"
+    );
+    assert!(
+        map_at(&w, 7, 100, MB2, fd, 0, false).is_err(),
+        "unaligned window offset"
+    );
+    assert!(
+        map_at(&w, 7, 0, MB2, fd, 7, false).is_err(),
+        "unaligned file offset"
+    );
+    assert!(
+        map_at(&w, 7, 0, MB2, fd, u64::MAX - 4095, false).is_err(),
+        "file range overflows"
+    );
+    assert!(w.unmap(0, !4095).is_err(), "unmap past the end");
+    assert!(calls(&rec).is_empty());
+    assert_eq!(w.stats().failures, 7);
+}
+
+#[test]
+fn partial_overlaps_are_refused() {
+    let (w, rec, f) = window();
+    map_at(&w, 7, MB2, MB2, f.as_fd(), 0, false).unwrap();
+    calls(&rec);
+    assert!(map_at(&w, 7, MB2 + 4096, MB2, f.as_fd(), 0, false).is_err());
+    assert!(map_at(&w, 7, 0, MB2 + 4096, f.as_fd(), 0, false).is_err());
+    assert!(w.unmap(MB2, 4096).is_err());
+    assert!(calls(&rec).is_empty());
+    // A range that covers it wholly replaces it.
+    map_at(&w, 7, 0, 4 * MB2, f.as_fd(), 0, false).unwrap();
+    assert_eq!(
+        calls(&rec),
+        vec!["unmap 0x200000+0x200000", "map 0x0+0x800000@0x0 ro"]
+    );
+}
+
+#[test]
+fn unmapping_an_unmapped_range_is_a_no_op() {
+    let (w, rec, _f) = window();
+    w.unmap(0, MB2).unwrap();
+    assert!(calls(&rec).is_empty());
+    assert_eq!(w.stats().failures, 0);
+}
+
+#[test]
+fn nothing_is_sent_while_stopped() {
+    let (w, rec, f) = window();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    w.reset();
+    assert_eq!(w.stats().mapped_bytes, 0, "reset forgets every mapping");
+    calls(&rec);
+    assert!(map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).is_err());
+    assert!(calls(&rec).is_empty());
+    w.start();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    assert_eq!(
+        calls(&rec),
+        vec!["map 0x0+0x200000@0x0 ro"],
+        "no stale unmap after reset"
+    );
+}
+
+#[test]
+fn frontend_refusal_is_eio_and_counted() {
+    let (w, rec, f) = window();
+    rec.fail_map.store(true, Ordering::SeqCst);
+    let e = map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    assert_eq!(w.stats().failures, 1);
+    assert_eq!(w.stats().mapped_bytes, 0);
+}
+
+#[test]
+fn short_files_get_a_shadow_tail() {
+    let (w, rec, f) = window();
+    f.set_len(MB2 / 2 + 100).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, true).unwrap();
+    assert_eq!(
+        calls(&rec),
+        vec!["map 0x0+0x100000@0x0 rw", "map 0x100000+0x100000@0x0 rw"],
+        "whole pages from the file, the rest from a tail"
+    );
+    assert_eq!(w.stats().tails, 1);
+    // Growing the file through the request path re-places the mapping.
+    f.set_len(MB2).unwrap();
+    w.refresh(7);
+    assert_eq!(
+        calls(&rec),
+        vec![
+            "unmap 0x0+0x100000",
+            "unmap 0x100000+0x100000",
+            "map 0x0+0x200000@0x0 rw"
+        ]
+    );
+    assert_eq!(w.stats().tails, 1, "no tail needed any more");
+    // Refreshing an inode whose mappings are whole does nothing.
+    w.refresh(7);
+    w.refresh(8);
+    assert!(calls(&rec).is_empty());
+    // Shrinking splits it again.
+    f.set_len(4096).unwrap();
+    w.refresh(7);
+    assert_eq!(
+        calls(&rec),
+        vec![
+            "unmap 0x0+0x200000",
+            "map 0x0+0x1000@0x0 rw",
+            "map 0x1000+0x1ff000@0x0 rw"
+        ]
+    );
+}
+
+#[test]
+fn empty_files_map_only_a_tail() {
+    let (w, rec, f) = window();
+    f.set_len(0).unwrap();
+    map_at(&w, 7, MB2, MB2, f.as_fd(), 0, false).unwrap();
+    assert_eq!(calls(&rec), vec!["map 0x200000+0x200000@0x0 ro"]);
+    assert_eq!(f.metadata().unwrap().len(), 0, "the file is never extended");
+}
+
+fn tmpfile_with(bytes: &[u8], mode: u32) -> File {
+    use std::os::unix::fs::PermissionsExt;
+    let f = tempfile::tempfile().unwrap();
+    f.write_all_at(bytes, 0).unwrap();
+    f.set_permissions(std::fs::Permissions::from_mode(mode))
+        .unwrap();
+    f
+}
+
+/// Window bytes `[m, m+len)` as the frontend's mappings show them (every mapping here
+/// starts at offset 0 of its descriptor).
+fn window_read(rec: &Rec, m: u64, len: usize) -> Vec<u8> {
+    let fds = rec.fds.lock().unwrap();
+    let mut out = vec![0u8; len];
+    for x in 0..len as u64 {
+        let at = m + x;
+        let (k, fd) = fds
+            .iter()
+            .filter(|(k, _)| **k <= at)
+            .max_by_key(|(k, _)| **k)
+            .expect("mapped");
+        let mut b = [0u8; 1];
+        fd.read_exact_at(&mut b, at - k).unwrap();
+        out[x as usize] = b[0];
+    }
+    out
+}
+
+fn mapped_bytes(rec: &Rec, moffset: u64, len: usize) -> Vec<u8> {
+    let fds = rec.fds.lock().unwrap();
+    let mut v = vec![0u8; len];
+    fds[&moffset].read_exact_at(&mut v, 0).unwrap();
+    v
+}
+
+#[test]
+fn executables_are_mapped_from_a_snapshot_without_a_writable_descriptor() {
+    let (w, rec, _) = window();
+    let f = tmpfile_with(&[7u8; 10000], 0o755);
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    assert_eq!(calls(&rec), vec!["map 0x0+0x200000@0x0 ro"]);
+    assert_eq!(w.stats().snapshots, 1);
+    assert_eq!(mapped_bytes(&rec, 0, 10000), vec![7u8; 10000]);
+    assert_eq!(mapped_bytes(&rec, 0, 10001)[10000], 0, "zero padded");
+    // No descriptor of the file is kept by the window (no /proc/self/fd given).
+    let t = w.table.lock().unwrap();
+    assert!(t.live[&0].file.is_none());
+    drop(t);
+    // With /proc/self/fd, a read-only one, which follows host changes at sync points.
+    let (w2, rec2) = running(8 * MB2, DEFAULT_MAP_BUDGET);
+    w2.set_proc_self_fd(
+        crate::sys::open(c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY, 0).unwrap(),
+    );
+    map_at(&w2, 5, 0, MB2, f.as_fd(), 0, false).unwrap();
+    {
+        let t = w2.table.lock().unwrap();
+        let kept = t.live[&0].file.as_ref().expect("a read-only descriptor");
+        assert!(!fd_writable(kept.as_fd()));
+    }
+    f.write_all_at(b"new", 0).unwrap();
+    w2.sync(5);
+    assert_eq!(&mapped_bytes(&rec2, 0, 3), b"new");
+    // A writable mapping of it maps the file itself.
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, true).unwrap();
+    assert_eq!(
+        calls(&rec),
+        vec![
+            "unmap 0x0+0x200000",
+            "map 0x0+0x2000@0x0 rw",
+            "map 0x2000+0x1fe000@0x0 rw"
+        ]
+    );
+}
+
+#[test]
+fn read_only_descriptors_get_a_snapshot_kept_coherent() {
+    let (w, rec, _) = window();
+    let path = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(path.path(), [1u8; 5000]).unwrap();
+    let ro = File::open(path.path()).unwrap();
+    map_at(&w, 9, 0, MB2, ro.as_fd(), 0, false).unwrap();
+    assert_eq!(calls(&rec), vec!["map 0x0+0x200000@0x0 ro"]);
+    // A writable mapping needs a writable descriptor.
+    let e = map_at(&w, 9, MB2, MB2, ro.as_fd(), 0, true).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES));
+    // The host changes the file: the next sync point shows it to the guest.
+    let rw = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path.path())
+        .unwrap();
+    rw.write_all_at(&[2u8; 100], 4000).unwrap();
+    w.sync(9);
+    let got = mapped_bytes(&rec, 0, 5000);
+    assert_eq!(
+        &got[3999..4101],
+        &[&[1u8][..], &[2u8; 100], &[1u8]].concat()[..]
+    );
+}
+
+#[test]
+fn aliases_share_one_tail() {
+    let (w, rec, _) = window();
+    let path = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(path.path(), b"hello world").unwrap();
+    let open = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path.path())
+            .unwrap()
+    };
+    let (a, b) = (open(), open());
+    // Two inodes (a bind mount alias) map the same host range at two window offsets.
+    map_at(&w, 1, 0, MB2, a.as_fd(), 0, true).unwrap();
+    map_at(&w, 2, MB2, MB2, b.as_fd(), 0, true).unwrap();
+    calls(&rec);
+    let fds = rec.fds.lock().unwrap();
+    fds[&0].write_all_at(b"HELLO", 0).unwrap();
+    let mut via_b = [0u8; 5];
+    fds[&MB2].read_exact_at(&mut via_b, 0).unwrap();
+    assert_eq!(&via_b, b"HELLO", "one memfd behind both mappings");
+    drop(fds);
+    // Writing back through either inode writes the bytes once; the other has no stale
+    // copy to overwrite them with.
+    w.sync(2);
+    w.sync(1);
+    assert_eq!(std::fs::read(path.path()).unwrap(), b"HELLO world");
+    assert_eq!(w.stats().written_back, 5);
+}
+
+#[test]
+fn size_changes_replace_only_when_the_page_layout_changes() {
+    let (w, rec, f) = window();
+    f.set_len(100).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, true).unwrap();
+    calls(&rec);
+    // Growth inside the last page: the tail is updated in place, nothing re-placed.
+    f.write_all_at(b"grown", 100).unwrap();
+    w.refresh(7);
+    w.sync(7);
+    assert!(
+        calls(&rec).is_empty(),
+        "no unmap/map for an unchanged layout"
+    );
+    assert_eq!(&mapped_bytes(&rec, 0, 105)[100..], b"grown");
+    // Growth past the page: re-placed once.
+    f.set_len(3 * 4096).unwrap();
+    w.sync(7);
+    assert_eq!(
+        calls(&rec),
+        vec![
+            "unmap 0x0+0x200000",
+            "map 0x0+0x3000@0x0 rw",
+            "map 0x3000+0x1fd000@0x0 rw"
+        ]
+    );
+    assert_eq!(w.stats().replaced, 1);
+}
+
+#[test]
+fn the_budget_folds_tails_into_one_mapping_per_range() {
+    // 8 ranges, room for 10 frontend mappings: small files need 2 each, so most fold.
+    let (w, rec) = running(8 * MB2, 10);
+    let files: Vec<File> = (0..8)
+        .map(|i| tmpfile_with(&vec![i as u8; 5000], 0o644))
+        .collect();
+    for (i, f) in files.iter().enumerate() {
+        map_at(&w, i as u64, i as u64 * MB2, MB2, f.as_fd(), 0, true).unwrap();
+    }
+    let s = w.stats();
+    assert!(s.peak_regions <= 10, "{s}");
+    assert!(s.merged > 0, "{s}");
+    assert_eq!(s.mapped_bytes, 8 * MB2);
+    // Every range shows its file's bytes, zero padded.
+    for (i, _) in files.iter().enumerate() {
+        let m = i as u64 * MB2;
+        let mut want = vec![i as u8; 5000];
+        want.resize(8192, 0);
+        assert_eq!(window_read(&rec, m, 8192), want, "range {i}");
+    }
+    // A hostile guest mapping 4 KiB pieces runs into the budget and gets ENOSPC.
+    let (w2, _) = running(2 * MB2, 2);
+    let f = tmpfile_with(&[0u8; 8192], 0o644);
+    map_at(&w2, 1, 0, 4096, f.as_fd(), 0, false).unwrap();
+    map_at(&w2, 1, 4096, 4096, f.as_fd(), 0, false).unwrap();
+    let e = map_at(&w2, 1, 8192, 4096, f.as_fd(), 0, false).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+}
+
+#[test]
+fn smaller_guest_ranges_past_the_budget_go_to_the_pool() {
+    // 4 MiB window, room for 2 frontend mappings: 2 ranges of 2 MiB at first.
+    let (w, rec) = running(2 * MB2, 2);
+    assert_eq!((w.ranges(), w.budget(), w.pooled()), (2, 2, false));
+    let f = tmpfile_with(&vec![7u8; 4 << 20], 0o644);
+    // A guest mounted with dax_range=512k maps 8 ranges of 512 KiB: more than the budget,
+    // so the window becomes one pooled mapping and every range fits.
+    let r = 512 << 10;
+    for i in 0..8 {
+        map_at(&w, 1, i * r, r, f.as_fd(), i * r, i % 2 == 1).unwrap();
+    }
+    assert_eq!((w.ranges(), w.budget(), w.pooled()), (8, 2, true));
+    assert_eq!(calls(&rec), vec!["map 0x0+0x400000@0x0 rw"]);
+    assert_eq!(w.stats().peak_regions, 1, "{}", w.stats());
+    assert_eq!(frontend_read(&rec, 0, 4 << 20), vec![7u8; 4 << 20]);
+    // Below MIN_GUEST_RANGE, or unaligned, the ranges stay 2 MiB: a hostile guest's
+    // 4 KiB pieces run into the budget (ENOSPC), they cannot grow the frontend's map.
+    let (w2, _) = running(2 * MB2, 2);
+    map_at(&w2, 1, 0, 4096, f.as_fd(), 0, false).unwrap();
+    map_at(
+        &w2,
+        1,
+        3 * MIN_GUEST_RANGE,
+        MIN_GUEST_RANGE * 2,
+        f.as_fd(),
+        0,
+        false,
+    )
+    .unwrap();
+    assert_eq!((w2.ranges(), w2.budget()), (2, 2));
+    let e = map_at(&w2, 1, MB2, 4096, f.as_fd(), 0, false).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+}
+
+#[test]
+fn a_window_with_more_ranges_than_the_budget_is_one_pooled_mapping() {
+    // 16 ranges, room for 4 frontend mappings: a guest that maps all 16 (half of them
+    // writable, of files shorter than a range) is never refused and the frontend holds
+    // one mapping.
+    let (w, rec) = running(16 * MB2, 4);
+    assert!(w.pooled());
+    let files: Vec<File> = (0..16).map(|i| data_file(i as u8 + 1, 5000)).collect();
+    for (i, f) in files.iter().enumerate() {
+        map_at(&w, i as u64, i as u64 * MB2, MB2, f.as_fd(), 0, i % 2 == 1).unwrap();
+    }
+    assert_eq!(calls(&rec), vec!["map 0x0+0x2000000@0x0 rw"]);
+    let s = w.stats();
+    assert_eq!((s.pooled, s.peak_regions, s.failures), (16, 1, 0), "{s}");
+    for i in 0..16u64 {
+        let got = pool_read(&rec, i * MB2, 8192);
+        assert!(got[..5000].iter().all(|&b| b == i as u8 + 1), "range {i}");
+        assert!(got[5000..].iter().all(|&b| b == 0), "range {i} zero padded");
+    }
+    // The guest stores into a writable range; the host writes elsewhere in the file: the
+    // next sync point writes the guest's run and shows the host's bytes.
+    let pool = rec.fds.lock().unwrap()[&0].try_clone().unwrap();
+    pool.write_all_at(b"GUEST", MB2 + 10).unwrap();
+    files[1].write_all_at(b"HOST", 100).unwrap();
+    w.sync(1);
+    let mut got = [0u8; 5];
+    files[1].read_exact_at(&mut got, 10).unwrap();
+    assert_eq!(&got, b"GUEST");
+    assert_eq!(&pool_read(&rec, MB2 + 100, 4), b"HOST");
+    assert_eq!(files[1].metadata().unwrap().len(), 5000, "never extended");
+    // A read-only range follows the file at sync points and never writes it back.
+    pool.write_all_at(b"X", 0).unwrap();
+    files[0].write_all_at(b"NEW", 0).unwrap();
+    w.sync(0);
+    assert_eq!(&pool_read(&rec, 0, 3), b"NEW");
+    // An upgrade stays in the pool; guest stores reach the file.
+    map_at(&w, 0, 0, MB2, files[0].as_fd(), 0, true).unwrap();
+    pool.write_all_at(b"up", 3).unwrap();
+    w.unmap(0, MB2).unwrap();
+    let mut got = [0u8; 5];
+    files[0].read_exact_at(&mut got, 0).unwrap();
+    assert_eq!(&got, b"NEWup");
+    assert!(
+        calls(&rec).is_empty(),
+        "nothing sent for maps, upgrades, unmaps"
+    );
+    assert_eq!(pool_read(&rec, 0, 8), vec![0u8; 8], "freed");
+    // A reset drops the pool (the frontend did) after writing back; the next map puts
+    // it back. DESTROY unmaps it.
+    pool.write_all_at(b"Z", 3 * MB2).unwrap();
+    w.reset();
+    let mut got = [0u8; 1];
+    files[3].read_exact_at(&mut got, 0).unwrap();
+    assert_eq!(&got, b"Z", "written back at the reset");
+    w.start();
+    map_at(&w, 3, 0, MB2, files[3].as_fd(), 0, false).unwrap();
+    w.end_session();
+    assert_eq!(
+        calls(&rec),
+        vec!["map 0x0+0x2000000@0x0 rw", "unmap 0x0+0x2000000"]
+    );
+}
+
+#[test]
+fn a_reset_during_the_pools_map_drops_it_and_maps_it_again() {
+    let w: DaxWindow<Arc<Rec>> = DaxWindow::with_budget(8 * MB2, 2).unwrap();
+    let w = Arc::new(w);
+    let rec = Arc::new(Rec::default());
+    w.set_sink(rec.clone());
+    w.start();
+    let f = data_file(4, MB2 as usize);
+    let gate = rec.gate.lock().unwrap();
+    let (w2, fd) = (w.clone(), f.try_clone().unwrap());
+    let t = std::thread::spawn(move || map_at(&w2, 1, 0, MB2, fd.as_fd(), 0, false));
+    std::thread::sleep(Duration::from_millis(100));
+    let started = std::time::Instant::now();
+    w.reset();
+    assert!(started.elapsed() < Duration::from_secs(1), "reset waited");
+    drop(gate);
+    assert!(t.join().unwrap().is_err(), "the map raced a reset");
+    w.start();
+    map_at(&w, 1, MB2, MB2, f.as_fd(), 0, false).unwrap();
+    assert_eq!(
+        calls(&rec),
+        vec![
+            "map 0x0+0x1000000@0x0 rw",
+            "unmap 0x0+0x1000000",
+            "map 0x0+0x1000000@0x0 rw"
+        ],
+        "the pool the frontend may have kept is taken out before it is mapped again"
+    );
+    assert_eq!(pool_read(&rec, MB2, 4), vec![4u8; 4]);
+    let s = w.stats();
+    assert_eq!((s.regions, s.mapped_bytes), (1, MB2), "{s}");
+}
+
+#[test]
+fn a_reset_does_not_wait_for_a_tail_mapping_in_flight() {
+    // Issue #20 c: a shadow's mutex held across the tail's SHMEM_MAP round trip while
+    // the reset writes that shadow back.
+    let (w, rec, _) = window();
+    let w = Arc::new(w);
+    let path = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(path.path(), [5u8; 5000]).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path.path())
+        .unwrap();
+    // A live mapping with a tail, then another mapping of the same range (same shadow)
+    // whose tail reply the frontend holds back.
+    map_at(&w, 7, MB2, MB2, f.as_fd(), 0, true).unwrap();
+    let gate = rec.tail_gate.lock().unwrap();
+    let (w2, fd) = (w.clone(), f.try_clone().unwrap());
+    let t = std::thread::spawn(move || map_at(&w2, 8, 0, MB2, fd.as_fd(), 0, true));
+    std::thread::sleep(Duration::from_millis(200));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let w3 = w.clone();
+    let r = std::thread::spawn(move || {
+        w3.reset();
+        tx.send(()).unwrap();
+    });
+    let done = rx.recv_timeout(Duration::from_secs(2));
+    drop(gate);
+    r.join().unwrap();
+    let _ = t.join().unwrap();
+    assert!(
+        done.is_ok(),
+        "the reset waited for the frontend's tail reply"
+    );
+}
+
+#[test]
+fn a_failed_setattr_that_shrank_the_file_still_replaces_its_mappings() {
+    // Issue #20 a: a SETATTR that truncates and then fails (an invalid mtime after the
+    // size) leaves whole-page file mappings past the new EOF unless the mappings are
+    // re-placed whatever the result.
+    use crate::protocol::filesystem::{Context, FileSystem, Handle, Inode};
+    struct TruncatesThenFails(File);
+    impl FileSystem for TruncatesThenFails {
+        fn setattr(
+            &self,
+            _: &Context,
+            _: Inode,
+            _: &crate::protocol::abi::SetattrIn,
+            _: Option<Handle>,
+        ) -> io::Result<(crate::protocol::abi::Attr, Duration)> {
+            self.0.set_len(0)?;
+            Err(io::Error::from_raw_os_error(libc::EINVAL))
+        }
+    }
+    let (w, rec, f) = window();
+    let w = Arc::new(w);
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, true).unwrap();
+    calls(&rec);
+    let fs = coherent::Coherent::new(TruncatesThenFails(f.try_clone().unwrap()), Some(w.clone()));
+    let ctx = Context {
+        uid: 0,
+        gid: 0,
+        pid: 0,
+    };
+    let e = fs
+        .setattr(&ctx, 7, &crate::protocol::abi::SetattrIn::default(), None)
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+    assert_eq!(
+        calls(&rec),
+        vec!["unmap 0x0+0x200000", "map 0x0+0x200000@0x0 rw"],
+        "the file's pages leave the window; the range is a shadow of the empty file"
+    );
+}
+
+#[test]
+fn a_grown_shadow_holds_the_files_bytes() {
+    // Issue #20 e: a longer mapping of a shadowed range grows the shadow; the grown part
+    // must hold the file's bytes, not zeros.
+    let (w, rec, _) = window();
+    let path = tempfile::NamedTempFile::new().unwrap();
+    let bytes: Vec<u8> = (0..3 * 4096u32).map(|i| (i % 251) as u8 + 1).collect();
+    std::fs::write(path.path(), &bytes).unwrap();
+    let ro = File::open(path.path()).unwrap();
+    map_at(&w, 9, 0, 4096, ro.as_fd(), 0, false).unwrap();
+    map_at(&w, 9, MB2, 4 * 4096, ro.as_fd(), 0, false).unwrap();
+    assert_eq!(mapped_bytes(&rec, MB2, 3 * 4096), bytes);
+    w.sync(9);
+    assert_eq!(mapped_bytes(&rec, MB2, 3 * 4096), bytes);
+    assert_eq!(std::fs::read(path.path()).unwrap(), bytes);
+}
+
+#[test]
+fn reset_and_pause_never_wait_for_a_frontend_round_trip() {
+    let (w, rec, f) = window();
+    let w = Arc::new(w);
+    let gate = rec.gate.lock().unwrap();
+    // A SETUPMAPPING whose SHMEM_MAP reply is held back by the frontend.
+    let w2 = w.clone();
+    let fd = f.try_clone().unwrap();
+    let t = std::thread::spawn(move || map_at(&w2, 7, 0, MB2, fd.as_fd(), 0, false));
+    std::thread::sleep(Duration::from_millis(50));
+    let started = std::time::Instant::now();
+    w.device_paused_for_test();
+    w.reset();
+    w.sync(8);
+    w.sync_all();
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "pause/reset waited for the frontend"
+    );
+    drop(gate);
+    let _ = t.join().unwrap();
+    assert_eq!(
+        w.stats().mapped_bytes,
+        0,
+        "nothing published across the reset"
+    );
+    // The frontend may have applied that map after its reset: it is unmapped before the
+    // range is used again.
+    calls(&rec);
+    w.start();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    assert_eq!(
+        calls(&rec),
+        vec!["unmap 0x0+0x200000", "map 0x0+0x200000@0x0 ro"]
+    );
+}
+
+#[test]
+fn an_unmap_while_paused_is_sent_once_the_device_runs() {
+    let (w, rec, f) = window();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    calls(&rec);
+    // stop/cont keeps QEMU's mappings: a removal that completes while paused is not
+    // sent then, and not forgotten either.
+    w.pause();
+    w.unmap(0, MB2).unwrap();
+    assert!(calls(&rec).is_empty());
+    w.start();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, true).unwrap();
+    assert_eq!(
+        calls(&rec),
+        vec!["unmap 0x0+0x200000", "map 0x0+0x200000@0x0 rw"]
+    );
+    // DESTROY sends the pending ones too.
+    map_at(&w, 7, MB2, MB2, f.as_fd(), 0, false).unwrap();
+    w.pause();
+    w.unmap(MB2, MB2).unwrap();
+    w.start();
+    calls(&rec);
+    w.end_session();
+    let mut got = calls(&rec);
+    got.sort();
+    assert_eq!(got, vec!["unmap 0x0+0x200000", "unmap 0x200000+0x200000"]);
+}
+
+/// Window bytes `[m, m+len)` as the pool (the frontend mapping at 0) shows them.
+fn pool_read(rec: &Rec, m: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    rec.fds.lock().unwrap()[&0]
+        .read_exact_at(&mut v, m)
+        .unwrap();
+    v
+}
+
+/// Window bytes `[m, m+len)` of the frontend mapping that starts at `m`, at its file
+/// offset.
+fn frontend_read(rec: &Rec, m: u64, len: usize) -> Vec<u8> {
+    let fds = rec.fds.lock().unwrap();
+    let at = rec.foffs.lock().unwrap()[&m];
+    let mut v = vec![0u8; len];
+    fds[&m].read_exact_at(&mut v, at).unwrap();
+    v
+}
+
+/// A running window of `size` bytes and `budget` frontend mappings, with its recorder.
+fn running(size: u64, budget: usize) -> (DaxWindow<Arc<Rec>>, Arc<Rec>) {
+    let w = DaxWindow::with_budget(size, budget).unwrap();
+    let rec = Arc::new(Rec::default());
+    w.set_sink(rec.clone());
+    w.start();
+    (w, rec)
+}
+
+fn copy_window(mode: CopyMode, ranges: u64, budget: usize) -> (DaxWindow<Arc<Rec>>, Arc<Rec>) {
+    let (w, rec) = running(ranges * MB2, budget);
+    w.set_copy_mode(mode);
+    (w, rec)
+}
+
+fn data_file(fill: u8, len: usize) -> File {
+    let f = tempfile::tempfile().unwrap();
+    f.write_all_at(&vec![fill; len], 0).unwrap();
+    f
+}
+
+#[test]
+fn copy_slots_park_and_refill_without_a_round_trip() {
+    let (w, rec) = copy_window(CopyMode::Always, 8, DEFAULT_MAP_BUDGET);
+    let a = data_file(1, 3 * MB2 as usize);
+    let b = data_file(2, 3 * MB2 as usize);
+    map_at(&w, 7, MB2, MB2, a.as_fd(), MB2, false).unwrap();
+    assert_eq!(
+        calls(&rec),
+        vec!["map 0x200000+0x200000@0x200000 ro"],
+        "slot offset = window offset"
+    );
+    assert_eq!(frontend_read(&rec, MB2, 4096), vec![1u8; 4096]);
+    // REMOVEMAPPING parks it: nothing sent.
+    w.unmap(MB2, MB2).unwrap();
+    assert!(calls(&rec).is_empty());
+    let s = w.stats();
+    assert_eq!((s.parked, s.regions, s.mapped_bytes), (1, 1, 0), "{s}");
+    // Another file's read-only range at the same window offset: refilled in place.
+    map_at(&w, 9, MB2, MB2, b.as_fd(), 0, false).unwrap();
+    assert!(calls(&rec).is_empty(), "no SHMEM request for a parked slot");
+    assert_eq!(
+        frontend_read(&rec, MB2, MB2 as usize),
+        vec![2u8; MB2 as usize]
+    );
+    let s = w.stats();
+    assert_eq!((s.copies, s.reused, s.parked, s.maps), (1, 1, 0, 2), "{s}");
+    // A parked slot of another extent is unmapped before a map over it.
+    w.unmap(MB2, MB2).unwrap();
+    map_at(&w, 9, MB2, 4096, b.as_fd(), 0, false).unwrap();
+    assert_eq!(
+        calls(&rec),
+        vec!["unmap 0x200000+0x200000", "map 0x200000+0x1000@0x200000 ro"]
+    );
+    // A device reset forgets parked slots (the frontend dropped them).
+    w.unmap(MB2, 4096).unwrap();
+    w.reset();
+    w.start();
+    assert_eq!((w.stats().parked, w.stats().regions), (0, 0));
+    map_at(&w, 9, MB2, MB2, b.as_fd(), 0, false).unwrap();
+    assert_eq!(calls(&rec), vec!["map 0x200000+0x200000@0x200000 ro"]);
+    // DESTROY unmaps parked slots.
+    w.unmap(MB2, MB2).unwrap();
+    w.end_session();
+    assert_eq!(calls(&rec), vec!["unmap 0x200000+0x200000"]);
+}
+
+#[test]
+fn an_upgrade_turns_a_copy_into_a_direct_mapping() {
+    let (w, rec) = copy_window(CopyMode::Always, 8, DEFAULT_MAP_BUDGET);
+    let f = data_file(3, MB2 as usize);
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, true).unwrap();
+    assert_eq!(
+        calls(&rec),
+        vec![
+            "map 0x0+0x200000@0x0 ro",
+            "unmap 0x0+0x200000",
+            "map 0x0+0x200000@0x0 rw"
+        ]
+    );
+    // Stores reach the file.
+    rec.fds.lock().unwrap()[&0]
+        .write_all_at(b"store", 10)
+        .unwrap();
+    let mut got = [0u8; 5];
+    f.read_exact_at(&mut got, 10).unwrap();
+    assert_eq!(&got, b"store");
+    // A writable map over a parked slot unmaps the slot first.
+    map_at(&w, 7, MB2, MB2, f.as_fd(), 0, false).unwrap();
+    w.unmap(MB2, MB2).unwrap();
+    calls(&rec);
+    map_at(&w, 7, MB2, MB2, f.as_fd(), 0, true).unwrap();
+    assert_eq!(
+        calls(&rec),
+        vec!["unmap 0x200000+0x200000", "map 0x200000+0x200000@0x0 rw"]
+    );
+    assert_eq!(w.stats().parked, 0);
+}
+
+#[test]
+fn copies_follow_the_file_at_sync_points_and_zero_past_eof() {
+    let (w, rec) = copy_window(CopyMode::Always, 8, DEFAULT_MAP_BUDGET);
+    let f = data_file(4, 5000);
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    let got = frontend_read(&rec, 0, 8192);
+    assert_eq!(&got[..5000], &[4u8; 5000][..]);
+    assert!(got[5000..].iter().all(|&b| b == 0), "zeros past EOF");
+    // A host write: seen at the next sync point (size moved).
+    f.write_all_at(b"host", 5000).unwrap();
+    w.sync(8);
+    assert_eq!(
+        &frontend_read(&rec, 0, 5004)[5000..],
+        &[0u8; 4],
+        "other inode"
+    );
+    w.sync(7);
+    assert_eq!(&frontend_read(&rec, 0, 5004)[5000..], b"host");
+    // A write through the request path is in the copy whatever the timestamps say.
+    f.write_all_at(b"fuse", 0).unwrap();
+    w.written(7, 0, 4);
+    assert_eq!(&frontend_read(&rec, 0, 4), b"fuse");
+    // A request-path write elsewhere in the file re-reads only the copies it overlaps.
+    let big = data_file(1, 2 * MB2 as usize);
+    map_at(&w, 9, 2 * MB2, MB2, big.as_fd(), 0, false).unwrap();
+    map_at(&w, 9, 3 * MB2, MB2, big.as_fd(), MB2, false).unwrap();
+    calls(&rec);
+    let before = w.stats().recopied;
+    big.write_all_at(b"x", MB2 + 5).unwrap();
+    w.written(9, MB2 + 5, 1);
+    w.refresh(9);
+    w.sync(9);
+    assert_eq!(
+        w.stats().recopied,
+        before + 1,
+        "only the written range re-read"
+    );
+    assert_eq!(&frontend_read(&rec, 3 * MB2, 6)[5..], b"x");
+    w.unmap(2 * MB2, 2 * MB2).unwrap();
+    // Shrinking zeroes the rest; the periodic pass sees it too.
+    f.set_len(2).unwrap();
+    w.sync_all();
+    assert_eq!(frontend_read(&rec, 0, 4), b"fu\0\0");
+    assert!(w.stats().recopied >= 3, "{}", w.stats());
+    assert!(calls(&rec).is_empty(), "refreshes send nothing");
+}
+
+#[test]
+fn the_budget_evicts_parked_slots_oldest_first() {
+    // 4 ranges, room for 6 frontend mappings.
+    let (w, rec) = copy_window(CopyMode::Always, 4, 6);
+    let f = data_file(5, 4 * MB2 as usize);
+    for i in 0..4 {
+        map_at(&w, 7, i * MB2, MB2, f.as_fd(), i * MB2, false).unwrap();
+    }
+    for i in 0..4 {
+        w.unmap(i * MB2, MB2).unwrap();
+    }
+    calls(&rec);
+    assert_eq!((w.stats().parked, w.stats().regions), (4, 4));
+    // A writable mapping of a short file needs 2 mappings plus one in reserve per free
+    // range: parked slots make room, oldest first.
+    let short = data_file(6, 5000);
+    map_at(&w, 8, 0, MB2, short.as_fd(), 0, true).unwrap();
+    assert_eq!(
+        calls(&rec),
+        vec![
+            "unmap 0x0+0x200000",
+            "unmap 0x200000+0x200000",
+            "unmap 0x400000+0x200000",
+            "map 0x0+0x1000@0x0 rw",
+            "map 0x1000+0x1ff000@0x0 rw"
+        ]
+    );
+    let s = w.stats();
+    assert_eq!((s.parked, s.evicted, s.regions), (1, 2, 3), "{s}");
+    assert!(s.peak_regions <= 6, "{s}");
+}
+
+#[test]
+fn auto_copies_only_while_the_window_churns() {
+    let (w, rec) = copy_window(CopyMode::Auto, 8, DEFAULT_MAP_BUDGET);
+    let f = data_file(7, 8 * MB2 as usize);
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    assert_eq!(calls(&rec), vec!["map 0x0+0x200000@0x0 ro"]);
+    assert_eq!(w.stats().copies, 0, "a calm window maps the file");
+    // An emptying window is not churn: the guest drops many ranges of a window with room
+    // to spare (an evicted inode, dropped caches), then maps again.
+    for i in 1..4 {
+        map_at(&w, 7, i * MB2, MB2, f.as_fd(), i * MB2, false).unwrap();
+    }
+    for _ in 0..=copy::CHURN_PER_SECOND {
+        for i in 0..4 {
+            w.unmap(i * MB2, MB2).unwrap();
+        }
+        for i in 0..4 {
+            map_at(&w, 7, i * MB2, MB2, f.as_fd(), i * MB2, false).unwrap();
+        }
+    }
+    assert_eq!(w.stats().copies, 0, "half a window recycled: {}", w.stats());
+    // A full window recycling one range is.
+    for i in 4..8 {
+        map_at(&w, 7, i * MB2, MB2, f.as_fd(), i * MB2, false).unwrap();
+    }
+    for _ in 0..=copy::CHURN_PER_SECOND {
+        w.unmap(0, MB2).unwrap();
+        map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    }
+    assert!(w.stats().copies >= 1, "{}", w.stats());
+    let before = rec.calls.lock().unwrap().len();
+    w.unmap(0, MB2).unwrap();
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
+    assert_eq!(rec.calls.lock().unwrap().len(), before, "parked and reused");
+    // Calm again (the rate window is 2 s): a map onto a parked slot still refills it
+    // within CHURN_LINGER (another file too); a range with no parked slot maps the file.
+    std::thread::sleep(Duration::from_millis(2100));
+    let g = data_file(9, MB2 as usize);
+    w.unmap(0, MB2).unwrap();
+    map_at(&w, 8, 0, MB2, g.as_fd(), 0, false).unwrap();
+    assert_eq!(
+        rec.calls.lock().unwrap().len(),
+        before,
+        "refilled after the churn"
+    );
+    assert_eq!(window_read(&rec, 0, 4), vec![9u8; 4]);
+    w.unmap(MB2, MB2).unwrap();
+    map_at(&w, 7, MB2, MB2, f.as_fd(), MB2, false).unwrap();
+    assert_eq!(
+        calls(&rec)[before..],
+        [
+            "unmap 0x200000+0x200000",
+            "map 0x200000+0x200000@0x200000 ro"
+        ]
+    );
+    // Off never copies (the default of a window: today's behaviour).
+    let (w, rec) = copy_window(CopyMode::Off, 8, DEFAULT_MAP_BUDGET);
+    for _ in 0..=copy::CHURN_PER_SECOND {
+        map_at(&w, 7, 0, MB2, f.as_fd(), 0, false).unwrap();
+        w.unmap(0, MB2).unwrap();
+    }
+    assert_eq!(w.stats().copies, 0);
+    assert_eq!(calls(&rec).len(), 2 * (copy::CHURN_PER_SECOND as usize + 1));
+    assert_eq!(
+        DaxWindow::<Arc<Rec>>::new(MB2).unwrap().copy_mode(),
+        CopyMode::Off
+    );
+}
