@@ -661,7 +661,7 @@ with_filesystem_methods!([declare_trait]
 /// A written method whose name is not a trait method, or written twice, does not compile;
 /// nor does one with a wrong number of arguments.
 ///
-/// ```ignore
+/// ```text
 /// filesystem_impl! {
 ///     impl[F: FileSystem] FileSystem for Logged<F>;
 ///     others => self.inner;
