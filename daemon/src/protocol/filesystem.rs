@@ -202,9 +202,10 @@ macro_rules! with_filesystem_methods {
         }
 
         /// MKNOD: creates a regular file, FIFO, socket or device node `name` in `parent`
-        /// with `mode` (type and permission bits, `umask` not yet applied: apply it when the
-        /// guest did not, i.e. without POSIX ACLs) and device number `rdev`. A reference as
-        /// LOOKUP; undone like SYMLINK.
+        /// with `mode` (type and permission bits) and device number `rdev`, owned by the
+        /// caller. `umask` is the caller's, not yet applied: the filesystem applies it to
+        /// `mode`, or (POSIX ACLs negotiated) lets the directory's default ACL decide as
+        /// the host would. A reference as LOOKUP; undone like SYMLINK.
         fn mknod(
             &self,
             ctx: &Context,
@@ -334,8 +335,9 @@ macro_rules! with_filesystem_methods {
             enosys()
         }
 
-        /// WRITE: the `size` bytes `r` holds (exactly that many), at byte `offset` (the end
-        /// of file for `O_APPEND` handles); returns how many were written (at most `size`).
+        /// WRITE: the `size` bytes `r` holds (exactly that many), at byte `offset` (a handle
+        /// opened with `O_APPEND` appends, as `pwrite(2)` does); returns how many were
+        /// written (at most `size`).
         /// `kill_priv` asks to clear set-user-ID and set-group-ID as an unprivileged write
         /// would (`WRITE_KILL_SUIDGID`).
         fn write(
@@ -367,9 +369,9 @@ macro_rules! with_filesystem_methods {
 
         /// RELEASE: the last descriptor of `handle` is gone: the handle is closed and
         /// invalid from now on, whatever the result (the guest ignores it). `flock_release`
-        /// asks to drop the `flock(2)` lock of the handle first; `lock_owner` is the owner
-        /// of the last FLUSH. The server also releases handles whose OPEN or CREATE reply
-        /// never reached the guest (`false`, 0).
+        /// asks to drop the `flock(2)` lock `lock_owner` holds through the handle first.
+        /// The server also releases handles whose OPEN or CREATE reply never reached the
+        /// guest (`false`, 0).
         fn release(
             &self,
             ctx: &Context,
