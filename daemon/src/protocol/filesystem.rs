@@ -23,7 +23,7 @@
 //!   opcode policy of [`crate::protocol::policy`]: only SETLKW may wait indefinitely, and
 //!   only it must give up with `EINTR` on [`FileSystem::interrupt_waits`].
 //! - **Decorators.** A filesystem that wraps another (e.g. DAX coherence in
-//!   `dax::coherent`) is written with [`filesystem_impl!`]: every method it does not write
+//!   `dax::coherent`) is written with `filesystem_impl!`: every method it does not write
 //!   itself is forwarded to the inner one, so none can be forgotten. A decorator passes each
 //!   call's result through unchanged unless it documents otherwise, and keeps the lookup
 //!   counts of the inner filesystem exact (an entry it drops after the inner call succeeded
@@ -32,8 +32,8 @@
 //!   and threads, so implementations synchronise internally. The guest orders nothing
 //!   between requests in flight except through their replies.
 //!
-//! The methods are written once, in [`with_filesystem_methods!`]: the trait, the forwarders
-//! of [`filesystem_impl!`] and the tests that prove them all come from that one list.
+//! The methods are written once, in `with_filesystem_methods!`: the trait, the forwarders
+//! of `filesystem_impl!` and the tests that prove them all come from that one list.
 
 use std::ffi::CStr;
 use std::io;
