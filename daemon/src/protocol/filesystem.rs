@@ -8,7 +8,8 @@
 //! - **Trust.** Arguments are decoded and validated by the server (names are single,
 //!   NUL-free, non-empty path components of at most `NAME_MAX` bytes; sizes are within the
 //!   negotiated limits); inode numbers and handles come straight from the guest and must
-//!   be checked (`EBADF` for an unknown handle, `ENOENT`/`ESTALE` for an unknown inode).
+//!   be checked: an unknown or mismatched one is an error (the passthrough answers
+//!   `EBADF`), never a panic or another file's data.
 //! - **Errors.** An error's raw OS error number is what the guest sees (`-errno` in the
 //!   reply); an error without one becomes `EIO` (`EINVAL` for a short read of an argument).
 //!   A failed call must leave no trace the guest cannot see: no reference taken, no handle
