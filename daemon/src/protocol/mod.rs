@@ -1,11 +1,12 @@
 //! The FUSE protocol, independent of any transport: the wire format, scatter-gather
-//! buffers, the server, the filesystem trait, the DAX mapper seam and the passthrough
-//! backing-file seam.
+//! buffers, the server, the filesystem trait, the DAX mapper seam, the passthrough
+//! backing-file seam and the opcode policy the transports schedule requests by.
 
 pub mod abi;
 pub mod backing;
 pub mod filesystem;
 pub mod iobuf;
 pub mod mapper;
+pub mod policy;
 pub mod secctx;
 pub mod server;

@@ -12,9 +12,7 @@ use std::time::Duration;
 
 use crate::abi::fattr;
 use crate::abi::{Attr, Kstatfs, SetattrIn, ROOT_ID};
-use crate::filesystem::{
-    AddEntry, Context, DirEntry, Entry, FileSystem, Handle, InitCaps, Inode, OpenFlags,
-};
+use crate::filesystem::{AddEntry, Context, DirEntry, Entry, Handle, InitCaps, Inode, OpenFlags};
 use crate::iobuf::{Reader, Writer};
 use crate::mapper::Mapper;
 
@@ -230,8 +228,11 @@ impl State {
     }
 }
 
-impl FileSystem for MemFs {
-    fn init(&self, _caps: InitCaps) -> io::Result<u64> {
+crate::protocol::filesystem::filesystem_impl! {
+    impl[] FileSystem for MemFs;
+    others => default;
+
+    fn init(&self, _caps) {
         Ok(0)
     }
 
@@ -252,7 +253,7 @@ impl FileSystem for MemFs {
         }
     }
 
-    fn lookup(&self, _ctx: &Context, parent: Inode, name: &CStr) -> io::Result<Entry> {
+    fn lookup(&self, _ctx, parent, name) {
         let mut s = self.lock()?;
         let ino = match name.to_bytes() {
             b"." => parent,
@@ -266,7 +267,7 @@ impl FileSystem for MemFs {
         s.entry(ino)
     }
 
-    fn forget(&self, _ctx: &Context, inode: Inode, count: u64) {
+    fn forget(&self, _ctx, inode, count) {
         if let Ok(mut s) = self.lock() {
             if let Some(n) = s.nodes.get_mut(&inode) {
                 n.lookups = n.lookups.saturating_sub(count);
@@ -275,22 +276,11 @@ impl FileSystem for MemFs {
         }
     }
 
-    fn getattr(
-        &self,
-        _ctx: &Context,
-        inode: Inode,
-        _h: Option<Handle>,
-    ) -> io::Result<(Attr, Duration)> {
+    fn getattr(&self, _ctx, inode, _h) {
         Ok((self.lock()?.attr(inode)?, Duration::ZERO))
     }
 
-    fn setattr(
-        &self,
-        _ctx: &Context,
-        inode: Inode,
-        a: &SetattrIn,
-        _h: Option<Handle>,
-    ) -> io::Result<(Attr, Duration)> {
+    fn setattr(&self, _ctx, inode, a, _h) {
         let mut s = self.lock()?;
         let n = s.node_mut(inode)?;
         if a.valid & fattr::MODE != 0 {
@@ -313,34 +303,20 @@ impl FileSystem for MemFs {
         Ok((s.attr(inode)?, Duration::ZERO))
     }
 
-    fn readlink(&self, _ctx: &Context, inode: Inode) -> io::Result<Vec<u8>> {
+    fn readlink(&self, _ctx, inode) {
         match &self.lock()?.node(inode)?.kind {
             Kind::Symlink(t) => Ok(t.clone()),
             _ => Err(errno(libc::EINVAL)),
         }
     }
 
-    fn symlink(
-        &self,
-        ctx: &Context,
-        target: &CStr,
-        parent: Inode,
-        name: &CStr,
-    ) -> io::Result<Entry> {
+    fn symlink(&self, ctx, target, parent, name) {
         let kind = Kind::Symlink(target.to_bytes().to_vec());
         self.lock()?
             .add(ctx, parent, name, kind, libc::S_IFLNK | 0o777, 0)
     }
 
-    fn mknod(
-        &self,
-        ctx: &Context,
-        parent: Inode,
-        name: &CStr,
-        mode: u32,
-        rdev: u32,
-        _umask: u32,
-    ) -> io::Result<Entry> {
+    fn mknod(&self, ctx, parent, name, mode, rdev, _umask) {
         let kind = match mode & libc::S_IFMT {
             libc::S_IFREG => Kind::File(Vec::new()),
             libc::S_IFDIR => return Err(errno(libc::EINVAL)),
@@ -349,36 +325,21 @@ impl FileSystem for MemFs {
         self.lock()?.add(ctx, parent, name, kind, mode, rdev)
     }
 
-    fn mkdir(
-        &self,
-        ctx: &Context,
-        parent: Inode,
-        name: &CStr,
-        mode: u32,
-        _umask: u32,
-    ) -> io::Result<Entry> {
+    fn mkdir(&self, ctx, parent, name, mode, _umask) {
         let kind = Kind::Dir(BTreeMap::new());
         self.lock()?
             .add(ctx, parent, name, kind, libc::S_IFDIR | (mode & 0o7777), 0)
     }
 
-    fn unlink(&self, _ctx: &Context, parent: Inode, name: &CStr) -> io::Result<()> {
+    fn unlink(&self, _ctx, parent, name) {
         self.lock()?.remove(parent, name, false)
     }
 
-    fn rmdir(&self, _ctx: &Context, parent: Inode, name: &CStr) -> io::Result<()> {
+    fn rmdir(&self, _ctx, parent, name) {
         self.lock()?.remove(parent, name, true)
     }
 
-    fn rename(
-        &self,
-        _ctx: &Context,
-        olddir: Inode,
-        oldname: &CStr,
-        newdir: Inode,
-        newname: &CStr,
-        flags: u32,
-    ) -> io::Result<()> {
+    fn rename(&self, _ctx, olddir, oldname, newdir, newname, flags) {
         if flags != 0 {
             return Err(errno(libc::EINVAL));
         }
@@ -406,13 +367,7 @@ impl FileSystem for MemFs {
         Ok(())
     }
 
-    fn link(
-        &self,
-        _ctx: &Context,
-        inode: Inode,
-        newparent: Inode,
-        newname: &CStr,
-    ) -> io::Result<Entry> {
+    fn link(&self, _ctx, inode, newparent, newname) {
         let mut s = self.lock()?;
         if matches!(s.node(inode)?.kind, Kind::Dir(_)) {
             return Err(errno(libc::EPERM));
@@ -425,13 +380,7 @@ impl FileSystem for MemFs {
         s.entry(inode)
     }
 
-    fn open(
-        &self,
-        _ctx: &Context,
-        inode: Inode,
-        _flags: u32,
-        _ff: u32,
-    ) -> io::Result<(Handle, OpenFlags)> {
+    fn open(&self, _ctx, inode, _flags, _ff) {
         match self.lock()?.node(inode)?.kind {
             Kind::File(_) => Ok((inode, 0)),
             Kind::Dir(_) => Err(errno(libc::EISDIR)),
@@ -439,16 +388,7 @@ impl FileSystem for MemFs {
         }
     }
 
-    fn create(
-        &self,
-        ctx: &Context,
-        parent: Inode,
-        name: &CStr,
-        mode: u32,
-        _flags: u32,
-        _umask: u32,
-        _ff: u32,
-    ) -> io::Result<(Entry, Handle, OpenFlags)> {
+    fn create(&self, ctx, parent, name, mode, _flags, _umask, _ff) {
         let e = self.lock()?.add(
             ctx,
             parent,
@@ -460,15 +400,7 @@ impl FileSystem for MemFs {
         Ok((e, e.inode, 0))
     }
 
-    fn read(
-        &self,
-        _ctx: &Context,
-        inode: Inode,
-        _h: Handle,
-        w: &mut Writer,
-        size: u32,
-        offset: u64,
-    ) -> io::Result<usize> {
+    fn read(&self, _ctx, inode, _h, w, size, offset) {
         let s = self.lock()?;
         let Kind::File(d) = &s.node(inode)?.kind else {
             return Err(errno(libc::EISDIR));
@@ -479,16 +411,7 @@ impl FileSystem for MemFs {
         Ok(end - start)
     }
 
-    fn write(
-        &self,
-        _ctx: &Context,
-        inode: Inode,
-        _h: Handle,
-        r: &mut Reader,
-        size: u32,
-        offset: u64,
-        _kill: bool,
-    ) -> io::Result<usize> {
+    fn write(&self, _ctx, inode, _h, r, size, offset, _kill) {
         let end = offset
             .checked_add(u64::from(size))
             .ok_or_else(|| errno(libc::EFBIG))?;
@@ -507,7 +430,7 @@ impl FileSystem for MemFs {
         Ok(data.len())
     }
 
-    fn statfs(&self, _ctx: &Context, _inode: Inode) -> io::Result<Kstatfs> {
+    fn statfs(&self, _ctx, _inode) {
         let s = self.lock()?;
         Ok(Kstatfs {
             files: MAX_INODES as u64,
@@ -519,44 +442,24 @@ impl FileSystem for MemFs {
         })
     }
 
-    fn release(
-        &self,
-        _ctx: &Context,
-        _i: Inode,
-        _h: Handle,
-        _flock: bool,
-        _owner: u64,
-    ) -> io::Result<()> {
+    fn release(&self, _ctx, _i, _h, _flock, _owner) {
         Ok(())
     }
 
-    fn flush(&self, _ctx: &Context, _i: Inode, _h: Handle, _owner: u64) -> io::Result<()> {
+    fn flush(&self, _ctx, _i, _h, _owner) {
         Ok(())
     }
 
-    fn fsync(&self, _ctx: &Context, _i: Inode, _d: bool, _h: Handle) -> io::Result<()> {
+    fn fsync(&self, _ctx, _i, _d, _h) {
         Ok(())
     }
 
-    fn opendir(
-        &self,
-        _ctx: &Context,
-        inode: Inode,
-        _flags: u32,
-    ) -> io::Result<(Handle, OpenFlags)> {
+    fn opendir(&self, _ctx, inode, _flags) {
         self.lock()?.dir(inode)?;
         Ok((inode, 0))
     }
 
-    fn readdir(
-        &self,
-        _ctx: &Context,
-        inode: Inode,
-        _h: Handle,
-        offset: u64,
-        plus: bool,
-        add: &mut AddEntry,
-    ) -> io::Result<()> {
+    fn readdir(&self, _ctx, inode, _h, offset, plus, add) {
         let mut s = self.lock()?;
         let names: Vec<(CString, Inode)> =
             s.dir(inode)?.iter().map(|(n, i)| (n.clone(), *i)).collect();
@@ -585,25 +488,15 @@ impl FileSystem for MemFs {
         Ok(())
     }
 
-    fn releasedir(&self, _ctx: &Context, _i: Inode, _h: Handle) -> io::Result<()> {
+    fn releasedir(&self, _ctx, _i, _h) {
         Ok(())
     }
 
-    fn access(&self, _ctx: &Context, inode: Inode, _mask: u32) -> io::Result<()> {
+    fn access(&self, _ctx, inode, _mask) {
         self.lock()?.node(inode).map(|_| ())
     }
 
-    fn setupmapping(
-        &self,
-        _ctx: &Context,
-        inode: Inode,
-        _h: Handle,
-        foffset: u64,
-        len: u64,
-        moffset: u64,
-        writable: bool,
-        mapper: &dyn Mapper,
-    ) -> io::Result<()> {
+    fn setupmapping(&self, _ctx, inode, _h, foffset, len, moffset, writable, mapper) {
         if !matches!(self.lock()?.node(inode)?.kind, Kind::File(_)) {
             return Err(errno(libc::EINVAL));
         }

@@ -26,6 +26,7 @@ use vm_memory::VolatileSlice;
 
 use crate::filesystem::FileSystem;
 use crate::iobuf::{Reader, Writer};
+use crate::protocol::policy::{self, Wait};
 use crate::server::Server;
 
 /// Linux refuses reads of /dev/fuse into buffers smaller than this (`FUSE_MIN_READ_BUFFER`).
@@ -670,9 +671,7 @@ impl Pool {
         if self.inactive.load(Ordering::Acquire) == 0 || self.reading.load(Ordering::Acquire) > 0 {
             return;
         }
-        use crate::abi::opcode as op;
-        let slow = opcode(req)
-            .is_some_and(|o| matches!(o, op::FSYNC | op::FSYNCDIR | op::SYNCFS | op::FALLOCATE));
+        let slow = opcode(req).is_some_and(takes_long);
         let mut pfd = libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -724,7 +723,14 @@ fn opcode(req: &[u8]) -> Option<u32> {
 /// SETLKW waits for another process's lock, whose release needs a worker of its own: served
 /// on a separate thread, so waiting locks can never take every worker.
 fn may_block(req: &[u8]) -> bool {
-    opcode(req).is_some_and(|op| op == crate::abi::opcode::SETLKW)
+    opcode(req).is_some_and(|op| policy::wait(op) == Wait::Indefinite)
+}
+
+/// A request that may keep its worker long (FSYNC, FLUSH, ...: [`policy::LONG`]) wakes
+/// another worker at once rather than when a request is seen waiting: the rest of the
+/// load goes on without it.
+fn takes_long(op: u32) -> bool {
+    policy::wait(op) == Wait::Long
 }
 
 /// Reads requests from `dev` and answers them until the connection ends (ENODEV: unmounted,
@@ -896,4 +902,48 @@ pub fn kernel_has_uring_zero_copy() -> Option<bool> {
         uring |= name.starts_with("fuse_uring_");
     }
     uring.then_some(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::abi::opcode as op;
+
+    /// A raw request of `opcode`: the in-header is all the scheduling looks at.
+    fn request(opcode: u32) -> Vec<u8> {
+        let mut req = vec![0u8; 40];
+        req[..4].copy_from_slice(&40u32.to_ne_bytes());
+        req[4..8].copy_from_slice(&opcode.to_ne_bytes());
+        req
+    }
+
+    #[test]
+    fn lock_waits_get_a_thread_of_their_own() {
+        assert!(may_block(&request(op::SETLKW)));
+        for o in [op::SETLK, op::FSYNC, op::FLUSH, op::READ] {
+            assert!(!may_block(&request(o)), "{}", op::name(o));
+        }
+        assert!(!may_block(&[0u8; 6]), "too short for an opcode");
+    }
+
+    /// FLUSH and COPY_FILE_RANGE were missing from the wake-up list: a worker busy with a
+    /// host close writing a whole file back over NFS (or with a copy of gigabytes) left the
+    /// requests behind it to the watchdog, [`STALL`] later.
+    #[test]
+    fn long_requests_wake_another_worker() {
+        for o in [
+            op::FSYNC,
+            op::FSYNCDIR,
+            op::SYNCFS,
+            op::FALLOCATE,
+            op::FLUSH,
+            op::COPY_FILE_RANGE,
+        ] {
+            assert!(takes_long(o), "{}", op::name(o));
+        }
+        // A lock wait has a thread of its own; the rest end soon.
+        for o in [op::SETLKW, op::SETLK, op::READ, op::WRITE, op::RELEASE] {
+            assert!(!takes_long(o), "{}", op::name(o));
+        }
+    }
 }

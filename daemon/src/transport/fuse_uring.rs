@@ -42,6 +42,7 @@ use vm_memory::VolatileSlice;
 use crate::abi::{opcode as op, InHeader, OutHeader};
 use crate::filesystem::FileSystem;
 use crate::iobuf::{Reader, Writer};
+use crate::protocol::policy::{self, Wait};
 use crate::server::Server;
 
 /// `FUSE_IO_URING_CMD_REGISTER` (include/uapi/linux/fuse.h).
@@ -597,6 +598,15 @@ impl EntryMem {
 }
 
 /// Reads a native-endian u32/u64 field from entry memory.
+/// Whether a request leaves the ring's thread for a helper of its own: only one that may
+/// wait indefinitely (SETLKW, [`policy::INDEFINITE`]), whose end may need this very queue.
+/// One that takes long ([`policy::LONG`]: FSYNC, FLUSH, ...) still ends by itself and holds
+/// back only its own CPU's queue meanwhile; a thread started for each of them (a FLUSH per
+/// guest `close`) would cost more than the wait it spares the others.
+fn waits_indefinitely(opcode: u32) -> bool {
+    policy::wait(opcode) == Wait::Indefinite
+}
+
 fn read_u64(s: &VolatileSlice<'_>, off: usize) -> u64 {
     let mut b = [0u8; 8];
     if let Ok(sub) = s.subslice(off, 8) {
@@ -786,7 +796,7 @@ impl Queue {
         }
     }
 
-    /// Hands a request that may block for long (SETLKW waits for another process's lock) to
+    /// Hands a request that may wait indefinitely (SETLKW waits for another process's lock) to
     /// a helper thread, so that the queue keeps serving its other entries: the lock holder
     /// may itself need this queue to let go. At most one helper per entry; `false` when no
     /// thread could be started (the caller then serves the request itself).
@@ -880,7 +890,9 @@ impl Queue {
                 if res == 0 {
                     self.retries[i] = 0;
                     self.save_request(i);
-                    if self.bufs.entry(i).opcode() == op::SETLKW && self.offload(i, server, stats) {
+                    if waits_indefinitely(self.bufs.entry(i).opcode())
+                        && self.offload(i, server, stats)
+                    {
                         continue;
                     }
                     let commit_id = self.serve_entry(i, server, stats);
@@ -998,6 +1010,15 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only a lock wait leaves the ring's thread; writebacks end by themselves.
+    #[test]
+    fn only_lock_waits_leave_the_ring_thread() {
+        assert!(waits_indefinitely(op::SETLKW));
+        for o in [op::SETLK, op::FSYNC, op::FLUSH, op::SYNCFS, op::READ] {
+            assert!(!waits_indefinitely(o), "{}", op::name(o));
+        }
+    }
 
     #[test]
     fn cpu_lists() {
