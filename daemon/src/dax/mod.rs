@@ -34,6 +34,7 @@
 pub mod coherent;
 pub mod copy;
 pub mod host_watch;
+pub mod mode;
 pub mod tail;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -442,6 +443,8 @@ pub struct DaxWindow<S: WindowSink = Backend> {
     counters: Counters,
     /// `--dax-copy` (a [`CopyMode`] as u8).
     copy_mode: std::sync::atomic::AtomicU8,
+    /// `--dax-mapping pooled`: every guest mapping goes to the pool (see [`mode::MapMode`]).
+    pool_always: AtomicBool,
     /// The copy slots' memfd, made at the first copy.
     slots: std::sync::OnceLock<Slots>,
     /// The bytes writable pooled ranges agreed on with their files at the last merge (same
@@ -523,6 +526,7 @@ impl<S: WindowSink> DaxWindow<S> {
             proc_self_fd: std::sync::OnceLock::new(),
             counters: Counters::default(),
             copy_mode: std::sync::atomic::AtomicU8::new(CopyMode::Off as u8),
+            pool_always: AtomicBool::new(false),
             slots: std::sync::OnceLock::new(),
             agreed: std::sync::OnceLock::new(),
             pool_lock: Mutex::new(()),
@@ -535,6 +539,14 @@ impl<S: WindowSink> DaxWindow<S> {
     /// Sets when read-only mappings become copy slots (`--dax-copy`; `Off` until called).
     pub fn set_copy_mode(&self, mode: CopyMode) {
         self.copy_mode.store(mode as u8, Ordering::Relaxed);
+    }
+
+    /// Sets where guest mappings go (`--dax-mapping`; [`mode::MapMode::Direct`] until
+    /// called, the library's default, which the daemon's command line turns to pooled).
+    /// Call it before the guest maps anything.
+    pub fn set_map_mode(&self, mode: mode::MapMode) {
+        self.pool_always
+            .store(mode == mode::MapMode::Pooled, Ordering::Relaxed);
     }
 
     pub fn copy_mode(&self) -> CopyMode {
@@ -607,9 +619,10 @@ impl<S: WindowSink> DaxWindow<S> {
         self.budget.max(1)
     }
 
-    /// Whether new guest mappings are served from the pool: the pool is in the frontend
-    /// already, or the window has more guest ranges than the budget (a guest that maps all
-    /// of them one frontend mapping each would pass QEMU's memory slots). Pooled, the whole
+    /// Whether new guest mappings are served from the pool: `--dax-mapping pooled` (the
+    /// daemon's default: no SHMEM request after the first, see [`mode`]), the pool is in the
+    /// frontend already, or the window has more guest ranges than the budget (a guest that
+    /// maps all of them one frontend mapping each would pass QEMU's memory slots). Pooled, the whole
     /// window is one frontend mapping of [`Slots`] (slot offset = window offset), made at the
     /// first SETUPMAPPING; each guest mapping is a copy of its file range there, merged back
     /// into the file at the sync points when writable (as a merged shadow). So no guest
@@ -618,7 +631,9 @@ impl<S: WindowSink> DaxWindow<S> {
     /// guest stores reach the file at the sync points (at most [`WRITEBACK_PERIOD`] later).
     pub fn pooled(&self) -> bool {
         let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-        t.pool == Some(t.gen) || self.ranges() > self.budget()
+        self.pool_always.load(Ordering::Relaxed)
+            || t.pool == Some(t.gen)
+            || self.ranges() > self.budget()
     }
 
     /// Records the number of regions in the frontend's memory table (every SET_MEM_TABLE,
@@ -666,11 +681,19 @@ impl<S: WindowSink> DaxWindow<S> {
             FRONTEND_SLOT_LIMIT,
             RESERVED_SLOTS
         );
-        if self.ranges() > self.budget() {
-            d.push_str(&format!(
-                "; pooled: more ranges than mappings, so the whole window is one frontend mapping of a memfd and every guest mapping a copy in it (writable ones written back at sync points, at most every {} s)",
+        let why = if self.pool_always.load(Ordering::Relaxed) {
+            Some("--dax-mapping pooled (no SHMEM request after the first: safe to pause with QEMU 11.1.3)")
+        } else if self.ranges() > self.budget() {
+            Some("more ranges than mappings")
+        } else {
+            None
+        };
+        match why {
+            Some(why) => d.push_str(&format!(
+                "; pooled: {why}, so the whole window is one frontend mapping of a memfd and every guest mapping a copy in it (writable ones written back at sync points, at most every {} s)",
                 WRITEBACK_PERIOD.as_secs()
-            ));
+            )),
+            None => d.push_str("; direct: zero-copy mappings of the files (--dax-mapping direct: with QEMU 11.1.3, pausing the VM while the guest maps or unmaps can crash QEMU)"),
         }
         match self.copy_mode() {
             CopyMode::Off => d.push_str("; copy slots off"),
@@ -2724,6 +2747,39 @@ mod tests {
         assert_eq!((w2.ranges(), w2.budget()), (2, 2));
         let e = w2.map(1, MB2, 4096, f.as_fd(), 0, false).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+    }
+
+    #[test]
+    fn pooled_mode_sends_one_shmem_request_however_the_guest_maps() {
+        // 8 ranges, well within the budget: direct would send a SHMEM request per guest map
+        // and unmap (QEMU 11.1.3 crashes on one it reads after a `stop` began); pooled sends
+        // the pool's one map, and the guest still reads the file's bytes.
+        let w: DaxWindow<Arc<Rec>> = DaxWindow::new(8 * MB2).unwrap();
+        w.set_map_mode(mode::MapMode::Pooled);
+        let rec = Arc::new(Rec::default());
+        w.set_sink(rec.clone());
+        w.start();
+        assert!(w.pooled());
+        let f = data_file(7, 3 * MB2 as usize);
+        for _ in 0..3 {
+            for i in 0..8u64 {
+                w.map(i, i * MB2, MB2, f.as_fd(), (i % 3) * MB2, i % 2 == 0)
+                    .unwrap();
+            }
+            for i in 0..8u64 {
+                w.unmap(i * MB2, MB2).unwrap();
+            }
+        }
+        w.map(9, 5 * MB2, MB2, f.as_fd(), MB2, false).unwrap();
+        assert_eq!(calls(&rec), vec!["map 0x0+0x1000000@0x0 rw"]);
+        assert!(pool_read(&rec, 5 * MB2, 4096).iter().all(|&b| b == 7));
+        let s = w.stats();
+        assert_eq!((s.pooled, s.peak_regions, s.failures), (25, 1, 0), "{s}");
+        w.set_map_mode(mode::MapMode::Direct);
+        assert!(
+            w.pooled(),
+            "the pool stays for the session once it is in the frontend"
+        );
     }
 
     #[test]
