@@ -23,7 +23,7 @@ for round in $(seq 1 "$ROUNDS"); do
         d=$out/$round-$pol-$mode
         nice -n 10 scripts/fio-vm.sh --out "$d" -p dax -d daxfsd-release --cache never --file-size 256M \
             --runtime "$RUNTIME" --cpus 2 --mem 2G -o "$mo" --log "$d.log" \
-            -a --dax-window=64M -a --allow-mmap -a "--dax-copy=$mode" \
+            -a --dax-window=64M -a --dax-mapping=direct -a --allow-mmap -a "--dax-copy=$mode" \
             randread-mmap:randread:mmap:1:1 randread-psync:randread:psync:1:1 \
             inwin-randread-mmap:randread:mmap:1:1:32M >"$d.txt" 2>&1 || true
         res=$(awk 'NF >= 2 && $2 ~ /^[0-9.]+$/ {printf "%s %s  ", $1, $2}' "$d.txt")

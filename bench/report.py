@@ -22,7 +22,7 @@ import host as host_report  # bench/host.py: the `host` section (daxfsd over /de
 
 CONFIGS = {
     "daxfsd-never": "daxfsd cache=never",
-    "daxfsd-never-dax": "daxfsd cache=never + DAX",
+    "daxfsd-never-dax": "daxfsd cache=never + DAX (direct mappings)",
     "daxfsd-auto": "daxfsd cache=auto",
     "virtiofsd-never": "virtiofsd 1.14 cache=never",
     "virtiofsd-auto": "virtiofsd 1.14 cache=auto",

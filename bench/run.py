@@ -71,7 +71,8 @@ QUICK_MATRIX_JOBS = ["seqread-psync", "randread-psync", "randread-mmap", "randre
 MATRIX_CONFIGS = [
     # name, daemon, cache, mount options, extra daemon args
     ("daxfsd-never", "daxfsd", "never", "dax=never", ["--dax-window=512M", "--allow-mmap"]),
-    ("daxfsd-never-dax", "daxfsd", "never", "dax=always", ["--dax-window=512M", "--allow-mmap"]),
+    ("daxfsd-never-dax", "daxfsd", "never", "dax=always",
+     ["--dax-window=512M", "--allow-mmap", "--dax-mapping=direct"]),
     ("daxfsd-auto", "daxfsd", "auto", "dax=never", ["--dax-window=512M"]),
     ("virtiofsd-never", "virtiofsd", "never", "dax=never", ["--allow-mmap"]),
     ("virtiofsd-auto", "virtiofsd", "auto", "dax=never", []),
@@ -145,7 +146,8 @@ def build_plan(a):
                 if a.configs and not re.search(a.configs, name):
                     continue
                 boot("pressure", name, rep, "daxfsd", "never", mo,
-                     [f"--dax-window={PRESSURE_WINDOW}", "--allow-mmap"] + extra, PRESSURE_JOBS,
+                     [f"--dax-window={PRESSURE_WINDOW}", "--allow-mmap", "--dax-mapping=direct"]
+                     + extra, PRESSURE_JOBS,
                      a.pressure_file_size)
     if "mq" in sections:
         jobs = ["randread-psync-multi:randread:psync:1:4"]

@@ -107,7 +107,7 @@ for mode in "${modes[@]}"; do
     logf="$logs/e2e-dax-host-$mode-$(date +%Y%m%d-%H%M%S)-$$.log"
     log "cache $mode: four 8 MiB files read through DAX (fio psync + mmap) while the host truncates, renames over, unlinks (host $kver, $fstype)"
     rc=0
-    scripts/vm.sh "${verbose[@]}" "${daemon[@]}" -p dax --cache "$mode" -a --dax-window=64M -o dax=always \
+    scripts/vm.sh "${verbose[@]}" "${daemon[@]}" -p dax --cache "$mode" -a --dax-window=64M -a --dax-mapping=direct -o dax=always \
         -s "$share" --script "$work/guest.sh" -m 1G -T 600 -l "$logf" >"$work/out-$mode.txt" 2>"$work/err-$mode.txt" &
     vmpid=$!
     for _ in $(seq 1 1200); do

@@ -86,8 +86,12 @@ while (($#)); do
     esac
 done
 # Daemon arguments for every run.
-dargs=()
-[[ -n $copy_mode ]] && dargs=(-a "--dax-copy=$copy_mode")
+# These runs test direct (zero-copy) mappings: the commit wait, copy slots, coherence through
+# live mappings, the budget. The daemon's default (--dax-mapping pooled) runs the whole guest
+# suite in `make test-dax` and the pauses under churn in lifecycle.sh (pause-dax-churn); the
+# 1G-8G windows below are pooled in either mode.
+dargs=(-a --dax-mapping=direct)
+[[ -n $copy_mode ]] && dargs+=(-a "--dax-copy=$copy_mode")
 min_cycles=100 want_range=512k
 [[ $policy_mo == dax_policy=upstream ]] && min_cycles=1000 want_range=2048k
 need_cmd python3

@@ -1,9 +1,10 @@
-//! Settings and sizes of a window: copy mode, range size, budget, pooled or not, and its
+//! Settings and sizes of a window: copy mode, mapping mode, range size, budget, pooled or not, and its
 //! start-up description.
 
 use std::sync::atomic::Ordering;
 
 use super::copy::{self, CopyMode};
+use super::mode::MapMode;
 use super::{
     DaxWindow, WindowSink, FRONTEND_SLOT_LIMIT, MIN_GUEST_RANGE, RESERVED_SLOTS, WRITEBACK_PERIOD,
 };
@@ -12,6 +13,14 @@ impl<S: WindowSink> DaxWindow<S> {
     /// Sets when read-only mappings become copy slots (`--dax-copy`; `Off` until called).
     pub fn set_copy_mode(&self, mode: CopyMode) {
         self.copy_mode.store(mode as u8, Ordering::Relaxed);
+    }
+
+    /// Sets where guest mappings go (`--dax-mapping`; [`MapMode::Direct`] until called, the
+    /// library's default, which the daemon's command line turns to pooled). Call it before
+    /// the guest maps anything.
+    pub fn set_map_mode(&self, mode: MapMode) {
+        self.pool_always
+            .store(mode == MapMode::Pooled, Ordering::Relaxed);
     }
 
     pub fn copy_mode(&self) -> CopyMode {
@@ -39,8 +48,9 @@ impl<S: WindowSink> DaxWindow<S> {
         self.budget.max(1)
     }
 
-    /// Whether new guest mappings are served from the pool: the pool is in the frontend
-    /// already, or the window has more guest ranges than the budget (a guest that maps all
+    /// Whether new guest mappings are served from the pool: `--dax-mapping pooled` (the
+    /// daemon's default: no SHMEM request after the first, see [`super::mode`]), the pool is
+    /// in the frontend already, or the window has more guest ranges than the budget (a guest that maps all
     /// of them one frontend mapping each would pass QEMU's memory slots). Pooled, the whole
     /// window is one frontend mapping of [`Slots`](super::copy::Slots) (slot offset = window offset), made at the
     /// first SETUPMAPPING; each guest mapping is a copy of its file range there, merged back
@@ -50,7 +60,9 @@ impl<S: WindowSink> DaxWindow<S> {
     /// guest stores reach the file at the sync points (at most [`WRITEBACK_PERIOD`] later).
     pub fn pooled(&self) -> bool {
         let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-        t.pool == Some(t.gen) || self.ranges() > self.budget()
+        self.pool_always.load(Ordering::Relaxed)
+            || t.pool == Some(t.gen)
+            || self.ranges() > self.budget()
     }
 
     /// Learns the guest's range size from a checked SETUPMAPPING.
@@ -81,11 +93,19 @@ impl<S: WindowSink> DaxWindow<S> {
             FRONTEND_SLOT_LIMIT,
             RESERVED_SLOTS
         );
-        if self.ranges() > self.budget() {
-            d.push_str(&format!(
-                "; pooled: more ranges than mappings, so the whole window is one frontend mapping of a memfd and every guest mapping a copy in it (writable ones written back at sync points, at most every {} s)",
+        let why = if self.pool_always.load(Ordering::Relaxed) {
+            Some("--dax-mapping pooled (no SHMEM request after the first: safe to pause with QEMU 11.1.3)")
+        } else if self.ranges() > self.budget() {
+            Some("more ranges than mappings")
+        } else {
+            None
+        };
+        match why {
+            Some(why) => d.push_str(&format!(
+                "; pooled: {why}, so the whole window is one frontend mapping of a memfd and every guest mapping a copy in it (writable ones written back at sync points, at most every {} s)",
                 WRITEBACK_PERIOD.as_secs()
-            ));
+            )),
+            None => d.push_str("; direct: zero-copy mappings of the files (--dax-mapping direct: with QEMU 11.1.3, pausing the VM while the guest maps or unmaps can crash QEMU)"),
         }
         match self.copy_mode() {
             CopyMode::Off => d.push_str("; copy slots off"),

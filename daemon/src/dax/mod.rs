@@ -48,6 +48,7 @@ mod evacuate;
 pub mod host_watch;
 mod mapping;
 mod memfd;
+pub mod mode;
 mod placement;
 mod pool;
 mod sink;
@@ -155,6 +156,8 @@ pub struct DaxWindow<S: WindowSink = Backend> {
     counters: Counters,
     /// `--dax-copy` (a [`CopyMode`] as u8).
     copy_mode: std::sync::atomic::AtomicU8,
+    /// `--dax-mapping pooled`: every guest mapping goes to the pool (see [`mode::MapMode`]).
+    pool_always: AtomicBool,
     /// The copy slots' memfd, made at the first copy.
     slots: std::sync::OnceLock<Slots>,
     /// The bytes writable pooled ranges agreed on with their files at the last merge (same
@@ -221,6 +224,7 @@ impl<S: WindowSink> DaxWindow<S> {
             proc_self_fd: std::sync::OnceLock::new(),
             counters: Counters::default(),
             copy_mode: std::sync::atomic::AtomicU8::new(CopyMode::Off as u8),
+            pool_always: AtomicBool::new(false),
             slots: std::sync::OnceLock::new(),
             agreed: std::sync::OnceLock::new(),
             pool_lock: Mutex::new(()),

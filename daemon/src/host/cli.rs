@@ -262,6 +262,17 @@ pub struct Cli {
     #[arg(long, value_name = "MODE", default_value = "auto")]
     pub dax_copy: crate::dax::copy::CopyMode,
 
+    /// How guest DAX mappings reach QEMU: `pooled` (default) serves every guest mapping from
+    /// a copy of the file range in one memfd that QEMU maps once, so the VM can be paused,
+    /// snapshotted or saved at any time; `direct` maps the files themselves (zero-copy: the
+    /// host's page cache is shared by the guests, no copy per mapping), but QEMU 11.1.3 can
+    /// crash when the VM is paused while the guest maps or unmaps (an upstream bug no daemon
+    /// can avoid): use it only for VMs that are never paused, or with a fixed QEMU. Windows
+    /// with more ranges than QEMU's memory slots (1G and up) are pooled in either mode.
+    /// Ignored without `--dax-window`.
+    #[arg(long, value_name = "MODE", default_value = "pooled")]
+    pub dax_mapping: crate::dax::mode::MapMode,
+
     /// Debug log level (same as --log-level debug).
     #[arg(short = 'd')]
     pub debug: bool,
@@ -1084,6 +1095,20 @@ mod tests {
                 .dax_window,
             64 << 20
         );
+    }
+
+    /// Pooled unless asked: no operator's pause may meet QEMU 11.1.3's SHMEM race.
+    #[test]
+    fn dax_mapping_is_pooled_unless_asked() {
+        use crate::dax::mode::MapMode;
+        let base = ["--shared-dir=/tmp", "--socket-path=/s", "--dax-window=64M"];
+        assert_eq!(parse(&base).unwrap().dax_mapping, MapMode::Pooled);
+        let mut direct = base.to_vec();
+        direct.push("--dax-mapping=direct");
+        assert_eq!(parse(&direct).unwrap().dax_mapping, MapMode::Direct);
+        let mut bad = base.to_vec();
+        bad.push("--dax-mapping=zero");
+        assert!(parse(&bad).unwrap_err().contains("pooled or direct"));
     }
 
     #[test]

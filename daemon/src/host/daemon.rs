@@ -447,6 +447,7 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     let mapper: Arc<dyn Mapper> = match &window {
         Some(w) => {
             w.set_copy_mode(cli.dax_copy);
+            w.set_map_mode(cli.dax_mapping);
             log::info!("{}", w.describe());
             w.set_proc_self_fd(dax_proc_fd);
             w.clone()

@@ -756,7 +756,7 @@ pub(crate) use each_method;
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
+    use std::sync::Mutex;
 
     use vm_memory::VolatileSlice;
 
@@ -871,7 +871,7 @@ mod tests {
     /// the ones it writes itself and the ones [`filesystem_impl!`] forwards.
     #[test]
     fn coherent_forwards_every_method() {
-        let fs = Coherent::new(Probe::default(), Arc::new(NoMapper));
+        let fs = Coherent::new(Probe::default(), None);
         call_every_method(&fs);
         assert_eq!(*fs.inner().0.lock().unwrap(), METHODS);
     }
