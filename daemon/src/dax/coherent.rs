@@ -434,3 +434,23 @@ impl<F: FileSystem> FileSystem for Coherent<F> {
             .setupmapping(ctx, inode, handle, foffset, len, moffset, writable, mapper)
     }
 }
+
+/// Migration: what moves is the wrapped file system's state.
+impl<F: crate::protocol::state::SerializableFileSystem>
+    crate::protocol::state::SerializableFileSystem for Coherent<F>
+{
+    type State = F::State;
+    type Options = F::Options;
+
+    fn save_state(&self, opts: &F::Options) -> std::io::Result<F::State> {
+        self.inner().save_state(opts)
+    }
+
+    fn load_state(&self, state: &F::State, opts: &F::Options) -> std::io::Result<()> {
+        self.inner().load_state(state, opts)
+    }
+
+    fn init_wants(&self) -> u64 {
+        self.inner().init_wants()
+    }
+}

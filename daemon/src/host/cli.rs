@@ -730,8 +730,8 @@ impl Cli {
     }
 
     /// The live-migration options.
-    pub fn migration_options(&self) -> crate::migration::MigrationOptions {
-        use crate::migration::{MigrationMode, MigrationOptions, OnError};
+    pub fn migration_options(&self) -> crate::passthrough::state::MigrationOptions {
+        use crate::passthrough::state::{MigrationMode, MigrationOptions, OnError};
         MigrationOptions {
             mode: match self.migration_mode {
                 MigrationModeArg::FindPaths => MigrationMode::FindPaths,
@@ -1088,7 +1088,7 @@ mod tests {
 
     #[test]
     fn migration_options() {
-        use crate::migration::{MigrationMode, OnError};
+        use crate::passthrough::state::{MigrationMode, OnError};
         let c = parse(&["--shared-dir=/tmp", "--socket-path=/s"]).unwrap();
         let o = c.migration_options();
         assert_eq!(

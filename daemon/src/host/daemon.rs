@@ -469,7 +469,7 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         request_queues: cli.queues,
         thread_pool_size: cli.thread_pool_size,
     };
-    let migration = crate::migration::Migration::new(server.clone(), cli.migration_options());
+    let migration = crate::migration::Migration::new(server.state_host(cli.migration_options()));
     let backend =
         Arc::new(FsBackend::new(server, &cfg, channel)?.with_device_state(Arc::new(migration)));
 

@@ -40,13 +40,14 @@
 mod creds;
 mod dir_ops;
 mod entry_ops;
-mod fhandle;
+pub mod fhandle;
 mod file_ops;
 mod fs_impl;
 mod handle;
 pub mod idmap;
 mod inode;
 mod migration;
+pub mod state;
 mod xattr_ops;
 pub mod xattrmap;
 
@@ -283,7 +284,7 @@ fn attr_of(st: &libc::statx) -> Attr {
 
 /// The file handle of `fd` (migration tests and fuzz seeds forge streams with it).
 #[cfg(any(test, feature = "testing"))]
-pub(crate) fn file_handle_of(fd: BorrowedFd) -> io::Result<crate::migration::FileHandleBytes> {
+pub(crate) fn file_handle_of(fd: BorrowedFd) -> io::Result<fhandle::FileHandleBytes> {
     fhandle::name_to_handle(fd).map(|(h, _)| h)
 }
 

@@ -9,3 +9,4 @@ pub mod iobuf;
 pub mod mapper;
 pub mod secctx;
 pub mod server;
+pub mod state;

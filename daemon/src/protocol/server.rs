@@ -19,6 +19,7 @@ use crate::backing::{Passthrough, Stats as PassthroughStats};
 use crate::filesystem::{Context, DirEntry, Entry, FileSystem, InitCaps, XattrReply};
 use crate::iobuf::{Reader, Writer};
 use crate::mapper::Mapper;
+use crate::migration::format::{Codec, Dec, Enc};
 
 const IN_HEADER_LEN: usize = std::mem::size_of::<InHeader>();
 const OUT_HEADER_LEN: usize = std::mem::size_of::<OutHeader>();
@@ -34,6 +35,35 @@ fn err(errno: i32) -> io::Error {
 
 fn einval() -> io::Error {
     err(libc::EINVAL)
+}
+
+/// The negotiated FUSE session, as it moves to another daemon (see
+/// [`Server::export_session`] and [`super::state`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionState {
+    pub initialized: bool,
+    pub minor: u32,
+    pub max_io: u32,
+    pub flags: u64,
+}
+
+impl Codec for SessionState {
+    fn encode(&self, e: &mut Enc) -> io::Result<()> {
+        e.u8(u8::from(self.initialized));
+        e.u32(self.minor);
+        e.u32(self.max_io);
+        e.u64(self.flags);
+        Ok(())
+    }
+
+    fn decode(d: &mut Dec) -> io::Result<Self> {
+        Ok(SessionState {
+            initialized: d.bool("session state")?,
+            minor: d.u32("session minor")?,
+            max_io: d.u32("session max_io")?,
+            flags: d.u64("session flags")?,
+        })
+    }
 }
 
 /// What a handler produced: a reply body already written, or no reply at all.
@@ -265,9 +295,9 @@ impl<F: FileSystem> Server<F> {
     }
 
     /// The negotiated FUSE session, for the migration state.
-    pub fn export_session(&self) -> crate::migration::SessionState {
+    pub fn export_session(&self) -> SessionState {
         let s = &self.session;
-        crate::migration::SessionState {
+        SessionState {
             initialized: s.initialized.load(Ordering::Acquire),
             minor: s.minor.load(Ordering::Relaxed),
             max_io: s.max_io.load(Ordering::Relaxed),
@@ -278,11 +308,7 @@ impl<F: FileSystem> Server<F> {
     /// Takes over a migrated session: the guest goes on without a new INIT. `max_io` must be
     /// one this server could have negotiated, and the flags ones it offers (`fs_wants`: what
     /// the filesystem's configuration wants in INIT); anything else is refused.
-    pub fn import_session(
-        &self,
-        st: &crate::migration::SessionState,
-        fs_wants: u64,
-    ) -> io::Result<()> {
+    pub fn import_session(&self, st: &SessionState, fs_wants: u64) -> io::Result<()> {
         let offers = self.server_wants() | fs_wants;
         if st.initialized && st.flags & !offers != 0 {
             return Err(io::Error::new(

@@ -839,7 +839,8 @@ fn share_inos(share: &std::path::Path) -> std::collections::HashSet<u64> {
 /// fuzzer's mutations reach the decoder's fields and the import instead of the checksum.
 /// Returns whether the state was taken.
 pub fn run_migration_stream(share: &std::path::Path, data: &[u8]) -> bool {
-    use crate::migration::{format, MigrationMode, MigrationOptions, OnError, StateHost};
+    use crate::passthrough::state::{FsState, MigrationMode, MigrationOptions, OnError};
+    use crate::protocol::state::DeviceState;
     let Some((&opt, stream)) = data.split_first() else {
         return false;
     };
@@ -850,7 +851,7 @@ pub fn run_migration_stream(share: &std::path::Path, data: &[u8]) -> bool {
     } else {
         stream
     };
-    let Ok(state) = format::decode(stream) else {
+    let Ok(state) = DeviceState::<FsState>::decode_stream(stream) else {
         return false;
     };
     if state.validate().is_err() {
@@ -930,7 +931,7 @@ fn frame(payload: &[u8]) -> Vec<u8> {
 /// every negotiated bit set. `top` gets the share (see [`migration_world`]).
 pub fn migration_seeds(top: &std::path::Path) -> io::Result<Vec<(String, Vec<u8>)>> {
     use crate::filesystem::Context;
-    use crate::migration::{format, MigrationMode, MigrationOptions, StateHost};
+    use crate::passthrough::state::{MigrationMode, MigrationOptions};
     use std::os::fd::AsFd;
     let share = migration_world(top)?;
     let s = server(passthrough_fs(&share)?);
@@ -969,7 +970,7 @@ pub fn migration_seeds(top: &std::path::Path) -> io::Result<Vec<(String, Vec<u8>
     for (n, opt, opts) in modes {
         let st = s.save_state(&opts)?;
         let mut v = vec![opt];
-        v.extend(format::encode(&st)?);
+        v.extend(st.encode_stream()?);
         out.push((n.to_string(), v));
         if opts.mode == MigrationMode::FileHandles {
             handles_state = Some(st);
@@ -979,15 +980,15 @@ pub fn migration_seeds(top: &std::path::Path) -> io::Result<Vec<(String, Vec<u8>
         let outside = std::fs::File::open(top.join("outside"))?;
         let h = crate::passthrough::file_handle_of(outside.as_fd())?;
         if let Some(i) = st.fs.inodes.iter_mut().find(|i| i.id == d) {
-            i.location = crate::migration::Location::Handle(h);
+            i.location = crate::passthrough::state::Location::Handle(h);
         }
         let mut v = vec![1u8];
-        v.extend(format::encode(&st)?);
+        v.extend(st.encode_stream()?);
         out.push(("handle_outside".into(), v));
         st.fs.negotiated = u32::MAX;
         st.session.flags = u64::MAX;
         let mut v = vec![1u8 | 4];
-        v.extend(format::encode(&st)?);
+        v.extend(st.encode_stream()?);
         out.push(("every_flag".into(), v));
     }
     s.reset();

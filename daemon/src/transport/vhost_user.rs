@@ -289,6 +289,25 @@ impl Pool {
     }
 }
 
+/// The device-state port (SET_DEVICE_STATE_FD / CHECK_DEVICE_STATE): what [`FsBackend`]
+/// calls to migrate, [`crate::migration::Migration`] in the daemon.
+pub trait DeviceStateTransfer: Send + Sync {
+    /// Starts a transfer over `file` (`load`: the frontend writes the state into it).
+    fn set_fd(&self, load: bool, file: std::fs::File) -> io::Result<()>;
+    /// Waits for the transfer and reports its result.
+    fn check(&self) -> io::Result<()>;
+}
+
+impl DeviceStateTransfer for crate::migration::Migration {
+    fn set_fd(&self, load: bool, file: std::fs::File) -> io::Result<()> {
+        crate::migration::Migration::set_fd(self, load, file)
+    }
+
+    fn check(&self) -> io::Result<()> {
+        crate::migration::Migration::check(self)
+    }
+}
+
 /// A virtio-fs device backend over a FUSE server.
 pub struct FsBackend<F: FileSystem> {
     server: Arc<Server<F>>,
@@ -305,7 +324,7 @@ pub struct FsBackend<F: FileSystem> {
     blocking: Arc<Pool>,
     channel: Option<Arc<dyn BackendChannel>>,
     /// Live migration (DEVICE_STATE), when the filesystem supports it.
-    device_state: Option<Arc<dyn crate::migration::DeviceStateTransfer>>,
+    device_state: Option<Arc<dyn DeviceStateTransfer>>,
 }
 
 /// Opcodes that may wait indefinitely (a lock held by someone else) or for long (a flush
@@ -366,7 +385,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     }
 
     /// Offers live migration (protocol feature DEVICE_STATE) through `t`.
-    pub fn with_device_state(mut self, t: Arc<dyn crate::migration::DeviceStateTransfer>) -> Self {
+    pub fn with_device_state(mut self, t: Arc<dyn DeviceStateTransfer>) -> Self {
         self.device_state = Some(t);
         self
     }
