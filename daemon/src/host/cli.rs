@@ -245,7 +245,7 @@ pub struct Cli {
     /// default): `always` (every regular file), `never`, or `size:N` (files of at least N
     /// bytes, e.g. size:1M). `-o dax=always` mounts map every file regardless.
     #[arg(long, value_name = "POLICY", value_parser = parse_dax_policy, default_value = "always")]
-    pub dax_policy: crate::server::DaxPolicy,
+    pub dax_policy: crate::protocol::server::DaxPolicy,
 
     /// When read-only DAX mappings are served from copies instead of the file: `auto`
     /// (copies only while the guest recycles more than 32 ranges a second of a window at least
@@ -430,8 +430,8 @@ pub fn check_dax_window(size: u64) -> Result<(), String> {
 }
 
 /// Parses `--dax-policy`.
-pub fn parse_dax_policy(s: &str) -> Result<crate::server::DaxPolicy, String> {
-    use crate::server::DaxPolicy;
+pub fn parse_dax_policy(s: &str) -> Result<crate::protocol::server::DaxPolicy, String> {
+    use crate::protocol::server::DaxPolicy;
     match s {
         "always" => Ok(DaxPolicy::Always),
         "never" => Ok(DaxPolicy::Never),
@@ -505,13 +505,13 @@ fn parse_passthrough(s: &str) -> Result<PassthroughPolicy, String> {
 
 impl Cli {
     /// `--uid-map`/`--gid-map`, parsed.
-    pub fn user_ns_maps(&self) -> Result<crate::sandbox::UserNsMaps, String> {
+    pub fn user_ns_maps(&self) -> Result<crate::host::sandbox::UserNsMaps, String> {
         let parse = |opt: &str, v: &[String]| {
             v.iter()
-                .map(|m| crate::sandbox::IdRange::parse(opt, m))
+                .map(|m| crate::host::sandbox::IdRange::parse(opt, m))
                 .collect::<Result<Vec<_>, _>>()
         };
-        Ok(crate::sandbox::UserNsMaps {
+        Ok(crate::host::sandbox::UserNsMaps {
             uid: parse("--uid-map", &self.uid_map)?,
             gid: parse("--gid-map", &self.gid_map)?,
         })
@@ -586,7 +586,7 @@ impl Cli {
             }
         }
         if let Some(spec) = &self.modcaps {
-            crate::caps::CapSet::daemon_default()
+            crate::host::caps::CapSet::daemon_default()
                 .modify(spec)
                 .map_err(CliError::Invalid)?;
         }
@@ -650,10 +650,10 @@ impl Cli {
         if self.dax_window != 0 {
             check_dax_window(self.dax_window).map_err(CliError::Invalid)?;
         }
-        if self.queues == 0 || self.queues > crate::vhost_user::MAX_REQUEST_QUEUES {
+        if self.queues == 0 || self.queues > crate::transport::vhost_user::MAX_REQUEST_QUEUES {
             return Err(CliError::Invalid(format!(
                 "--queues must be 1..={}",
-                crate::vhost_user::MAX_REQUEST_QUEUES
+                crate::transport::vhost_user::MAX_REQUEST_QUEUES
             )));
         }
         Ok(())
@@ -779,7 +779,7 @@ mod tests {
 
     #[test]
     fn dax_policies() {
-        use crate::server::DaxPolicy;
+        use crate::protocol::server::DaxPolicy;
         assert_eq!(parse_dax_policy("always"), Ok(DaxPolicy::Always));
         assert_eq!(parse_dax_policy("never"), Ok(DaxPolicy::Never));
         assert_eq!(parse_dax_policy("size:1M"), Ok(DaxPolicy::MinSize(1 << 20)));

@@ -8,16 +8,16 @@ use vhost::vhost_user::{Backend, Listener};
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
-use crate::caps::{self, CapSet};
-use crate::cli::{CachePolicy, Cli, LogLevel, Seccomp};
 use crate::dax::DaxWindow;
-use crate::mapper::{Mapper, NoMapper};
+use crate::host::caps::{self, CapSet};
+use crate::host::cli::{CachePolicy, Cli, LogLevel, Seccomp};
+use crate::host::runfiles::RunFiles;
+use crate::host::sandbox::{self, Entered};
+use crate::host::seccomp;
 use crate::passthrough::{self, PassthroughFs};
-use crate::runfiles::RunFiles;
-use crate::sandbox::{self, Entered};
-use crate::seccomp;
-use crate::server::{Server, ServerOptions};
-use crate::vhost_user::{BackendChannel, FsBackend, FsBackendConfig};
+use crate::protocol::mapper::{Mapper, NoMapper};
+use crate::protocol::server::{Server, ServerOptions};
+use crate::transport::vhost_user::{BackendChannel, FsBackend, FsBackendConfig};
 
 /// Sets up logging at the chosen level: to the system log with `syslog` (where there is
 /// one; else one warning line and stderr), or to stderr. As in virtiofsd, `RUST_LOG`, when
@@ -33,7 +33,7 @@ pub fn init_logging(level: LogLevel, syslog: bool) {
     };
     let mut syslog_error = None;
     if syslog {
-        match crate::syslog::SyslogLogger::connect(std::path::Path::new("/dev/log")) {
+        match crate::host::syslog::SyslogLogger::connect(std::path::Path::new("/dev/log")) {
             Ok(l) => {
                 if log::set_boxed_logger(Box::new(l)).is_ok() {
                     log::set_max_level(filter);
@@ -78,8 +78,8 @@ pub(crate) fn passthrough_config(cli: &Cli) -> io::Result<passthrough::Config> {
         announce_submounts: cli.announce_submounts,
         killpriv_v2: cli.killpriv_v2,
         posix_lock: cli.posix_lock,
-        posix_acl: cli.posix_acl != crate::cli::Negotiation::Never,
-        security_label: cli.security_label != crate::cli::Negotiation::Never,
+        posix_acl: cli.posix_acl != crate::host::cli::Negotiation::Never,
+        security_label: cli.security_label != crate::host::cli::Negotiation::Never,
         flock: cli.flock,
         preserve_noatime: cli.preserve_noatime,
         xattrmap: match &cli.xattrmap {
@@ -94,9 +94,9 @@ pub(crate) fn passthrough_config(cli: &Cli) -> io::Result<passthrough::Config> {
         gid_map: passthrough::idmap::IdMap::parse("--translate-gid", &cli.translate_gid)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
         inode_file_handles: match cli.inode_file_handles {
-            crate::cli::InodeFileHandles::Never => passthrough::FileHandleMode::Never,
-            crate::cli::InodeFileHandles::Prefer => passthrough::FileHandleMode::Prefer,
-            crate::cli::InodeFileHandles::Mandatory => passthrough::FileHandleMode::Mandatory,
+            crate::host::cli::InodeFileHandles::Never => passthrough::FileHandleMode::Never,
+            crate::host::cli::InodeFileHandles::Prefer => passthrough::FileHandleMode::Prefer,
+            crate::host::cli::InodeFileHandles::Mandatory => passthrough::FileHandleMode::Mandatory,
         },
     })
 }
@@ -351,7 +351,7 @@ impl Stopper {
 /// process had before the sandbox (nothing, for a non-root daemon in its user namespace).
 pub(crate) fn capabilities_to_keep(cli: &Cli, had: CapSet) -> io::Result<CapSet> {
     let mut base = CapSet::daemon_default();
-    if cli.inode_file_handles != crate::cli::InodeFileHandles::Never {
+    if cli.inode_file_handles != crate::host::cli::InodeFileHandles::Never {
         // Opening file handles needs CAP_DAC_READ_SEARCH (virtiofsd adds it the same way;
         // `--modcaps=-dac_read_search` removes it again and `prefer` then keeps descriptors).
         base = CapSet(base.0 | (1u64 << caps::CAP_DAC_READ_SEARCH));
@@ -405,7 +405,7 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         }
         Entered::Serving(inside) => inside,
     };
-    if cli.sandbox == crate::cli::Sandbox::Namespace {
+    if cli.sandbox == crate::host::cli::Sandbox::Namespace {
         // The supervisor owns the pid file and removes both files; no host descriptor
         // stays open in the sandbox.
         if let Some(f) = run_files.take() {

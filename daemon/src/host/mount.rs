@@ -20,18 +20,18 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::abi::init_flags;
-use crate::backing;
-use crate::caps::{self, CapSet};
-use crate::cli::{Cli, IoUringMode, PassthroughPolicy, Seccomp};
-use crate::daemon::{capabilities_to_keep, common_setup, passthrough_config, signal_name};
-use crate::dev_fuse::{self, Counters, MountOptions, Unmounter};
-use crate::fuse_uring;
-use crate::mapper::{Mapper, NoMapper};
+use crate::host::caps::{self, CapSet};
+use crate::host::cli::{Cli, IoUringMode, PassthroughPolicy, Seccomp};
+use crate::host::daemon::{capabilities_to_keep, common_setup, passthrough_config, signal_name};
+use crate::host::sandbox::{self, Entered};
+use crate::host::seccomp;
 use crate::passthrough::PassthroughFs;
-use crate::sandbox::{self, Entered};
-use crate::seccomp;
-use crate::server::{Server, ServerOptions};
+use crate::protocol::abi::init_flags;
+use crate::protocol::backing;
+use crate::protocol::mapper::{Mapper, NoMapper};
+use crate::protocol::server::{Server, ServerOptions};
+use crate::transport::dev_fuse::{self, Counters, MountOptions, Unmounter};
+use crate::transport::fuse_uring;
 
 /// After a stop signal, how long a lazily unmounted, still busy mount is served before the
 /// daemon logs that it waits for the mount's last users.
@@ -247,7 +247,7 @@ fn serve(
     let ring_stats = Arc::new(fuse_uring::Stats::default());
     {
         let (c, s, r) = (counters.clone(), server.clone(), ring_stats.clone());
-        crate::daemon::spawn_sigusr1_reporter(move || {
+        crate::host::daemon::spawn_sigusr1_reporter(move || {
             log::info!("{}", report(&c, s.passthrough_stats(), &r))
         });
     }

@@ -32,7 +32,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use crate::cli::Sandbox;
+use crate::host::cli::Sandbox;
 use crate::sys;
 
 /// One `--uid-map`/`--gid-map` range: ids `inside..inside+count` in the daemon's user

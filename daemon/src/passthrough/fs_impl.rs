@@ -8,12 +8,12 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::PassthroughFs;
-use crate::abi::{init_flags as f, Attr, FileLock, Kstatfs, SetattrIn};
-use crate::filesystem::{
+use crate::protocol::abi::{init_flags as f, Attr, FileLock, Kstatfs, SetattrIn};
+use crate::protocol::filesystem::{
     AddEntry, Context, Entry, FileSystem, Handle, InitCaps, Inode, OpenFlags, XattrReply,
 };
-use crate::iobuf::{Reader, Writer};
-use crate::mapper::Mapper;
+use crate::protocol::iobuf::{Reader, Writer};
+use crate::protocol::mapper::Mapper;
 
 impl FileSystem for PassthroughFs {
     fn init(&self, caps: InitCaps) -> io::Result<u64> {

@@ -15,8 +15,8 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::fhandle::{open_handle, FileHandleBytes};
-use crate::abi::ROOT_ID;
-use crate::filesystem::Inode;
+use crate::protocol::abi::ROOT_ID;
+use crate::protocol::filesystem::Inode;
 
 /// Identity of a host file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

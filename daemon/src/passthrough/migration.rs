@@ -17,8 +17,8 @@ use super::state::{
     MigrationOptions, OnError, MAX_PATH,
 };
 use super::{err, fd_name, key_of, stat_fd, PassthroughFs, STATX_MASK};
-use crate::abi::ROOT_ID;
-use crate::filesystem::Inode;
+use crate::protocol::abi::ROOT_ID;
+use crate::protocol::filesystem::Inode;
 use crate::sys;
 
 /// Most directory entries the fallback path search visits.

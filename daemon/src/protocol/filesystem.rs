@@ -11,9 +11,9 @@ use std::io;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use crate::abi::{Attr, FileLock, Kstatfs, SetattrIn};
-use crate::iobuf::{Reader, Writer};
-use crate::mapper::Mapper;
+use crate::protocol::abi::{Attr, FileLock, Kstatfs, SetattrIn};
+use crate::protocol::iobuf::{Reader, Writer};
+use crate::protocol::mapper::Mapper;
 
 /// Inode number as the guest sees it.
 pub type Inode = u64;

@@ -14,12 +14,12 @@ use std::time::Duration;
 
 use vm_memory::ByteValued;
 
-use crate::abi::{self, opcode as op, *};
-use crate::backing::{Passthrough, Stats as PassthroughStats};
-use crate::filesystem::{Context, DirEntry, Entry, FileSystem, InitCaps, XattrReply};
-use crate::iobuf::{Reader, Writer};
-use crate::mapper::Mapper;
 use crate::migration::format::{Codec, Dec, Enc};
+use crate::protocol::abi::{self, opcode as op, *};
+use crate::protocol::backing::{Passthrough, Stats as PassthroughStats};
+use crate::protocol::filesystem::{Context, DirEntry, Entry, FileSystem, InitCaps, XattrReply};
+use crate::protocol::iobuf::{Reader, Writer};
+use crate::protocol::mapper::Mapper;
 
 const IN_HEADER_LEN: usize = std::mem::size_of::<InHeader>();
 const OUT_HEADER_LEN: usize = std::mem::size_of::<OutHeader>();
@@ -504,11 +504,11 @@ impl<F: FileSystem> Server<F> {
 
     /// The security context a creating request carries (parsed before the create, so a
     /// malformed extension creates nothing).
-    fn secctx(&self, req: &Req) -> io::Result<Option<crate::secctx::SecCtx>> {
+    fn secctx(&self, req: &Req) -> io::Result<Option<crate::protocol::secctx::SecCtx>> {
         if req.ext.is_empty() {
             return Ok(None);
         }
-        crate::secctx::parse(&req.ext)
+        crate::protocol::secctx::parse(&req.ext)
             .inspect_err(|_| log::warn!("unique={}: bad request extension", req.unique))
     }
 
@@ -519,7 +519,7 @@ impl<F: FileSystem> Server<F> {
     fn label(
         &self,
         req: &Req,
-        sec: Option<crate::secctx::SecCtx>,
+        sec: Option<crate::protocol::secctx::SecCtx>,
         e: &Entry,
         undo: impl FnOnce(),
     ) -> io::Result<()> {

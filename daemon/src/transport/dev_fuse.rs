@@ -24,9 +24,9 @@ use std::thread::JoinHandle;
 
 use vm_memory::VolatileSlice;
 
-use crate::filesystem::FileSystem;
-use crate::iobuf::{Reader, Writer};
-use crate::server::Server;
+use crate::protocol::filesystem::FileSystem;
+use crate::protocol::iobuf::{Reader, Writer};
+use crate::protocol::server::Server;
 
 /// Linux refuses reads of /dev/fuse into buffers smaller than this (`FUSE_MIN_READ_BUFFER`).
 pub const MIN_READ_BUFFER: usize = 8192;
@@ -535,7 +535,7 @@ fn answer<F: FileSystem>(
         Err(_) => return Ok(()),
     };
     {
-        use crate::abi::opcode as op;
+        use crate::protocol::abi::opcode as op;
         if !matches!(
             handled.opcode,
             op::FORGET | op::BATCH_FORGET | op::INTERRUPT
@@ -548,7 +548,7 @@ fn answer<F: FileSystem>(
     }
     // SAFETY: writes `written` bytes of `out`, which the server filled.
     let m = unsafe { libc::write(fd, out.as_ptr().cast(), handled.written) };
-    if m >= 0 && handled.opcode == crate::abi::opcode::INIT {
+    if m >= 0 && handled.opcode == crate::protocol::abi::opcode::INIT {
         counters.after_init.run();
     }
     if m < 0 {
@@ -563,7 +563,7 @@ fn answer<F: FileSystem>(
                 counters.write_errors.fetch_add(1, Ordering::Relaxed);
                 log::warn!(
                     "reply to {} ({} bytes): write /dev/fuse: {e}",
-                    crate::abi::opcode::name(handled.opcode),
+                    crate::protocol::abi::opcode::name(handled.opcode),
                     handled.written
                 );
             }
@@ -670,7 +670,7 @@ impl Pool {
         if self.inactive.load(Ordering::Acquire) == 0 || self.reading.load(Ordering::Acquire) > 0 {
             return;
         }
-        use crate::abi::opcode as op;
+        use crate::protocol::abi::opcode as op;
         let slow = opcode(req)
             .is_some_and(|o| matches!(o, op::FSYNC | op::FSYNCDIR | op::SYNCFS | op::FALLOCATE));
         let mut pfd = libc::pollfd {
@@ -724,7 +724,7 @@ fn opcode(req: &[u8]) -> Option<u32> {
 /// SETLKW waits for another process's lock, whose release needs a worker of its own: served
 /// on a separate thread, so waiting locks can never take every worker.
 fn may_block(req: &[u8]) -> bool {
-    opcode(req).is_some_and(|op| op == crate::abi::opcode::SETLKW)
+    opcode(req).is_some_and(|op| op == crate::protocol::abi::opcode::SETLKW)
 }
 
 /// Reads requests from `dev` and answers them until the connection ends (ENODEV: unmounted,
@@ -842,7 +842,7 @@ impl DevFuseBacking {
     }
 }
 
-impl crate::backing::Backing for DevFuseBacking {
+impl crate::protocol::backing::Backing for DevFuseBacking {
     fn open(&self, fd: std::os::fd::BorrowedFd) -> io::Result<i32> {
         let map = BackingMap {
             fd: fd.as_raw_fd(),

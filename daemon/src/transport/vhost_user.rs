@@ -32,11 +32,11 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::abi::{InHeader, VirtioFsConfig};
-use crate::filesystem::FileSystem;
-use crate::iobuf::{Reader, Writer};
-use crate::server::Server;
-use crate::vring_chain::{walk_chain, ChainAt, Split};
+use crate::protocol::abi::{InHeader, VirtioFsConfig};
+use crate::protocol::filesystem::FileSystem;
+use crate::protocol::iobuf::{Reader, Writer};
+use crate::protocol::server::Server;
+use crate::transport::vring_chain::{walk_chain, ChainAt, Split};
 
 /// Bytes of a FUSE request header.
 const IN_HEADER_LEN: usize = std::mem::size_of::<InHeader>();
@@ -330,7 +330,7 @@ pub struct FsBackend<F: FileSystem> {
 /// Opcodes that may wait indefinitely (a lock held by someone else) or for long (a flush
 /// to slow storage): they never run on a queue's own thread or hold back its notifications.
 fn may_block(opcode: u32) -> bool {
-    use crate::abi::opcode as op;
+    use crate::protocol::abi::opcode as op;
     matches!(
         opcode,
         op::SETLKW | op::FSYNC | op::FSYNCDIR | op::SYNCFS | op::FLUSH | op::FALLOCATE
@@ -1001,11 +1001,11 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::abi::{opcode, InHeader, OutHeader};
-    use crate::mapper::NoMapper;
-    use crate::memfs::MemFs;
-    use crate::server::ServerOptions;
-    use crate::vring_chain::split_chain;
+    use crate::protocol::abi::{opcode, InHeader, OutHeader};
+    use crate::protocol::mapper::NoMapper;
+    use crate::protocol::server::ServerOptions;
+    use crate::testing::memfs::MemFs;
+    use crate::transport::vring_chain::split_chain;
     use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
@@ -1077,7 +1077,7 @@ mod tests {
             ..Default::default()
         };
         m.write_obj(hdr, GuestAddress(at)).unwrap();
-        let init = crate::abi::InitIn {
+        let init = crate::protocol::abi::InitIn {
             major: 7,
             minor: 41,
             ..Default::default()
