@@ -8,6 +8,9 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
+/// `--sandbox`: defined with the sandbox it chooses.
+pub use crate::host::sandbox::Sandbox;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum CachePolicy {
     /// No guest caching of data or metadata.
@@ -18,18 +21,6 @@ pub enum CachePolicy {
     Always,
     /// Cache metadata only.
     Metadata,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Sandbox {
-    /// Fork a child in new pid, mount, net, ipc and uts namespaces (and a user namespace when
-    /// not root) whose root is the shared directory (pivot_root); the parent forwards signals
-    /// and exits with the child's status.
-    Namespace,
-    /// chroot into the shared directory (root only).
-    Chroot,
-    /// No sandbox.
-    None,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

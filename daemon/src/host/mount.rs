@@ -21,11 +21,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::host::caps::{self, CapSet};
-use crate::host::cli::{Cli, IoUringMode, PassthroughPolicy, Seccomp};
-use crate::host::daemon::{capabilities_to_keep, common_setup, passthrough_config, signal_name};
+use crate::host::cli::{Cli, IoUringMode, PassthroughPolicy};
 use crate::host::sandbox::{self, Entered};
 use crate::host::seccomp;
-use crate::passthrough::PassthroughFs;
+use crate::host::startup::{self, capabilities_to_keep, signal_name, STOP_SIGNALS};
 use crate::protocol::abi::init_flags;
 use crate::protocol::backing;
 use crate::protocol::mapper::{Mapper, NoMapper};
@@ -37,8 +36,6 @@ use crate::transport::fuse_uring;
 /// daemon logs that it waits for the mount's last users.
 pub const GRACE: Duration = Duration::from_secs(2);
 
-const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
-
 enum Event {
     Worker(io::Result<()>),
     Stop(libc::c_int),
@@ -48,7 +45,7 @@ enum Event {
 
 /// Runs `daxfsd --mount` until the mount goes away or a stop signal came.
 pub fn run(cli: &Cli) -> io::Result<()> {
-    let shared_dir = common_setup(cli)?;
+    let shared_dir = startup::prepare(cli)?;
     let requested = cli
         .mount
         .clone()
@@ -212,11 +209,8 @@ fn serve(
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &blocked, std::ptr::null_mut()) };
 
     caps::drop_to(keep)?;
-    let mut cfg = passthrough_config(cli)?;
-    cfg.root_dir = inside.shared_dir.clone();
     // Linux offers FUSE_SUBMOUNTS to virtio-fs only: nothing to announce on a host mount.
-    cfg.announce_submounts = false;
-    let fs = PassthroughFs::with_proc_self_fd(cfg, inside.proc_self_fd)?;
+    let fs = startup::passthrough_fs(cli, inside, |cfg| cfg.announce_submounts = false)?;
     let mapper: Arc<dyn Mapper> = Arc::new(NoMapper);
     // No DAX window here: the decorator only forwards.
     let fs = crate::dax::coherent::Coherent::new(fs, mapper.clone());
@@ -247,18 +241,13 @@ fn serve(
     let ring_stats = Arc::new(fuse_uring::Stats::default());
     {
         let (c, s, r) = (counters.clone(), server.clone(), ring_stats.clone());
-        crate::host::daemon::spawn_sigusr1_reporter(move || {
+        startup::spawn_sigusr1_reporter(move || {
             log::info!("{}", report(&c, s.passthrough_stats(), &r))
         });
     }
     let extra = if uring { seccomp::IO_URING } else { &[] };
 
-    match cli.seccomp {
-        Seccomp::None => {}
-        Seccomp::Kill => seccomp::install_with(seccomp::Action::Kill, extra)?,
-        Seccomp::Log => seccomp::install_with(seccomp::Action::Log, extra)?,
-        Seccomp::Trap => seccomp::install_with(seccomp::Action::Trap, extra)?,
-    }
+    startup::install_seccomp(cli.seccomp, extra)?;
 
     let (tx, rx) = mpsc::channel();
     let rings: Arc<Mutex<Option<fuse_uring::Rings>>> = Arc::default();
