@@ -231,7 +231,7 @@ fn serve(
     }
     let mut server = Server::new(fs, Box::new(mapper), opts);
     if policy != backing::Policy::Off {
-        server = server.with_passthrough(backing::Passthrough::new(
+        server = server.with_fuse_passthrough(backing::Passthrough::new(
             Box::new(dev_fuse::DevFuseBacking::new(dev.clone())),
             policy,
         ));
@@ -242,7 +242,7 @@ fn serve(
     {
         let (c, s, r) = (counters.clone(), server.clone(), ring_stats.clone());
         startup::spawn_sigusr1_reporter(move || {
-            log::info!("{}", report(&c, s.passthrough_stats(), &r))
+            log::info!("{}", report(&c, s.fuse_passthrough_stats(), &r))
         });
     }
     let extra = if uring { seccomp::IO_URING } else { &[] };
@@ -383,7 +383,7 @@ fn serve(
     if let Some(r) = rings.lock().unwrap_or_else(|e| e.into_inner()).take() {
         r.shutdown();
     }
-    let pt = server.passthrough_stats();
+    let pt = server.fuse_passthrough_stats();
     server.reset();
     log::info!("{}", report(&counters, pt, &ring_stats));
     match (stopped_by, first_err) {

@@ -56,7 +56,6 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,21 +80,6 @@ pub enum CachePolicy {
     Always,
     /// Metadata for a day; data uncached (`FOPEN_DIRECT_IO`).
     Metadata,
-}
-
-impl FromStr for CachePolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "never" | "none" => Ok(CachePolicy::Never),
-            "auto" => Ok(CachePolicy::Auto),
-            "always" => Ok(CachePolicy::Always),
-            "metadata" => Ok(CachePolicy::Metadata),
-            _ => Err(format!(
-                "unknown cache policy {s:?} (never, auto, always, metadata)"
-            )),
-        }
-    }
 }
 
 /// When inodes are kept as file handles instead of `O_PATH` descriptors (virtiofsd's

@@ -16,7 +16,7 @@ use vm_memory::ByteValued;
 
 use crate::migration::format::{Codec, Dec, Enc};
 use crate::protocol::abi::{self, opcode as op, *};
-use crate::protocol::backing::{Passthrough, Stats as PassthroughStats};
+use crate::protocol::backing::{Passthrough as FusePassthrough, Stats as FusePassthroughStats};
 use crate::protocol::filesystem::{Context, DirEntry, Entry, FileSystem, InitCaps, XattrReply};
 use crate::protocol::iobuf::{Reader, Writer};
 use crate::protocol::mapper::Mapper;
@@ -141,7 +141,7 @@ pub struct Server<F: FileSystem> {
     transport_flags: u64,
     max_stack_depth: u32,
     /// FUSE passthrough, when the transport can register backing files.
-    passthrough: Option<Passthrough>,
+    fuse_passthrough: Option<FusePassthrough>,
 }
 
 /// Parsed request header plus the caller's identity.
@@ -168,25 +168,25 @@ impl<F: FileSystem> Server<F> {
             dax_policy: opts.dax_policy,
             transport_flags: opts.transport_flags,
             max_stack_depth: opts.max_stack_depth,
-            passthrough: None,
+            fuse_passthrough: None,
         }
     }
 
     /// Serves regular files with FUSE passthrough where `p`'s policy and the client agree
     /// (`FUSE_PASSTHROUGH` must also be in `transport_flags`).
-    pub fn with_passthrough(mut self, p: Passthrough) -> Self {
-        self.passthrough = Some(p);
+    pub fn with_fuse_passthrough(mut self, p: FusePassthrough) -> Self {
+        self.fuse_passthrough = Some(p);
         self
     }
 
-    /// Passthrough counters, when passthrough is configured.
-    pub fn passthrough_stats(&self) -> Option<PassthroughStats> {
-        self.passthrough.as_ref().map(|p| p.stats())
+    /// FUSE passthrough counters, when FUSE passthrough is configured.
+    pub fn fuse_passthrough_stats(&self) -> Option<FusePassthroughStats> {
+        self.fuse_passthrough.as_ref().map(|p| p.stats())
     }
 
     /// The backing id to open `fh` of `inode` with, if it is to be passed through.
     fn pass_through(&self, inode: u64, fh: u64) -> Option<i32> {
-        let p = self.passthrough.as_ref()?;
+        let p = self.fuse_passthrough.as_ref()?;
         if self.session.flags.load(Ordering::Relaxed) & init_flags::PASSTHROUGH == 0 {
             return None;
         }
@@ -261,7 +261,7 @@ impl<F: FileSystem> Server<F> {
             op::name(hdr.opcode),
             o.fh
         );
-        if let Some(p) = &self.passthrough {
+        if let Some(p) = &self.fuse_passthrough {
             p.released(o.fh);
         }
         let _ = self.fs.release(&ctx, ino, o.fh, false, 0);
@@ -288,7 +288,7 @@ impl<F: FileSystem> Server<F> {
         self.session.initialized.store(false, Ordering::SeqCst);
         self.session.flags.store(0, Ordering::SeqCst);
         self.mapper.end_session();
-        if let Some(p) = &self.passthrough {
+        if let Some(p) = &self.fuse_passthrough {
             p.close_all();
         }
         self.fs.destroy();
@@ -720,7 +720,7 @@ impl<F: FileSystem> Server<F> {
             op::RELEASE => {
                 let a: ReleaseIn = r.read_obj()?;
                 let flock = a.release_flags & RELEASE_FLOCK_UNLOCK != 0;
-                if let Some(p) = &self.passthrough {
+                if let Some(p) = &self.fuse_passthrough {
                     p.released(a.fh);
                 }
                 empty(fs.release(ctx, ino, a.fh, flock, a.lock_owner))
@@ -949,7 +949,7 @@ impl<F: FileSystem> Server<F> {
         }
         if agreed & init_flags::PASSTHROUGH != 0 {
             out.max_stack_depth = self.max_stack_depth;
-        } else if self.passthrough.is_some() {
+        } else if self.fuse_passthrough.is_some() {
             log::warn!(
                 "the client does not offer FUSE_PASSTHROUGH (kernel without CONFIG_FUSE_PASSTHROUGH or older than 6.9): files are served through READ/WRITE"
             );
