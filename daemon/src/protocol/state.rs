@@ -10,10 +10,10 @@
 use std::io;
 use std::sync::Arc;
 
-use super::filesystem::FileSystem;
-use super::server::{Server, SessionState};
 use crate::migration::format::{Codec, Dec, Enc};
 use crate::migration::StateHost;
+use crate::protocol::filesystem::FileSystem;
+use crate::protocol::server::{Server, SessionState};
 
 /// A file system whose state can move to another daemon (live migration).
 pub trait SerializableFileSystem: FileSystem {
