@@ -2,7 +2,7 @@
 
 use clap::Parser;
 
-use daxfsd::cli::Cli;
+use daxfsd::host::cli::Cli;
 
 fn main() {
     let mut cli = Cli::parse();
@@ -14,8 +14,8 @@ fn main() {
         println!("{}", Cli::capabilities_json());
         return;
     }
-    daxfsd::daemon::init_logging(cli.log_level, cli.syslog);
-    if let Err(e) = daxfsd::daemon::run(&cli) {
+    daxfsd::host::startup::init_logging(cli.log_level, cli.syslog);
+    if let Err(e) = daxfsd::host::run(&cli) {
         if cli.syslog {
             log::error!("{e}");
         }

@@ -64,12 +64,12 @@ fn serve_one_mount(cache: CachePolicy) {
         max_stack_depth: 1,
         ..Default::default()
     };
-    let server = Arc::new(Server::new(fs, Box::new(NoMapper), opts).with_passthrough(
-        Passthrough::new(
+    let server = Arc::new(
+        Server::new(fs, Box::new(NoMapper), opts).with_fuse_passthrough(Passthrough::new(
             Box::new(DevFuseBacking::new(dev.clone())),
             Policy::MinSize(100_000),
-        ),
-    ));
+        )),
+    );
     let counters = Arc::new(Counters::default());
     let workers =
         dev_fuse::spawn_workers(dev.clone(), server.clone(), 2, counters.clone()).unwrap();
@@ -100,7 +100,7 @@ fn serve_one_mount(cache: CachePolicy) {
     // two backing ids, and every id is closed once the releases have come in.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     let st = loop {
-        let st = server.passthrough_stats().unwrap();
+        let st = server.fuse_passthrough_stats().unwrap();
         if st.live == 0 || std::time::Instant::now() > deadline {
             break st;
         }

@@ -229,7 +229,7 @@ fn lookups_in_a_directory_moved_out_find_nothing() {
 /// refused, and the session stays as it was.
 #[test]
 fn migrated_session_with_every_flag_is_refused() {
-    use daxfsd::migration::{SessionState, StateHost};
+    use daxfsd::server::SessionState;
     let h = Harness::new();
     let before = h.server.export_session();
     let mut st = h.server.save_state(&Default::default()).unwrap();

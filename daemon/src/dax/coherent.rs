@@ -119,7 +119,7 @@ crate::protocol::filesystem::filesystem_impl! {
         self.inner.getattr(ctx, inode, handle)
     }
     fn setattr(&self, ctx, inode, attr, handle) {
-        if attr.valid & crate::abi::fattr::SIZE != 0 {
+        if attr.valid & crate::protocol::abi::fattr::SIZE != 0 {
             self.mapper.shrinking(inode, attr.size);
         }
         self.resizing(inode, || self.inner.setattr(ctx, inode, attr, handle))
@@ -203,5 +203,40 @@ crate::protocol::filesystem::filesystem_impl! {
     fn syncfs(&self, ctx, inode) {
         self.mapper.sync_all();
         self.inner.syncfs(ctx, inode)
+    }
+}
+
+/// Migration: what moves is the wrapped file system's state.
+impl<F: crate::protocol::state::SerializableFileSystem>
+    crate::protocol::state::SerializableFileSystem for Coherent<F>
+{
+    type State = F::State;
+    type Options = F::Options;
+
+    fn save_state(&self, opts: &F::Options) -> std::io::Result<F::State> {
+        self.inner().save_state(opts)
+    }
+
+    fn load_state(&self, state: &F::State, opts: &F::Options) -> std::io::Result<()> {
+        self.inner().load_state(state, opts)
+    }
+
+    fn init_wants(&self) -> u64 {
+        self.inner().init_wants()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Coherent;
+    use crate::protocol::filesystem::tests::{call_every_method, Probe, METHODS};
+
+    /// The DAX decorator, with no window, reaches the inner filesystem for every method:
+    /// the ones it writes itself and the ones `filesystem_impl!` forwards.
+    #[test]
+    fn coherent_forwards_every_method() {
+        let fs = Coherent::new(Probe::default(), None);
+        call_every_method(&fs);
+        assert_eq!(*fs.inner().0.lock().unwrap(), METHODS);
     }
 }

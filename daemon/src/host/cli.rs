@@ -8,6 +8,9 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
+/// `--sandbox`: defined with the sandbox it chooses.
+pub use crate::host::sandbox::Sandbox;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum CachePolicy {
     /// No guest caching of data or metadata.
@@ -18,18 +21,6 @@ pub enum CachePolicy {
     Always,
     /// Cache metadata only.
     Metadata,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Sandbox {
-    /// Fork a child in new pid, mount, net, ipc and uts namespaces (and a user namespace when
-    /// not root) whose root is the shared directory (pivot_root); the parent forwards signals
-    /// and exits with the child's status.
-    Namespace,
-    /// chroot into the shared directory (root only).
-    Chroot,
-    /// No sandbox.
-    None,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -245,7 +236,7 @@ pub struct Cli {
     /// default): `always` (every regular file), `never`, or `size:N` (files of at least N
     /// bytes, e.g. size:1M). `-o dax=always` mounts map every file regardless.
     #[arg(long, value_name = "POLICY", value_parser = parse_dax_policy, default_value = "always")]
-    pub dax_policy: crate::server::DaxPolicy,
+    pub dax_policy: crate::protocol::server::DaxPolicy,
 
     /// When read-only DAX mappings are served from copies instead of the file: `auto`
     /// (copies only while the guest recycles more than 32 ranges a second of a window at least
@@ -441,8 +432,8 @@ pub fn check_dax_window(size: u64) -> Result<(), String> {
 }
 
 /// Parses `--dax-policy`.
-pub fn parse_dax_policy(s: &str) -> Result<crate::server::DaxPolicy, String> {
-    use crate::server::DaxPolicy;
+pub fn parse_dax_policy(s: &str) -> Result<crate::protocol::server::DaxPolicy, String> {
+    use crate::protocol::server::DaxPolicy;
     match s {
         "always" => Ok(DaxPolicy::Always),
         "never" => Ok(DaxPolicy::Never),
@@ -516,13 +507,13 @@ fn parse_passthrough(s: &str) -> Result<PassthroughPolicy, String> {
 
 impl Cli {
     /// `--uid-map`/`--gid-map`, parsed.
-    pub fn user_ns_maps(&self) -> Result<crate::sandbox::UserNsMaps, String> {
+    pub fn user_ns_maps(&self) -> Result<crate::host::sandbox::UserNsMaps, String> {
         let parse = |opt: &str, v: &[String]| {
             v.iter()
-                .map(|m| crate::sandbox::IdRange::parse(opt, m))
+                .map(|m| crate::host::sandbox::IdRange::parse(opt, m))
                 .collect::<Result<Vec<_>, _>>()
         };
-        Ok(crate::sandbox::UserNsMaps {
+        Ok(crate::host::sandbox::UserNsMaps {
             uid: parse("--uid-map", &self.uid_map)?,
             gid: parse("--gid-map", &self.gid_map)?,
         })
@@ -597,7 +588,7 @@ impl Cli {
             }
         }
         if let Some(spec) = &self.modcaps {
-            crate::caps::CapSet::daemon_default()
+            crate::host::caps::CapSet::daemon_default()
                 .modify(spec)
                 .map_err(CliError::Invalid)?;
         }
@@ -661,10 +652,10 @@ impl Cli {
         if self.dax_window != 0 {
             check_dax_window(self.dax_window).map_err(CliError::Invalid)?;
         }
-        if self.queues == 0 || self.queues > crate::vhost_user::MAX_REQUEST_QUEUES {
+        if self.queues == 0 || self.queues > crate::transport::vhost_user::MAX_REQUEST_QUEUES {
             return Err(CliError::Invalid(format!(
                 "--queues must be 1..={}",
-                crate::vhost_user::MAX_REQUEST_QUEUES
+                crate::transport::vhost_user::MAX_REQUEST_QUEUES
             )));
         }
         Ok(())
@@ -741,8 +732,8 @@ impl Cli {
     }
 
     /// The live-migration options.
-    pub fn migration_options(&self) -> crate::migration::MigrationOptions {
-        use crate::migration::{MigrationMode, MigrationOptions, OnError};
+    pub fn migration_options(&self) -> crate::passthrough::state::MigrationOptions {
+        use crate::passthrough::state::{MigrationMode, MigrationOptions, OnError};
         MigrationOptions {
             mode: match self.migration_mode {
                 MigrationModeArg::FindPaths => MigrationMode::FindPaths,
@@ -790,7 +781,7 @@ mod tests {
 
     #[test]
     fn dax_policies() {
-        use crate::server::DaxPolicy;
+        use crate::protocol::server::DaxPolicy;
         assert_eq!(parse_dax_policy("always"), Ok(DaxPolicy::Always));
         assert_eq!(parse_dax_policy("never"), Ok(DaxPolicy::Never));
         assert_eq!(parse_dax_policy("size:1M"), Ok(DaxPolicy::MinSize(1 << 20)));
@@ -1113,7 +1104,7 @@ mod tests {
 
     #[test]
     fn migration_options() {
-        use crate::migration::{MigrationMode, OnError};
+        use crate::passthrough::state::{MigrationMode, OnError};
         let c = parse(&["--shared-dir=/tmp", "--socket-path=/s"]).unwrap();
         let o = c.migration_options();
         assert_eq!(

@@ -1,4 +1,5 @@
-//! Wires the layers together and runs one vhost-user session.
+//! The vhost-user mode: wires the layers together and runs one vhost-user session. The
+//! start-up it shares with the /dev/fuse mount is [`super::startup`]'s.
 
 use std::io;
 use std::os::fd::FromRawFd;
@@ -8,152 +9,15 @@ use vhost::vhost_user::{Backend, Listener};
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
-use crate::caps::{self, CapSet};
-use crate::cli::{CachePolicy, Cli, LogLevel, Seccomp};
 use crate::dax::DaxWindow;
-use crate::mapper::{Mapper, NoMapper};
-use crate::passthrough::{self, PassthroughFs};
-use crate::runfiles::RunFiles;
-use crate::sandbox::{self, Entered};
-use crate::seccomp;
-use crate::server::{Server, ServerOptions};
-use crate::vhost_user::{BackendChannel, FsBackend, FsBackendConfig};
-
-/// Sets up logging at the chosen level: to the system log with `syslog` (where there is
-/// one; else one warning line and stderr), or to stderr. As in virtiofsd, `RUST_LOG`, when
-/// set, overrides the level of the stderr log.
-pub fn init_logging(level: LogLevel, syslog: bool) {
-    let filter = match level {
-        LogLevel::Error => log::LevelFilter::Error,
-        LogLevel::Warn => log::LevelFilter::Warn,
-        LogLevel::Info => log::LevelFilter::Info,
-        LogLevel::Debug => log::LevelFilter::Debug,
-        LogLevel::Trace => log::LevelFilter::Trace,
-        LogLevel::Off => log::LevelFilter::Off,
-    };
-    let mut syslog_error = None;
-    if syslog {
-        match crate::syslog::SyslogLogger::connect(std::path::Path::new("/dev/log")) {
-            Ok(l) => {
-                if log::set_boxed_logger(Box::new(l)).is_ok() {
-                    log::set_max_level(filter);
-                    return;
-                }
-            }
-            Err(e) => syslog_error = Some(e),
-        }
-    }
-    let mut b = env_logger::Builder::new();
-    b.filter_level(filter)
-        .format_timestamp_millis()
-        .target(env_logger::Target::Stderr);
-    if let Ok(spec) = std::env::var("RUST_LOG") {
-        b.parse_filters(&spec);
-    }
-    b.init();
-    if let Some(e) = syslog_error {
-        log::warn!("--syslog: no system log at /dev/log ({e}); logging to stderr");
-    }
-}
-
-pub(crate) fn passthrough_config(cli: &Cli) -> io::Result<passthrough::Config> {
-    let root_dir = cli
-        .shared_dir
-        .clone()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "missing --shared-dir"))?;
-    Ok(passthrough::Config {
-        root_dir,
-        cache: match cli.cache {
-            CachePolicy::Never => passthrough::CachePolicy::Never,
-            CachePolicy::Auto => passthrough::CachePolicy::Auto,
-            CachePolicy::Always => passthrough::CachePolicy::Always,
-            CachePolicy::Metadata => passthrough::CachePolicy::Metadata,
-        },
-        writeback: cli.writeback,
-        xattr: cli.xattr,
-        readonly: cli.readonly,
-        allow_direct_io: cli.allow_direct_io,
-        allow_mmap: cli.allow_mmap,
-        readdirplus: !cli.no_readdirplus,
-        announce_submounts: cli.announce_submounts,
-        killpriv_v2: cli.killpriv_v2,
-        posix_lock: cli.posix_lock,
-        posix_acl: cli.posix_acl != crate::cli::Negotiation::Never,
-        security_label: cli.security_label != crate::cli::Negotiation::Never,
-        flock: cli.flock,
-        preserve_noatime: cli.preserve_noatime,
-        xattrmap: match &cli.xattrmap {
-            Some(spec) => Some(
-                passthrough::xattrmap::XattrMap::parse(spec)
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
-            ),
-            None => None,
-        },
-        uid_map: passthrough::idmap::IdMap::parse("--translate-uid", &cli.translate_uid)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
-        gid_map: passthrough::idmap::IdMap::parse("--translate-gid", &cli.translate_gid)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
-        inode_file_handles: match cli.inode_file_handles {
-            crate::cli::InodeFileHandles::Never => passthrough::FileHandleMode::Never,
-            crate::cli::InodeFileHandles::Prefer => passthrough::FileHandleMode::Prefer,
-            crate::cli::InodeFileHandles::Mandatory => passthrough::FileHandleMode::Mandatory,
-        },
-    })
-}
-
-/// Sets RLIMIT_NOFILE to `want` (0: leave it), by default min(1000000, fs.nr_open) like
-/// virtiofsd.
-fn raise_nofile(want: Option<u64>) -> io::Result<()> {
-    let target = match want {
-        Some(0) => return Ok(()),
-        Some(n) => n,
-        None => std::fs::read_to_string("/proc/sys/fs/nr_open")
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .unwrap_or(1_000_000)
-            .min(1_000_000),
-    };
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a valid, writable rlimit struct.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let new = libc::rlimit {
-        rlim_cur: target,
-        rlim_max: lim.rlim_max.max(target),
-    };
-    // SAFETY: `new` is a valid rlimit struct; the kernel only reads it.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } == 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
-    if want.is_none() && lim.rlim_cur < lim.rlim_max {
-        // No CAP_SYS_RESOURCE to go past the hard limit: take what the hard limit allows.
-        let within = libc::rlimit {
-            rlim_cur: lim.rlim_max.min(target),
-            rlim_max: lim.rlim_max,
-        };
-        // SAFETY: as above.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &within) } == 0 {
-            log::debug!("RLIMIT_NOFILE raised to the hard limit {}", within.rlim_cur);
-            return Ok(());
-        }
-    }
-    if want.is_none() && lim.rlim_cur >= lim.rlim_max.min(target) {
-        log::debug!(
-            "RLIMIT_NOFILE stays at {} ({e} raising it to {target})",
-            lim.rlim_cur
-        );
-        return Ok(());
-    }
-    Err(io::Error::new(
-        e.kind(),
-        format!("cannot set RLIMIT_NOFILE to {target}: {e}"),
-    ))
-}
+use crate::host::caps;
+use crate::host::cli::Cli;
+use crate::host::runfiles::RunFiles;
+use crate::host::sandbox::{self, Entered};
+use crate::host::startup::{self, capabilities_to_keep, signal_name, STOP_SIGNALS};
+use crate::protocol::mapper::{Mapper, NoMapper};
+use crate::protocol::server::{Server, ServerOptions};
+use crate::transport::vhost_user::{BackendChannel, FsBackend, FsBackendConfig};
 
 /// Gives the socket file to `group`.
 fn chown_socket_group(path: &std::path::Path, group: &str) -> io::Result<()> {
@@ -173,31 +37,6 @@ fn chown_socket_group(path: &std::path::Path, group: &str) -> io::Result<()> {
     std::os::unix::fs::chown(path, None, Some(gid))?;
     let mode = std::os::unix::fs::PermissionsExt::from_mode(0o660);
     std::fs::set_permissions(path, mode)
-}
-
-/// Blocks SIGUSR1 (so every thread inherits the mask) and logs `report()` whenever it arrives.
-pub(crate) fn spawn_sigusr1_reporter(report: impl Fn() + Send + 'static) {
-    // SAFETY: `set` is a valid sigset_t, initialised by sigemptyset before use; the calls only
-    // change this thread's signal mask.
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGUSR1);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    };
-    let spawned = std::thread::Builder::new()
-        .name("sigusr1".into())
-        .spawn(move || loop {
-            let mut sig = 0;
-            // SAFETY: `set` is a valid signal set and `sig` a valid output location.
-            if unsafe { libc::sigwait(&set, &mut sig) } == 0 && sig == libc::SIGUSR1 {
-                report();
-            }
-        });
-    if let Err(e) = spawned {
-        log::warn!("no SIGUSR1 reporter: {e}");
-    }
 }
 
 /// The listening vhost-user socket: `--fd`, or a fresh socket on `--socket-path` behind its
@@ -224,9 +63,6 @@ fn listen(cli: &Cli) -> io::Result<(Listener, Option<RunFiles>)> {
     }
 }
 
-/// The signals that stop the daemon cleanly.
-const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
-
 #[derive(Default)]
 struct StopState {
     /// The signal that asked us to stop.
@@ -244,16 +80,6 @@ struct StopState {
 struct Stopper {
     state: Arc<std::sync::Mutex<StopState>>,
     wake: Arc<vmm_sys_util::eventfd::EventFd>,
-}
-
-/// The name a stop signal is logged by.
-pub(crate) fn signal_name(sig: libc::c_int) -> &'static str {
-    match sig {
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGINT => "SIGINT",
-        libc::SIGHUP => "SIGHUP",
-        _ => "signal",
-    }
 }
 
 impl Stopper {
@@ -347,46 +173,13 @@ impl Stopper {
     }
 }
 
-/// The capabilities to keep: virtiofsd's set changed by `--modcaps`, limited to what the
-/// process had before the sandbox (nothing, for a non-root daemon in its user namespace).
-pub(crate) fn capabilities_to_keep(cli: &Cli, had: CapSet) -> io::Result<CapSet> {
-    let mut base = CapSet::daemon_default();
-    if cli.inode_file_handles != crate::cli::InodeFileHandles::Never {
-        // Opening file handles needs CAP_DAC_READ_SEARCH (virtiofsd adds it the same way;
-        // `--modcaps=-dac_read_search` removes it again and `prefer` then keeps descriptors).
-        base = CapSet(base.0 | (1u64 << caps::CAP_DAC_READ_SEARCH));
-    }
-    let want = match &cli.modcaps {
-        Some(spec) => base
-            .modify(spec)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
-        None => base,
-    };
-    Ok(CapSet(want.0 & had.0))
-}
-
-/// What both modes (vhost-user and `--mount`) do first: the descriptor limit (a failure to
-/// raise it is only a warning when the user did not ask for a limit) and the shared directory.
-pub(crate) fn common_setup(cli: &Cli) -> io::Result<std::path::PathBuf> {
-    match raise_nofile(cli.rlimit_nofile) {
-        Err(e) if cli.rlimit_nofile.is_none() => log::warn!("{e}; keeping the current limit"),
-        r => r?,
-    }
-    cli.shared_dir
-        .clone()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "missing --shared-dir"))
-}
-
-/// Runs the daemon until the frontend disconnects.
+/// Runs the vhost-user daemon until the frontend disconnects.
 ///
 /// Start-up order: open-file limit, listening socket, sandbox (a namespace sandbox forks
 /// here; the parent only supervises), capabilities, filesystem and vhost-user machinery,
 /// seccomp filter, then the frontend is accepted and served.
 pub fn run(cli: &Cli) -> io::Result<()> {
-    if cli.mount.is_some() {
-        return crate::host::mount::run(cli);
-    }
-    let shared_dir = common_setup(cli)?;
+    let shared_dir = startup::prepare(cli)?;
     let (_, caps_before, _) = caps::current()?;
     let keep = capabilities_to_keep(cli, caps_before)?;
 
@@ -405,7 +198,7 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         }
         Entered::Serving(inside) => inside,
     };
-    if cli.sandbox == crate::cli::Sandbox::Namespace {
+    if cli.sandbox == sandbox::Sandbox::Namespace {
         // The supervisor owns the pid file and removes both files; no host descriptor
         // stays open in the sandbox.
         if let Some(f) = run_files.take() {
@@ -435,10 +228,8 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         }
     );
 
-    let mut cfg = passthrough_config(cli)?;
-    cfg.root_dir = inside.shared_dir.clone();
     let dax_proc_fd = inside.proc_self_fd.try_clone()?;
-    let fs = PassthroughFs::with_proc_self_fd(cfg, inside.proc_self_fd)?;
+    let fs = startup::passthrough_fs(cli, inside, |_| {})?;
 
     let window: Option<Arc<DaxWindow<Backend>>> = match cli.dax_window {
         0 => None,
@@ -470,12 +261,12 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         request_queues: cli.queues,
         thread_pool_size: cli.thread_pool_size,
     };
-    let migration = crate::migration::Migration::new(server.clone(), cli.migration_options());
+    let migration = crate::migration::Migration::new(server.state_host(cli.migration_options()));
     let backend =
         Arc::new(FsBackend::new(server, &cfg, channel)?.with_device_state(Arc::new(migration)));
 
     if let Some(w) = window.clone() {
-        spawn_sigusr1_reporter(move || log::info!("{}", w.stats()));
+        startup::spawn_sigusr1_reporter(move || log::info!("{}", w.stats()));
     }
     if let Some(w) = &window {
         // Bounds what a SIGKILL can lose of guest stores into shadow tails.
@@ -488,12 +279,7 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
     let mut daemon = VhostUserDaemon::new("daxfsd".to_string(), backend.clone(), mem)
         .map_err(|e| io::Error::other(format!("cannot create the vhost-user daemon: {e}")))?;
-    match cli.seccomp {
-        Seccomp::None => {}
-        Seccomp::Kill => seccomp::install(seccomp::Action::Kill)?,
-        Seccomp::Log => seccomp::install(seccomp::Action::Log)?,
-        Seccomp::Trap => seccomp::install(seccomp::Action::Trap)?,
-    }
+    startup::install_seccomp(cli.seccomp, &[])?;
     log::info!(
         "serving {} (tag {:?}, {} request queue(s), cache {:?}, DAX window {} bytes, sandbox {:?}, seccomp {:?}); waiting for the frontend",
         shared_dir.display(),

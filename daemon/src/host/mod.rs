@@ -1,5 +1,7 @@
-//! The daemon process around the protocol: command line, wiring and session, sandbox,
-//! system-call filter, capabilities, logging, pid and socket files.
+//! The daemon process around the protocol: command line, sandbox, system-call filter,
+//! capabilities, logging, pid and socket files, and the two modes that wire the layers
+//! together: the vhost-user daemon ([`daemon`]) and the /dev/fuse mount ([`mount`]). Both
+//! take their shared start-up from [`startup`] and never call each other; [`run`] picks one.
 
 pub mod caps;
 pub mod cli;
@@ -9,4 +11,15 @@ pub mod mount;
 pub mod runfiles;
 pub mod sandbox;
 pub mod seccomp;
+pub mod startup;
 pub mod syslog;
+
+/// Runs the daemon in the mode the command line asks for: a /dev/fuse mount (`--mount`) or a
+/// vhost-user daemon.
+pub fn run(cli: &cli::Cli) -> std::io::Result<()> {
+    if cli.mount.is_some() {
+        mount::run(cli)
+    } else {
+        daemon::run(cli)
+    }
+}

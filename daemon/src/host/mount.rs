@@ -20,24 +20,21 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::abi::init_flags;
-use crate::backing;
-use crate::caps::{self, CapSet};
-use crate::cli::{Cli, IoUringMode, PassthroughPolicy, Seccomp};
-use crate::daemon::{capabilities_to_keep, common_setup, passthrough_config, signal_name};
-use crate::dev_fuse::{self, Counters, MountOptions, Unmounter};
-use crate::fuse_uring;
-use crate::mapper::{Mapper, NoMapper};
-use crate::passthrough::PassthroughFs;
-use crate::sandbox::{self, Entered};
-use crate::seccomp;
-use crate::server::{Server, ServerOptions};
+use crate::host::caps::{self, CapSet};
+use crate::host::cli::{Cli, IoUringMode, PassthroughPolicy};
+use crate::host::sandbox::{self, Entered};
+use crate::host::seccomp;
+use crate::host::startup::{self, capabilities_to_keep, signal_name, STOP_SIGNALS};
+use crate::protocol::abi::init_flags;
+use crate::protocol::backing;
+use crate::protocol::mapper::{Mapper, NoMapper};
+use crate::protocol::server::{Server, ServerOptions};
+use crate::transport::dev_fuse::{self, Counters, MountOptions, Unmounter};
+use crate::transport::fuse_uring;
 
 /// After a stop signal, how long a lazily unmounted, still busy mount is served before the
 /// daemon logs that it waits for the mount's last users.
 pub const GRACE: Duration = Duration::from_secs(2);
-
-const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
 
 enum Event {
     Worker(io::Result<()>),
@@ -48,7 +45,7 @@ enum Event {
 
 /// Runs `daxfsd --mount` until the mount goes away or a stop signal came.
 pub fn run(cli: &Cli) -> io::Result<()> {
-    let shared_dir = common_setup(cli)?;
+    let shared_dir = startup::prepare(cli)?;
     let requested = cli
         .mount
         .clone()
@@ -212,11 +209,8 @@ fn serve(
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &blocked, std::ptr::null_mut()) };
 
     caps::drop_to(keep)?;
-    let mut cfg = passthrough_config(cli)?;
-    cfg.root_dir = inside.shared_dir.clone();
     // Linux offers FUSE_SUBMOUNTS to virtio-fs only: nothing to announce on a host mount.
-    cfg.announce_submounts = false;
-    let fs = PassthroughFs::with_proc_self_fd(cfg, inside.proc_self_fd)?;
+    let fs = startup::passthrough_fs(cli, inside, |cfg| cfg.announce_submounts = false)?;
     let mapper: Arc<dyn Mapper> = Arc::new(NoMapper);
     // No DAX window here: the decorator only forwards.
     let fs = crate::dax::coherent::Coherent::new(fs, None);
@@ -237,7 +231,7 @@ fn serve(
     }
     let mut server = Server::new(fs, Box::new(mapper), opts);
     if policy != backing::Policy::Off {
-        server = server.with_passthrough(backing::Passthrough::new(
+        server = server.with_fuse_passthrough(backing::Passthrough::new(
             Box::new(dev_fuse::DevFuseBacking::new(dev.clone())),
             policy,
         ));
@@ -247,18 +241,13 @@ fn serve(
     let ring_stats = Arc::new(fuse_uring::Stats::default());
     {
         let (c, s, r) = (counters.clone(), server.clone(), ring_stats.clone());
-        crate::daemon::spawn_sigusr1_reporter(move || {
-            log::info!("{}", report(&c, s.passthrough_stats(), &r))
+        startup::spawn_sigusr1_reporter(move || {
+            log::info!("{}", report(&c, s.fuse_passthrough_stats(), &r))
         });
     }
     let extra = if uring { seccomp::IO_URING } else { &[] };
 
-    match cli.seccomp {
-        Seccomp::None => {}
-        Seccomp::Kill => seccomp::install_with(seccomp::Action::Kill, extra)?,
-        Seccomp::Log => seccomp::install_with(seccomp::Action::Log, extra)?,
-        Seccomp::Trap => seccomp::install_with(seccomp::Action::Trap, extra)?,
-    }
+    startup::install_seccomp(cli.seccomp, extra)?;
 
     let (tx, rx) = mpsc::channel();
     let rings: Arc<Mutex<Option<fuse_uring::Rings>>> = Arc::default();
@@ -394,7 +383,7 @@ fn serve(
     if let Some(r) = rings.lock().unwrap_or_else(|e| e.into_inner()).take() {
         r.shutdown();
     }
-    let pt = server.passthrough_stats();
+    let pt = server.fuse_passthrough_stats();
     server.reset();
     log::info!("{}", report(&counters, pt, &ring_stats));
     match (stopped_by, first_err) {

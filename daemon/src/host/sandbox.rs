@@ -32,7 +32,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use crate::cli::Sandbox;
+use clap::ValueEnum;
+
 use crate::sys;
 
 /// One `--uid-map`/`--gid-map` range: ids `inside..inside+count` in the daemon's user
@@ -133,6 +134,19 @@ fn thread_count() -> io::Result<usize> {
         .find_map(|l| l.strip_prefix("Threads:"))
         .and_then(|v| v.trim().parse().ok())
         .ok_or_else(|| io::Error::other("no Threads: line in /proc/self/status"))
+}
+
+/// `--sandbox`: how the serving process is confined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Sandbox {
+    /// Fork a child in new pid, mount, net, ipc and uts namespaces (and a user namespace when
+    /// not root) whose root is the shared directory (pivot_root); the parent forwards signals
+    /// and exits with the child's status.
+    Namespace,
+    /// chroot into the shared directory (root only).
+    Chroot,
+    /// No sandbox.
+    None,
 }
 
 /// Enters the sandbox `mode` around `shared_dir`. Call it single-threaded (namespace mode

@@ -9,7 +9,7 @@
 
 use std::io;
 
-use crate::filesystem::Context;
+use crate::protocol::filesystem::Context;
 use crate::sys;
 
 /// The daemon's own ids, and whether it may switch.

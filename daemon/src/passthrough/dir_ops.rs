@@ -5,7 +5,7 @@ use std::io;
 
 use super::handle::{HandleData, HandleKind};
 use super::{err, PassthroughFs};
-use crate::filesystem::{AddEntry, DirEntry, Handle, Inode, OpenFlags};
+use crate::protocol::filesystem::{AddEntry, DirEntry, Handle, Inode, OpenFlags};
 use crate::sys;
 
 /// Bytes of `linux_dirent64` records read per `getdents64` call.

@@ -6,8 +6,8 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 
 use super::{check_name, decode_dev, err, fd_name, stat_fd, PassthroughFs};
-use crate::abi::{fattr, Attr, Kstatfs, SetattrIn};
-use crate::filesystem::{Context, Entry, Handle, Inode};
+use crate::protocol::abi::{fattr, Attr, Kstatfs, SetattrIn};
+use crate::protocol::filesystem::{Context, Entry, Handle, Inode};
 use crate::sys;
 
 /// One time of a SETATTR as `utimensat` takes it: `UTIME_NOW` for FATTR_*_NOW, the given time

@@ -17,7 +17,35 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::migration::{FileHandleBytes, MAX_FILE_HANDLE};
+use crate::migration::format::{bad, Dec, Enc};
+
+/// Longest file handle (`MAX_HANDLE_SZ`).
+pub const MAX_FILE_HANDLE: usize = 128;
+
+/// A file handle as `name_to_handle_at` makes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileHandleBytes {
+    pub handle_type: i32,
+    pub bytes: Vec<u8>,
+}
+
+impl FileHandleBytes {
+    /// Its part of a device-state stream: type i32, u16 length + bytes.
+    pub fn encode(&self, e: &mut Enc) -> io::Result<()> {
+        e.u32(self.handle_type as u32);
+        e.bytes16(&self.bytes, MAX_FILE_HANDLE, "file handle")
+    }
+
+    /// Reads one from a device-state stream; an empty handle is refused.
+    pub fn decode(d: &mut Dec) -> io::Result<Self> {
+        let handle_type = d.u32("file handle type")? as i32;
+        let bytes = d.bytes16(MAX_FILE_HANDLE, "file handle")?;
+        if bytes.is_empty() {
+            return Err(bad("empty file handle"));
+        }
+        Ok(FileHandleBytes { handle_type, bytes })
+    }
+}
 
 /// `struct file_handle` with room for the largest handle.
 #[repr(C)]

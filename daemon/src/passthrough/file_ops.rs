@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use super::handle::HandleData;
 use super::{check_name, err, PassthroughFs};
-use crate::abi::{FileLock, OPEN_KILL_SUIDGID};
-use crate::filesystem::{Context, Entry, Handle, Inode, OpenFlags};
-use crate::iobuf::{Reader, Writer};
-use crate::mapper::Mapper;
+use crate::protocol::abi::{FileLock, OPEN_KILL_SUIDGID};
+use crate::protocol::filesystem::{Context, Entry, Handle, Inode, OpenFlags};
+use crate::protocol::iobuf::{Reader, Writer};
+use crate::protocol::mapper::Mapper;
 use crate::sys;
 
 /// Open flags passed on to the host; everything else (O_CREAT, O_EXCL, O_NOCTTY,

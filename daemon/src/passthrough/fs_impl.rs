@@ -9,11 +9,13 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::PassthroughFs;
-use crate::abi::{init_flags as f, Attr, FileLock, Kstatfs, SetattrIn};
-use crate::filesystem::{AddEntry, Context, Entry, Handle, InitCaps, Inode, OpenFlags, XattrReply};
-use crate::iobuf::{Reader, Writer};
-use crate::mapper::Mapper;
+use crate::protocol::abi::{init_flags as f, Attr, FileLock, Kstatfs, SetattrIn};
 use crate::protocol::filesystem::filesystem_impl;
+use crate::protocol::filesystem::{
+    AddEntry, Context, Entry, Handle, InitCaps, Inode, OpenFlags, XattrReply,
+};
+use crate::protocol::iobuf::{Reader, Writer};
+use crate::protocol::mapper::Mapper;
 
 filesystem_impl! {
     impl[] FileSystem for PassthroughFs;

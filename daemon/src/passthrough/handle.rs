@@ -12,7 +12,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use crate::filesystem::{Handle, Inode};
+use crate::protocol::filesystem::{Handle, Inode};
 
 /// What a handle refers to.
 #[derive(Debug)]

@@ -14,10 +14,9 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::fhandle::open_handle;
-use crate::abi::ROOT_ID;
-use crate::filesystem::Inode;
-use crate::migration::FileHandleBytes;
+use super::fhandle::{open_handle, FileHandleBytes};
+use crate::protocol::abi::ROOT_ID;
+use crate::protocol::filesystem::Inode;
 
 /// Identity of a host file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -9,15 +9,16 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::fhandle;
+use super::fhandle::FileHandleBytes;
 use super::handle::{HandleData, HandleKind};
 use super::inode::{InodeData, InodeKey};
-use super::{err, fd_name, key_of, stat_fd, PassthroughFs, STATX_MASK};
-use crate::abi::ROOT_ID;
-use crate::filesystem::Inode;
-use crate::migration::{
-    check_relative_path, FileHandleBytes, FsState, HandleState, InodeState, Location,
-    MigrationMode, MigrationOptions, OnError, MAX_PATH,
+use super::state::{
+    check_relative_path, FsState, HandleState, InodeState, Location, MigrationMode,
+    MigrationOptions, OnError, MAX_PATH,
 };
+use super::{err, fd_name, key_of, stat_fd, PassthroughFs, STATX_MASK};
+use crate::protocol::abi::ROOT_ID;
+use crate::protocol::filesystem::Inode;
 use crate::sys;
 
 /// Most directory entries the fallback path search visits.
@@ -575,3 +576,30 @@ impl PassthroughFs {
         Ok((failed, failed_handles))
     }
 }
+
+impl crate::protocol::state::SerializableFileSystem for PassthroughFs {
+    type State = FsState;
+    type Options = MigrationOptions;
+
+    fn save_state(&self, opts: &MigrationOptions) -> io::Result<FsState> {
+        self.export_state(opts)
+    }
+
+    fn load_state(&self, state: &FsState, opts: &MigrationOptions) -> io::Result<()> {
+        let (inodes, handles) = self.import_state(state, opts)?;
+        if inodes + handles > 0 {
+            log::warn!(
+                "migration: {inodes} inode(s) and {handles} handle(s) could not be restored; the guest gets errors for them (--migration-on-error=guest-error)"
+            );
+        }
+        Ok(())
+    }
+
+    fn init_wants(&self) -> u64 {
+        PassthroughFs::init_wants(self)
+    }
+}
+
+#[cfg(test)]
+#[path = "migration_tests.rs"]
+mod tests;

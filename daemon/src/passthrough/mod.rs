@@ -40,13 +40,14 @@
 mod creds;
 mod dir_ops;
 mod entry_ops;
-mod fhandle;
+pub mod fhandle;
 mod file_ops;
 mod fs_impl;
 mod handle;
 pub mod idmap;
 mod inode;
 mod migration;
+pub mod state;
 mod xattr_ops;
 pub mod xattrmap;
 
@@ -55,13 +56,12 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::abi::{attr_flags, fopen, Attr};
-use crate::filesystem::{Context, Entry, Inode};
+use crate::protocol::abi::{attr_flags, fopen, Attr};
+use crate::protocol::filesystem::{Context, Entry, Inode};
 use crate::sys;
 
 use creds::Creds;
@@ -80,21 +80,6 @@ pub enum CachePolicy {
     Always,
     /// Metadata for a day; data uncached (`FOPEN_DIRECT_IO`).
     Metadata,
-}
-
-impl FromStr for CachePolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "never" | "none" => Ok(CachePolicy::Never),
-            "auto" => Ok(CachePolicy::Auto),
-            "always" => Ok(CachePolicy::Always),
-            "metadata" => Ok(CachePolicy::Metadata),
-            _ => Err(format!(
-                "unknown cache policy {s:?} (never, auto, always, metadata)"
-            )),
-        }
-    }
 }
 
 /// When inodes are kept as file handles instead of `O_PATH` descriptors (virtiofsd's
@@ -283,7 +268,7 @@ fn attr_of(st: &libc::statx) -> Attr {
 
 /// The file handle of `fd` (migration tests and fuzz seeds forge streams with it).
 #[cfg(any(test, feature = "testing"))]
-pub(crate) fn file_handle_of(fd: BorrowedFd) -> io::Result<crate::migration::FileHandleBytes> {
+pub(crate) fn file_handle_of(fd: BorrowedFd) -> io::Result<fhandle::FileHandleBytes> {
     fhandle::name_to_handle(fd).map(|(h, _)| h)
 }
 
@@ -600,9 +585,9 @@ impl PassthroughFs {
     /// The INIT flags this configuration wants (what [`FileSystem::init`] asks for; also what
     /// a migrated session may have agreed).
     ///
-    /// [`FileSystem::init`]: crate::filesystem::FileSystem::init
+    /// [`FileSystem::init`]: crate::protocol::filesystem::FileSystem::init
     pub fn init_wants(&self) -> u64 {
-        use crate::abi::init_flags as f;
+        use crate::protocol::abi::init_flags as f;
         let cfg = &self.cfg;
         // Locks are served only when asked for (virtiofsd's default: the guest keeps them).
         let mut want = 0;
@@ -642,7 +627,7 @@ impl PassthroughFs {
     /// Whatever the sandbox: under `chroot`/`none` a directory a host user moved out of the
     /// share, or one named by a forged file handle, has host directories above it.
     fn dir_inside_share(&self, dir: BorrowedFd) -> io::Result<bool> {
-        let root = self.inodes.get(crate::abi::ROOT_ID)?.key;
+        let root = self.inodes.get(crate::protocol::abi::ROOT_ID)?.key;
         let mut key = key_of(&stat_fd(dir)?);
         // One statx per level, of "..", "../..", ...: the kernel walks the dots in its
         // dentry cache (no descriptor opened per level).
@@ -675,7 +660,7 @@ impl PassthroughFs {
     /// inside the share: `ENOENT` for one a host user moved out (its `..` chain no longer
     /// reaches the root). The root itself needs no walk.
     fn check_inside(&self, dir: &InodeData) -> io::Result<()> {
-        if dir.id == crate::abi::ROOT_ID || !dir.is_dir() {
+        if dir.id == crate::protocol::abi::ROOT_ID || !dir.is_dir() {
             return Ok(());
         }
         if self.dir_inside_share(dir.fd()?.as_fd())? {
@@ -702,7 +687,7 @@ impl PassthroughFs {
             let st = stat_fd(data.fd()?.as_fd())?;
             Ok(self.entry_of(&data, &st, parent.key.mnt))
         };
-        if b == b"." || (b == b".." && parent.id == crate::abi::ROOT_ID) {
+        if b == b"." || (b == b".." && parent.id == crate::protocol::abi::ROOT_ID) {
             // The directory itself: never the root's host parent.
             return same(parent.id);
         }
@@ -719,7 +704,7 @@ impl PassthroughFs {
                 "LOOKUP .. of inode {}: its host parent is outside the shared directory (moved on the host?); answering the root",
                 parent.id
             );
-            return same(crate::abi::ROOT_ID);
+            return same(crate::protocol::abi::ROOT_ID);
         }
         self.register(fd, parent.key.mnt)
     }

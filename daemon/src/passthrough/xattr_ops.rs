@@ -22,8 +22,8 @@ use std::sync::atomic::Ordering;
 
 use super::xattrmap::ClientName;
 use super::{err, fd_name, PassthroughFs};
-use crate::abi::{SETXATTR_ACL_KILL_SGID, XATTR_SIZE_MAX};
-use crate::filesystem::{Inode, XattrReply};
+use crate::protocol::abi::{SETXATTR_ACL_KILL_SGID, XATTR_SIZE_MAX};
+use crate::protocol::filesystem::{Inode, XattrReply};
 use crate::sys;
 
 thread_local! {

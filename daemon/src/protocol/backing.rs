@@ -1,6 +1,6 @@
 //! FUSE passthrough (Linux 6.9+): the kernel reads and writes a registered host file itself.
 //!
-//! The seam, like the DAX [`Mapper`](crate::mapper::Mapper): a transport that can register
+//! The seam, like the DAX [`Mapper`](crate::protocol::mapper::Mapper): a transport that can register
 //! backing files implements [`Backing`] (/dev/fuse: `FUSE_DEV_IOC_BACKING_OPEN` /
 //! `FUSE_DEV_IOC_BACKING_CLOSE`); vhost-user has none. [`Passthrough`] holds the policy and
 //! the bookkeeping the kernel's rules need (fs/fuse/iomode.c, 6.18):

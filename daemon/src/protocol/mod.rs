@@ -10,3 +10,4 @@ pub mod mapper;
 pub mod policy;
 pub mod secctx;
 pub mod server;
+pub mod state;

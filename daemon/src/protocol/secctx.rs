@@ -16,7 +16,7 @@
 use std::ffi::CString;
 use std::io;
 
-use crate::abi::{XATTR_NAME_MAX, XATTR_SIZE_MAX};
+use crate::protocol::abi::{XATTR_NAME_MAX, XATTR_SIZE_MAX};
 
 /// Highest extension type that is a security-context header (`FUSE_MAX_NR_SECCTX`).
 const MAX_NR_SECCTX: u32 = 31;

@@ -14,11 +14,12 @@ use std::time::Duration;
 
 use vm_memory::ByteValued;
 
-use crate::abi::{self, opcode as op, *};
-use crate::backing::{Passthrough, Stats as PassthroughStats};
-use crate::filesystem::{Context, DirEntry, Entry, FileSystem, InitCaps, XattrReply};
-use crate::iobuf::{Reader, Writer};
-use crate::mapper::Mapper;
+use crate::migration::format::{Codec, Dec, Enc};
+use crate::protocol::abi::{self, opcode as op, *};
+use crate::protocol::backing::{Passthrough as FusePassthrough, Stats as FusePassthroughStats};
+use crate::protocol::filesystem::{Context, DirEntry, Entry, FileSystem, InitCaps, XattrReply};
+use crate::protocol::iobuf::{Reader, Writer};
+use crate::protocol::mapper::Mapper;
 
 const IN_HEADER_LEN: usize = std::mem::size_of::<InHeader>();
 const OUT_HEADER_LEN: usize = std::mem::size_of::<OutHeader>();
@@ -34,6 +35,35 @@ fn err(errno: i32) -> io::Error {
 
 fn einval() -> io::Error {
     err(libc::EINVAL)
+}
+
+/// The negotiated FUSE session, as it moves to another daemon (see
+/// [`Server::export_session`] and [`super::state`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionState {
+    pub initialized: bool,
+    pub minor: u32,
+    pub max_io: u32,
+    pub flags: u64,
+}
+
+impl Codec for SessionState {
+    fn encode(&self, e: &mut Enc) -> io::Result<()> {
+        e.u8(u8::from(self.initialized));
+        e.u32(self.minor);
+        e.u32(self.max_io);
+        e.u64(self.flags);
+        Ok(())
+    }
+
+    fn decode(d: &mut Dec) -> io::Result<Self> {
+        Ok(SessionState {
+            initialized: d.bool("session state")?,
+            minor: d.u32("session minor")?,
+            max_io: d.u32("session max_io")?,
+            flags: d.u64("session flags")?,
+        })
+    }
 }
 
 /// What a handler produced: a reply body already written, or no reply at all.
@@ -111,7 +141,7 @@ pub struct Server<F: FileSystem> {
     transport_flags: u64,
     max_stack_depth: u32,
     /// FUSE passthrough, when the transport can register backing files.
-    passthrough: Option<Passthrough>,
+    fuse_passthrough: Option<FusePassthrough>,
 }
 
 /// Parsed request header plus the caller's identity.
@@ -138,25 +168,25 @@ impl<F: FileSystem> Server<F> {
             dax_policy: opts.dax_policy,
             transport_flags: opts.transport_flags,
             max_stack_depth: opts.max_stack_depth,
-            passthrough: None,
+            fuse_passthrough: None,
         }
     }
 
     /// Serves regular files with FUSE passthrough where `p`'s policy and the client agree
     /// (`FUSE_PASSTHROUGH` must also be in `transport_flags`).
-    pub fn with_passthrough(mut self, p: Passthrough) -> Self {
-        self.passthrough = Some(p);
+    pub fn with_fuse_passthrough(mut self, p: FusePassthrough) -> Self {
+        self.fuse_passthrough = Some(p);
         self
     }
 
-    /// Passthrough counters, when passthrough is configured.
-    pub fn passthrough_stats(&self) -> Option<PassthroughStats> {
-        self.passthrough.as_ref().map(|p| p.stats())
+    /// FUSE passthrough counters, when FUSE passthrough is configured.
+    pub fn fuse_passthrough_stats(&self) -> Option<FusePassthroughStats> {
+        self.fuse_passthrough.as_ref().map(|p| p.stats())
     }
 
     /// The backing id to open `fh` of `inode` with, if it is to be passed through.
     fn pass_through(&self, inode: u64, fh: u64) -> Option<i32> {
-        let p = self.passthrough.as_ref()?;
+        let p = self.fuse_passthrough.as_ref()?;
         if self.session.flags.load(Ordering::Relaxed) & init_flags::PASSTHROUGH == 0 {
             return None;
         }
@@ -231,7 +261,7 @@ impl<F: FileSystem> Server<F> {
             op::name(hdr.opcode),
             o.fh
         );
-        if let Some(p) = &self.passthrough {
+        if let Some(p) = &self.fuse_passthrough {
             p.released(o.fh);
         }
         let _ = self.fs.release(&ctx, ino, o.fh, false, 0);
@@ -258,16 +288,16 @@ impl<F: FileSystem> Server<F> {
         self.session.initialized.store(false, Ordering::SeqCst);
         self.session.flags.store(0, Ordering::SeqCst);
         self.mapper.end_session();
-        if let Some(p) = &self.passthrough {
+        if let Some(p) = &self.fuse_passthrough {
             p.close_all();
         }
         self.fs.destroy();
     }
 
     /// The negotiated FUSE session, for the migration state.
-    pub fn export_session(&self) -> crate::migration::SessionState {
+    pub fn export_session(&self) -> SessionState {
         let s = &self.session;
-        crate::migration::SessionState {
+        SessionState {
             initialized: s.initialized.load(Ordering::Acquire),
             minor: s.minor.load(Ordering::Relaxed),
             max_io: s.max_io.load(Ordering::Relaxed),
@@ -278,11 +308,7 @@ impl<F: FileSystem> Server<F> {
     /// Takes over a migrated session: the guest goes on without a new INIT. `max_io` must be
     /// one this server could have negotiated, and the flags ones it offers (`fs_wants`: what
     /// the filesystem's configuration wants in INIT); anything else is refused.
-    pub fn import_session(
-        &self,
-        st: &crate::migration::SessionState,
-        fs_wants: u64,
-    ) -> io::Result<()> {
+    pub fn import_session(&self, st: &SessionState, fs_wants: u64) -> io::Result<()> {
         let offers = self.server_wants() | fs_wants;
         if st.initialized && st.flags & !offers != 0 {
             return Err(io::Error::new(
@@ -478,11 +504,11 @@ impl<F: FileSystem> Server<F> {
 
     /// The security context a creating request carries (parsed before the create, so a
     /// malformed extension creates nothing).
-    fn secctx(&self, req: &Req) -> io::Result<Option<crate::secctx::SecCtx>> {
+    fn secctx(&self, req: &Req) -> io::Result<Option<crate::protocol::secctx::SecCtx>> {
         if req.ext.is_empty() {
             return Ok(None);
         }
-        crate::secctx::parse(&req.ext)
+        crate::protocol::secctx::parse(&req.ext)
             .inspect_err(|_| log::warn!("unique={}: bad request extension", req.unique))
     }
 
@@ -493,7 +519,7 @@ impl<F: FileSystem> Server<F> {
     fn label(
         &self,
         req: &Req,
-        sec: Option<crate::secctx::SecCtx>,
+        sec: Option<crate::protocol::secctx::SecCtx>,
         e: &Entry,
         undo: impl FnOnce(),
     ) -> io::Result<()> {
@@ -694,7 +720,7 @@ impl<F: FileSystem> Server<F> {
             op::RELEASE => {
                 let a: ReleaseIn = r.read_obj()?;
                 let flock = a.release_flags & RELEASE_FLOCK_UNLOCK != 0;
-                if let Some(p) = &self.passthrough {
+                if let Some(p) = &self.fuse_passthrough {
                     p.released(a.fh);
                 }
                 empty(fs.release(ctx, ino, a.fh, flock, a.lock_owner))
@@ -923,7 +949,7 @@ impl<F: FileSystem> Server<F> {
         }
         if agreed & init_flags::PASSTHROUGH != 0 {
             out.max_stack_depth = self.max_stack_depth;
-        } else if self.passthrough.is_some() {
+        } else if self.fuse_passthrough.is_some() {
             log::warn!(
                 "the client does not offer FUSE_PASSTHROUGH (kernel without CONFIG_FUSE_PASSTHROUGH or older than 6.9): files are served through READ/WRITE"
             );

@@ -26,10 +26,10 @@ use std::sync::Arc;
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
-use crate::mapper::NoMapper;
-use crate::server::{Server, ServerOptions};
+use crate::protocol::mapper::NoMapper;
+use crate::protocol::server::{Server, ServerOptions};
 use crate::testing::memfs::MemFs;
-use crate::vhost_user::{FsBackend, FsBackendConfig};
+use crate::transport::vhost_user::{FsBackend, FsBackendConfig};
 
 /// Input size beyond which the rest is ignored (a frontend's messages are small).
 pub const MAX_INPUT: usize = 1 << 16;

@@ -10,10 +10,10 @@ use std::io;
 
 use vm_memory::{ByteValued, VolatileSlice};
 
-use crate::abi::{self, InHeader, InitIn};
-use crate::filesystem::FileSystem;
-use crate::iobuf::{Reader, Writer};
-use crate::server::{Server, ServerOptions};
+use crate::protocol::abi::{self, InHeader, InitIn};
+use crate::protocol::filesystem::FileSystem;
+use crate::protocol::iobuf::{Reader, Writer};
+use crate::protocol::server::{Server, ServerOptions};
 use crate::testing::recording::RecordingMapper;
 
 /// Reply room a record can ask for (indexed by the low bits of `shape`).
@@ -185,7 +185,7 @@ pub fn run_chain(data: &[u8]) -> Option<usize> {
     use virtio_queue::{Queue, QueueT};
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-    use crate::vring_chain::{split_chain, walk_chain, ChainAt};
+    use crate::transport::vring_chain::{split_chain, walk_chain, ChainAt};
 
     const QSIZE: u16 = 16;
     let (&n, rest) = data.split_first()?;
@@ -232,7 +232,7 @@ pub fn run_chain(data: &[u8]) -> Option<usize> {
         size: q.size(),
         head: chain.head_index(),
     };
-    let spans = |r: &Result<crate::vring_chain::Split<'_>, String>| {
+    let spans = |r: &Result<crate::transport::vring_chain::Split<'_>, String>| {
         r.as_ref().ok().map(|(r, w)| {
             let f = |v: &Vec<vm_memory::VolatileSlice<'_>>| {
                 v.iter()
@@ -249,7 +249,7 @@ pub fn run_chain(data: &[u8]) -> Option<usize> {
         "the transport's chain walk disagrees with virtio-queue's"
     );
     let (r, w) = fast.ok()?;
-    let s = server(crate::memfs::MemFs::new().ok()?);
+    let s = server(crate::testing::memfs::MemFs::new().ok()?);
     let w = (!w.is_empty()).then(|| Writer::new(w));
     s.handle(Reader::new(r), w).ok().map(|h| h.written)
 }
@@ -278,7 +278,7 @@ type Requests = Vec<(u8, Vec<u8>)>;
 
 /// One valid request per opcode (plus a few sequences): the seed corpus.
 pub fn seeds() -> Vec<(String, Vec<u8>)> {
-    use crate::abi::{opcode as op, *};
+    use crate::protocol::abi::{opcode as op, *};
     let name = |s: &str| format!("{s}\0").into_bytes();
     let root = ROOT_ID;
     let mkfile = request(
@@ -839,7 +839,8 @@ fn share_inos(share: &std::path::Path) -> std::collections::HashSet<u64> {
 /// fuzzer's mutations reach the decoder's fields and the import instead of the checksum.
 /// Returns whether the state was taken.
 pub fn run_migration_stream(share: &std::path::Path, data: &[u8]) -> bool {
-    use crate::migration::{format, MigrationMode, MigrationOptions, OnError, StateHost};
+    use crate::passthrough::state::{FsState, MigrationMode, MigrationOptions, OnError};
+    use crate::protocol::state::DeviceState;
     let Some((&opt, stream)) = data.split_first() else {
         return false;
     };
@@ -850,7 +851,7 @@ pub fn run_migration_stream(share: &std::path::Path, data: &[u8]) -> bool {
     } else {
         stream
     };
-    let Ok(state) = format::decode(stream) else {
+    let Ok(state) = DeviceState::<FsState>::decode_stream(stream) else {
         return false;
     };
     if state.validate().is_err() {
@@ -929,8 +930,8 @@ fn frame(payload: &[u8]) -> Vec<u8> {
 /// with verify handles, file-handles), a stream naming `outside/` by file handle, one with
 /// every negotiated bit set. `top` gets the share (see [`migration_world`]).
 pub fn migration_seeds(top: &std::path::Path) -> io::Result<Vec<(String, Vec<u8>)>> {
-    use crate::filesystem::Context;
-    use crate::migration::{format, MigrationMode, MigrationOptions, StateHost};
+    use crate::passthrough::state::{MigrationMode, MigrationOptions};
+    use crate::protocol::filesystem::Context;
     use std::os::fd::AsFd;
     let share = migration_world(top)?;
     let s = server(passthrough_fs(&share)?);
@@ -969,7 +970,7 @@ pub fn migration_seeds(top: &std::path::Path) -> io::Result<Vec<(String, Vec<u8>
     for (n, opt, opts) in modes {
         let st = s.save_state(&opts)?;
         let mut v = vec![opt];
-        v.extend(format::encode(&st)?);
+        v.extend(st.encode_stream()?);
         out.push((n.to_string(), v));
         if opts.mode == MigrationMode::FileHandles {
             handles_state = Some(st);
@@ -979,15 +980,15 @@ pub fn migration_seeds(top: &std::path::Path) -> io::Result<Vec<(String, Vec<u8>
         let outside = std::fs::File::open(top.join("outside"))?;
         let h = crate::passthrough::file_handle_of(outside.as_fd())?;
         if let Some(i) = st.fs.inodes.iter_mut().find(|i| i.id == d) {
-            i.location = crate::migration::Location::Handle(h);
+            i.location = crate::passthrough::state::Location::Handle(h);
         }
         let mut v = vec![1u8];
-        v.extend(format::encode(&st)?);
+        v.extend(st.encode_stream()?);
         out.push(("handle_outside".into(), v));
         st.fs.negotiated = u32::MAX;
         st.session.flags = u64::MAX;
         let mut v = vec![1u8 | 4];
-        v.extend(format::encode(&st)?);
+        v.extend(st.encode_stream()?);
         out.push(("every_flag".into(), v));
     }
     s.reset();
@@ -1007,7 +1008,7 @@ pub fn migration_seeds(top: &std::path::Path) -> io::Result<Vec<(String, Vec<u8>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memfs::MemFs;
+    use crate::testing::memfs::MemFs;
 
     #[test]
     fn migration_seeds_load_and_hostile_ones_are_refused() {

@@ -10,11 +10,13 @@ use std::os::fd::AsFd;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::abi::fattr;
-use crate::abi::{Attr, Kstatfs, SetattrIn, ROOT_ID};
-use crate::filesystem::{AddEntry, Context, DirEntry, Entry, Handle, InitCaps, Inode, OpenFlags};
-use crate::iobuf::{Reader, Writer};
-use crate::mapper::Mapper;
+use crate::protocol::abi::fattr;
+use crate::protocol::abi::{Attr, Kstatfs, SetattrIn, ROOT_ID};
+use crate::protocol::filesystem::{
+    AddEntry, Context, DirEntry, Entry, Handle, InitCaps, Inode, OpenFlags,
+};
+use crate::protocol::iobuf::{Reader, Writer};
+use crate::protocol::mapper::Mapper;
 
 /// Largest file the in-memory filesystem holds (keeps fuzzing within memory).
 pub const MAX_FILE_SIZE: u64 = 16 << 20;

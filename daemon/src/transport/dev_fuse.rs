@@ -24,10 +24,10 @@ use std::thread::JoinHandle;
 
 use vm_memory::VolatileSlice;
 
-use crate::filesystem::FileSystem;
-use crate::iobuf::{Reader, Writer};
+use crate::protocol::filesystem::FileSystem;
+use crate::protocol::iobuf::{Reader, Writer};
 use crate::protocol::policy::{self, Wait};
-use crate::server::Server;
+use crate::protocol::server::Server;
 
 /// Linux refuses reads of /dev/fuse into buffers smaller than this (`FUSE_MIN_READ_BUFFER`).
 pub const MIN_READ_BUFFER: usize = 8192;
@@ -536,7 +536,7 @@ fn answer<F: FileSystem>(
         Err(_) => return Ok(()),
     };
     {
-        use crate::abi::opcode as op;
+        use crate::protocol::abi::opcode as op;
         if !matches!(
             handled.opcode,
             op::FORGET | op::BATCH_FORGET | op::INTERRUPT
@@ -549,7 +549,7 @@ fn answer<F: FileSystem>(
     }
     // SAFETY: writes `written` bytes of `out`, which the server filled.
     let m = unsafe { libc::write(fd, out.as_ptr().cast(), handled.written) };
-    if m >= 0 && handled.opcode == crate::abi::opcode::INIT {
+    if m >= 0 && handled.opcode == crate::protocol::abi::opcode::INIT {
         counters.after_init.run();
     }
     if m < 0 {
@@ -564,7 +564,7 @@ fn answer<F: FileSystem>(
                 counters.write_errors.fetch_add(1, Ordering::Relaxed);
                 log::warn!(
                     "reply to {} ({} bytes): write /dev/fuse: {e}",
-                    crate::abi::opcode::name(handled.opcode),
+                    crate::protocol::abi::opcode::name(handled.opcode),
                     handled.written
                 );
             }
@@ -848,7 +848,7 @@ impl DevFuseBacking {
     }
 }
 
-impl crate::backing::Backing for DevFuseBacking {
+impl crate::protocol::backing::Backing for DevFuseBacking {
     fn open(&self, fd: std::os::fd::BorrowedFd) -> io::Result<i32> {
         let map = BackingMap {
             fd: fd.as_raw_fd(),

@@ -39,11 +39,11 @@ use std::thread::JoinHandle;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use vm_memory::VolatileSlice;
 
-use crate::abi::{opcode as op, InHeader, OutHeader};
-use crate::filesystem::FileSystem;
-use crate::iobuf::{Reader, Writer};
+use crate::protocol::abi::{opcode as op, InHeader, OutHeader};
+use crate::protocol::filesystem::FileSystem;
+use crate::protocol::iobuf::{Reader, Writer};
 use crate::protocol::policy::{self, Wait};
-use crate::server::Server;
+use crate::protocol::server::Server;
 
 /// `FUSE_IO_URING_CMD_REGISTER` (include/uapi/linux/fuse.h).
 const CMD_REGISTER: u32 = 1;
@@ -341,7 +341,7 @@ where
             Ok(None)
         }
     };
-    if server.negotiated_flags() & crate::abi::init_flags::OVER_IO_URING == 0 {
+    if server.negotiated_flags() & crate::protocol::abi::init_flags::OVER_IO_URING == 0 {
         return fail(
             "the kernel did not offer FUSE_OVER_IO_URING at INIT (fuse.enable_uring set to N after the start?)"
                 .into(),
@@ -1075,8 +1075,8 @@ mod tests {
 
     #[test]
     fn entries_decode_into_the_server() {
-        use crate::abi::{AttrOut, GetattrIn};
-        let server = crate::fuzzing::server(crate::memfs::MemFs::new().unwrap());
+        use crate::protocol::abi::{AttrOut, GetattrIn};
+        let server = crate::testing::fuzzing::server(crate::testing::memfs::MemFs::new().unwrap());
         let stats = Stats::default();
         let stop = eventfd().unwrap();
         let mut q = Queue::new(-1, 0, 2, MIN_PAYLOAD, stop.as_raw_fd()).unwrap();

@@ -32,11 +32,11 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::abi::{InHeader, VirtioFsConfig};
-use crate::filesystem::FileSystem;
-use crate::iobuf::{Reader, Writer};
-use crate::server::Server;
-use crate::vring_chain::{walk_chain, ChainAt, Split};
+use crate::protocol::abi::{InHeader, VirtioFsConfig};
+use crate::protocol::filesystem::FileSystem;
+use crate::protocol::iobuf::{Reader, Writer};
+use crate::protocol::server::Server;
+use crate::transport::vring_chain::{walk_chain, ChainAt, Split};
 
 /// Bytes of a FUSE request header.
 const IN_HEADER_LEN: usize = std::mem::size_of::<InHeader>();
@@ -289,6 +289,25 @@ impl Pool {
     }
 }
 
+/// The device-state port (SET_DEVICE_STATE_FD / CHECK_DEVICE_STATE): what [`FsBackend`]
+/// calls to migrate, [`crate::migration::Migration`] in the daemon.
+pub trait DeviceStateTransfer: Send + Sync {
+    /// Starts a transfer over `file` (`load`: the frontend writes the state into it).
+    fn set_fd(&self, load: bool, file: std::fs::File) -> io::Result<()>;
+    /// Waits for the transfer and reports its result.
+    fn check(&self) -> io::Result<()>;
+}
+
+impl DeviceStateTransfer for crate::migration::Migration {
+    fn set_fd(&self, load: bool, file: std::fs::File) -> io::Result<()> {
+        crate::migration::Migration::set_fd(self, load, file)
+    }
+
+    fn check(&self) -> io::Result<()> {
+        crate::migration::Migration::check(self)
+    }
+}
+
 /// A virtio-fs device backend over a FUSE server.
 pub struct FsBackend<F: FileSystem> {
     server: Arc<Server<F>>,
@@ -305,7 +324,7 @@ pub struct FsBackend<F: FileSystem> {
     blocking: Arc<Pool>,
     channel: Option<Arc<dyn BackendChannel>>,
     /// Live migration (DEVICE_STATE), when the filesystem supports it.
-    device_state: Option<Arc<dyn crate::migration::DeviceStateTransfer>>,
+    device_state: Option<Arc<dyn DeviceStateTransfer>>,
 }
 
 /// Opcodes that may wait indefinitely (a lock held by someone else) or for long (a flush
@@ -363,7 +382,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     }
 
     /// Offers live migration (protocol feature DEVICE_STATE) through `t`.
-    pub fn with_device_state(mut self, t: Arc<dyn crate::migration::DeviceStateTransfer>) -> Self {
+    pub fn with_device_state(mut self, t: Arc<dyn DeviceStateTransfer>) -> Self {
         self.device_state = Some(t);
         self
     }
@@ -979,11 +998,11 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::abi::{opcode, InHeader, OutHeader};
-    use crate::mapper::NoMapper;
-    use crate::memfs::MemFs;
-    use crate::server::ServerOptions;
-    use crate::vring_chain::split_chain;
+    use crate::protocol::abi::{opcode, InHeader, OutHeader};
+    use crate::protocol::mapper::NoMapper;
+    use crate::protocol::server::ServerOptions;
+    use crate::testing::memfs::MemFs;
+    use crate::transport::vring_chain::split_chain;
     use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
@@ -1055,7 +1074,7 @@ mod tests {
             ..Default::default()
         };
         m.write_obj(hdr, GuestAddress(at)).unwrap();
-        let init = crate::abi::InitIn {
+        let init = crate::protocol::abi::InitIn {
             major: 7,
             minor: 41,
             ..Default::default()
