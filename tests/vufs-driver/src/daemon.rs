@@ -186,12 +186,19 @@ impl DaemonBuilder {
             std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))?;
             std::os::unix::fs::chown(&log, Some(uid), Some(gid))?;
         }
+        // The driver's DAX tests count the SHMEM requests each guest mapping makes, which is
+        // what `--dax-mapping=direct` does; the daemon's default (pooled: one request per
+        // session) is asked for by name where a test means it.
+        let has = |p: &str| self.args.iter().any(|a| a.to_string_lossy().starts_with(p));
+        let direct =
+            (has("--dax-window") && !has("--dax-mapping")).then_some("--dax-mapping=direct");
         let mut cmd = Command::new(&self.binary);
         cmd.arg(format!("--socket-path={}", socket.display()))
             .arg(format!("--shared-dir={}", shared.display()))
             .arg(format!("--cache={}", self.cache))
             .arg(format!("--sandbox={}", self.sandbox))
             .args(&self.args)
+            .args(direct)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(logf.try_clone()?)
