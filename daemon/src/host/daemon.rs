@@ -214,8 +214,11 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         keep
     };
     let stopper = Stopper::install()?;
-    // Host truncates of DAX-mapped files: the fanotify group needs CAP_SYS_ADMIN.
-    let host_watch = cli.dax_window > 0 && crate::dax::host_watch::init();
+    // Host truncates of DAX-mapped files: the fanotify group needs CAP_SYS_ADMIN. A pooled
+    // window (the default) maps no host file, so it has nothing to watch.
+    let host_watch = cli.dax_window > 0
+        && cli.dax_mapping == crate::dax::mode::MapMode::Direct
+        && crate::dax::host_watch::init();
     caps::drop_to(keep)?;
     let kept = keep.names();
     log::debug!(
