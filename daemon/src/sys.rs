@@ -41,6 +41,17 @@ fn to_off(v: u64) -> io::Result<libc::off64_t> {
     libc::off64_t::try_from(v).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
+/// `CLOCK_REALTIME_COARSE` as `(seconds, nanoseconds)`: the clock file timestamps come from
+/// (one clock tick behind a fine-grained clock at most).
+pub fn coarse_realtime() -> io::Result<(i64, i64)> {
+    let mut ts = MaybeUninit::<libc::timespec>::zeroed();
+    // SAFETY: `ts` points to writable memory the size of a `timespec`.
+    check(unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, ts.as_mut_ptr()) })?;
+    // SAFETY: `clock_gettime` succeeded, so it filled in the struct.
+    let ts = unsafe { ts.assume_init() };
+    Ok((ts.tv_sec, ts.tv_nsec))
+}
+
 /// `fstat` of an open file descriptor.
 pub fn fstat(fd: BorrowedFd) -> io::Result<libc::stat64> {
     let mut st = MaybeUninit::<libc::stat64>::zeroed();

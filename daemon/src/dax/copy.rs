@@ -144,21 +144,43 @@ impl Churn {
 }
 
 /// What a copy was taken from: when any of it moved, the copy is stale.
+///
+/// Most writes stamp a file with the kernel's coarse clock, so two writes within one clock
+/// tick can leave the same size, mtime and ctime. A signature therefore proves "unchanged
+/// since" only when it is *settled*: its ctime lies before the coarse clock read just before
+/// the `fstat`, so any later change gets a later ctime (git's "racily clean" rule). One taken
+/// in the tick of the file's last change proves nothing, and the caller reads the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CopySig {
     pub size: i64,
     pub mtime: (i64, i64),
     pub ctime: (i64, i64),
+    pub settled: bool,
 }
 
 impl CopySig {
+    /// The file's signature now. Take it *before* reading the bytes it is to vouch for.
     pub fn of(file: &File) -> io::Result<CopySig> {
+        let now = crate::sys::coarse_realtime()?;
         let st = crate::sys::fstat(file.as_fd())?;
+        let ctime = (st.st_ctime, st.st_ctime_nsec);
         Ok(CopySig {
             size: st.st_size,
             mtime: (st.st_mtime, st.st_mtime_nsec),
-            ctime: (st.st_ctime, st.st_ctime_nsec),
+            ctime,
+            settled: ctime < now,
         })
+    }
+
+    /// Whether the file cannot have changed between `earlier` and `now` (both present, the
+    /// same timestamps and size, and `earlier` settled).
+    pub fn unchanged(earlier: Option<CopySig>, now: Option<CopySig>) -> bool {
+        match (earlier, now) {
+            (Some(e), Some(n)) => {
+                e.settled && (e.size, e.mtime, e.ctime) == (n.size, n.mtime, n.ctime)
+            }
+            _ => false,
+        }
     }
 }
 

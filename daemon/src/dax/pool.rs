@@ -128,13 +128,15 @@ impl<S: WindowSink> DaxWindow<S> {
     }
 
     /// Merges a writable pooled range with its file (three ways, as a shadow); returns the
-    /// new agreed length and the file's signature after it, `None` when there is nothing to
-    /// merge or it failed (logged).
+    /// new agreed length and the file's signature for the next merge to trust (if any),
+    /// `None` when there is nothing to merge or it failed (logged).
     pub(super) fn merge_pooled(&self, m: u64, p: &Placed) -> Option<(u64, Option<CopySig>)> {
         let old = p.pool_agreed?;
         let f = p.file.as_ref()?;
         let (slots, agreed) = (self.slots.get()?, self.agreed.get()?);
-        let unchanged = p.pool_sig.is_some() && CopySig::of(f).ok() == p.pool_sig;
+        // Taken before the merge reads the file (see `Shadow::sync`).
+        let sig = CopySig::of(f).ok();
+        let unchanged = CopySig::unchanged(p.pool_sig, sig);
         let r = tail::merge(
             tail::Span {
                 file: slots.file(),
@@ -159,7 +161,8 @@ impl<S: WindowSink> DaxWindow<S> {
                     .written_back
                     .fetch_add(r.written, Ordering::Relaxed);
                 self.counters.pulled.fetch_add(r.pulled, Ordering::Relaxed);
-                Some((valid, CopySig::of(f).ok()))
+                // After its own writes the next merge reads the file (see `Shadow::sync`).
+                Some((valid, if r.written == 0 { sig } else { None }))
             }
             Err(e) => {
                 log::error!("merging pooled DAX range {m:#x} with its file failed: {e}");

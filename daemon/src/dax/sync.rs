@@ -161,13 +161,15 @@ impl<S: WindowSink> DaxWindow<S> {
         for (m, owner, len, foffset, f, sig) in cands {
             let forced = force.is_some_and(|(s, e)| s < foffset.saturating_add(len) && foffset < e);
             let now = *sigs.entry(owner).or_insert_with(|| CopySig::of(&f).ok());
-            if !forced && now == Some(sig) {
+            if !forced && CopySig::unchanged(Some(sig), now) {
                 continue;
             }
             if force.is_some() && !forced {
                 // The file moved because of the request path's own write, elsewhere: this
                 // copy's bytes did not change (the request was checked against the file
-                // just before it). Take the new timestamps without re-reading.
+                // just before it). Take the new timestamps without re-reading now; they are
+                // from this clock tick, so they prove nothing later (a host write in the same
+                // tick would hide behind them) and the next sync point re-reads the copy once.
                 if let (Some(now), Ok(mut t)) = (now, self.table.lock()) {
                     if let Some(p) = t.live.get_mut(&m) {
                         if p.copy == Some(sig)

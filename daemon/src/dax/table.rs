@@ -43,7 +43,8 @@ pub(super) struct Placed {
     /// Served from the pool (the window's one frontend mapping of [`Slots`]): no frontend
     /// mapping of its own. Read-only ones are copies (`copy`); writable ones are merged
     /// with the file at sync points, `Some(agreed length)` of their bytes in the pool's
-    /// agreed copy, and the file as the last merge left it (`pool_sig`).
+    /// agreed copy, and the file's signature from before the last merge when that merge
+    /// wrote nothing into it (`pool_sig`; `None`: the next merge reads the file).
     pub(super) pooled: bool,
     pub(super) pool_agreed: Option<u64>,
     pub(super) pool_sig: Option<CopySig>,

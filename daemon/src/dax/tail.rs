@@ -316,8 +316,10 @@ impl Shadow {
         let Some(file) = self.file.clone() else {
             return Ok(Synced::default());
         };
+        // Taken before the merge reads the file: a host write after it moves the file's
+        // timestamps past it (when it is settled, see `CopySig`).
         let sig = CopySig::of(&file).ok();
-        let unchanged = sig.is_some() && sig == self.seen;
+        let unchanged = CopySig::unchanged(self.seen, sig);
         if !self.writable && unchanged {
             // Read-only and the file did not move: nothing to merge.
             return Ok(Synced::default());
@@ -338,8 +340,9 @@ impl Shadow {
             unchanged,
         )?;
         self.valid = valid;
-        // As the merge left it (its own writes moved the timestamps).
-        self.seen = CopySig::of(&file).ok();
+        // The merge's own writes moved the file's timestamps, and a host write made while it
+        // ran would hide behind them: after writing, the next sync reads the file again.
+        self.seen = if out.written == 0 { sig } else { None };
         Ok(out)
     }
 }
@@ -480,6 +483,43 @@ mod tests {
         let mut buf = [0u8; 6];
         t.memfd.read_exact_at(&mut buf, 0).unwrap();
         assert_eq!(&buf, b"ABC\0\0\0");
+    }
+
+    #[test]
+    fn only_a_settled_signature_proves_a_file_unchanged() {
+        let f = tempfile::tempfile().unwrap();
+        f.write_all_at(b"abc", 0).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let a = CopySig::of(&f).unwrap();
+        assert!(a.settled, "{a:?}: changed a clock tick ago");
+        assert!(CopySig::unchanged(Some(a), CopySig::of(&f).ok()));
+        let racy = CopySig {
+            settled: false,
+            ..a
+        };
+        assert!(!CopySig::unchanged(Some(racy), Some(a)));
+        f.write_all_at(b"d", 3).unwrap();
+        assert!(!CopySig::unchanged(Some(a), CopySig::of(&f).ok()));
+        assert!(!CopySig::unchanged(None, Some(a)));
+    }
+
+    #[test]
+    fn after_writing_back_the_next_sync_reads_the_file() {
+        let f = tempfile::tempfile().unwrap();
+        f.write_all_at(b"0123456789", 0).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let mut t = shadow_of(&f, 0, P, true);
+        t.memfd.write_all_at(b"G", 1).unwrap();
+        assert_eq!(t.sync().unwrap().written, 1);
+        // Its own write moved the timestamps; a host write during the merge would hide
+        // behind them, so nothing from this merge vouches for the file.
+        assert!(t.seen.is_none());
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        assert_eq!(t.sync().unwrap(), Synced::default());
+        assert!(
+            t.seen.is_some_and(|s| s.settled),
+            "a merge that wrote nothing"
+        );
     }
 
     #[test]

@@ -1023,14 +1023,25 @@ fn copies_follow_the_file_at_sync_points_and_zero_past_eof() {
     let before = w.stats().recopied;
     big.write_all_at(b"x", MB2 + 5).unwrap();
     w.written(9, MB2 + 5, 1);
-    w.refresh(9);
-    w.sync(9);
     assert_eq!(
         w.stats().recopied,
         before + 1,
         "only the written range re-read"
     );
     assert_eq!(&frontend_read(&rec, 3 * MB2, 6)[5..], b"x");
+    // Both copies now hold timestamps of this clock tick, which prove nothing (a host write
+    // in the same tick would leave the same ones): sync points re-read them until the clock
+    // moved on, then nothing.
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    w.refresh(9);
+    let settled = w.stats().recopied;
+    w.refresh(9);
+    w.sync(9);
+    assert_eq!(
+        w.stats().recopied,
+        settled,
+        "settled timestamps: nothing re-read"
+    );
     w.unmap(2 * MB2, 2 * MB2).unwrap();
     // Shrinking zeroes the rest; the periodic pass sees it too.
     f.set_len(2).unwrap();
