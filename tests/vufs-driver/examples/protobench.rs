@@ -6,7 +6,8 @@
 //!   --daemon D[,ARG]  daxfsd | virtiofsd | PATH, with extra daemon arguments after commas
 //!                     (e.g. daxfsd,--thread-pool-size=4); repeatable; default: daxfsd and
 //!                     virtiofsd
-//!   --op OP           read (4 KiB READ) | getattr (repeatable; default: both)
+//!   --op OP           read (4 KiB READ) | write (4 KiB WRITE over the same file) | getattr
+//!                     (repeatable; default: read and getattr)
 //!   --seconds S       measuring time per (daemon, op) for the rate (default 3)
 //!   --depth N         requests in flight (default 1: one at a time)
 //!   --queues N        spread the requests over N request queues (default 1)
@@ -42,6 +43,7 @@ const BLOCK: u32 = 4096;
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Op {
     Read,
+    Write,
     Getattr,
 }
 
@@ -49,6 +51,7 @@ impl Op {
     fn name(self) -> &'static str {
         match self {
             Op::Read => "read",
+            Op::Write => "write",
             Op::Getattr => "getattr",
         }
     }
@@ -68,7 +71,7 @@ struct Opts {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: protobench [--daemon daxfsd|virtiofsd|PATH]... [--op read|getattr]... \
+        "usage: protobench [--daemon daxfsd|virtiofsd|PATH]... [--op read|write|getattr]... \
          [--seconds S] [--depth N] [--callgrind N] [--seccomp MODE] [--json FILE]"
     );
     std::process::exit(2)
@@ -93,6 +96,7 @@ fn parse() -> Opts {
             "--daemon" => o.daemons.push(val()),
             "--op" => o.ops.push(match val().as_str() {
                 "read" => Op::Read,
+                "write" => Op::Write,
                 "getattr" => Op::Getattr,
                 _ => usage(),
             }),
@@ -197,7 +201,7 @@ fn start(
     })?;
     s.init()?;
     let e = s.lookup(1, "data")?;
-    let o = s.open(e.nodeid, libc::O_RDONLY as u32)?;
+    let o = s.open(e.nodeid, libc::O_RDWR as u32)?;
     if s.device().queue(queues).is_err() {
         return Err(io::Error::other(format!(
             "the daemon set up fewer than {queues} request queues"
@@ -224,6 +228,19 @@ fn request(t: &Target, op: Op, i: u64) -> (Chain, u64, usize) {
             };
             (op::READ, a.as_slice().to_vec(), BLOCK as usize)
         }
+        Op::Write => {
+            let a = abi::WriteIn {
+                fh: t.fh,
+                offset: (i * u64::from(BLOCK)) % FILE_SIZE,
+                size: BLOCK,
+                ..Default::default()
+            };
+            (
+                op::WRITE,
+                a.as_slice().to_vec(),
+                std::mem::size_of::<abi::WriteOut>(),
+            )
+        }
         Op::Getattr => {
             let a = abi::GetattrIn {
                 flags: 0,
@@ -233,13 +250,14 @@ fn request(t: &Target, op: Op, i: u64) -> (Chain, u64, usize) {
             (op::GETATTR, a.as_slice().to_vec(), 104)
         }
     };
-    let hdr = t.s.header(opcode, t.nodeid, arg.len());
-    let segs = vec![
-        Seg::Readable(hdr.as_slice().to_vec()),
-        Seg::Readable(arg),
-        Seg::Writable(std::mem::size_of::<OutHeader>() as u32),
-        Seg::Writable(reply as u32),
-    ];
+    // A WRITE's data in its own buffer after the argument, as Linux lays it out.
+    let data = (op == Op::Write).then(|| vec![(i % 251) as u8; BLOCK as usize]);
+    let data_len = data.as_ref().map_or(0, Vec::len);
+    let hdr = t.s.header(opcode, t.nodeid, arg.len() + data_len);
+    let mut segs = vec![Seg::Readable(hdr.as_slice().to_vec()), Seg::Readable(arg)];
+    segs.extend(data.map(Seg::Readable));
+    segs.push(Seg::Writable(std::mem::size_of::<OutHeader>() as u32));
+    segs.push(Seg::Writable(reply as u32));
     let chain = Chain {
         segs,
         indirect: t.s.device().info().indirect_desc,
