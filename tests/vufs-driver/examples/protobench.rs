@@ -6,7 +6,8 @@
 //!   --daemon D[,ARG]  daxfsd | virtiofsd | PATH, with extra daemon arguments after commas
 //!                     (e.g. daxfsd,--thread-pool-size=4); repeatable; default: daxfsd and
 //!                     virtiofsd
-//!   --op OP           read (4 KiB READ) | write (4 KiB WRITE over the same file) | getattr
+//!   --op OP           read (4 KiB READ) | write (4 KiB WRITE over the same file) | getattr |
+//!                     lookup (of one name) | readdirplus (4 KiB of a 64-entry directory)
 //!                     (repeatable; default: read and getattr)
 //!   --seconds S       measuring time per (daemon, op) for the rate (default 3)
 //!   --depth N         requests in flight (default 1: one at a time)
@@ -39,12 +40,16 @@ use vufs_driver::{Chain, Daemon, DaemonKind, DriverConfig, Seg, Session};
 
 const FILE_SIZE: u64 = 64 << 20;
 const BLOCK: u32 = 4096;
+/// READDIRPLUS buffer: the reply fills part of it (checked as at most this).
+const DIR_BUF: u32 = 4096;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Op {
     Read,
     Write,
     Getattr,
+    Lookup,
+    Readdirplus,
 }
 
 impl Op {
@@ -53,6 +58,8 @@ impl Op {
             Op::Read => "read",
             Op::Write => "write",
             Op::Getattr => "getattr",
+            Op::Lookup => "lookup",
+            Op::Readdirplus => "readdirplus",
         }
     }
 }
@@ -71,7 +78,7 @@ struct Opts {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: protobench [--daemon daxfsd|virtiofsd|PATH]... [--op read|write|getattr]... \
+        "usage: protobench [--daemon daxfsd|virtiofsd|PATH]... [--op read|write|getattr|lookup|readdirplus]... \
          [--seconds S] [--depth N] [--callgrind N] [--seccomp MODE] [--json FILE]"
     );
     std::process::exit(2)
@@ -97,6 +104,8 @@ fn parse() -> Opts {
             "--op" => o.ops.push(match val().as_str() {
                 "read" => Op::Read,
                 "write" => Op::Write,
+                "lookup" => Op::Lookup,
+                "readdirplus" => Op::Readdirplus,
                 "getattr" => Op::Getattr,
                 _ => usage(),
             }),
@@ -146,10 +155,14 @@ fn daemon_spec(spec: &str) -> io::Result<(PathBuf, Vec<String>)> {
     Ok((bin, parts.map(String::from).collect()))
 }
 
-/// A share with one 64 MiB file of non-zero bytes.
+/// A share with one 64 MiB file of non-zero bytes and a directory of 64 empty files.
 fn make_share() -> io::Result<tempfile::TempDir> {
     let dir = tempfile::Builder::new().prefix("protobench-").tempdir()?;
     File::create(dir.path().join("locked"))?;
+    std::fs::create_dir(dir.path().join("dir"))?;
+    for i in 0..64 {
+        File::create(dir.path().join(format!("dir/entry-{i:02}")))?;
+    }
     let mut f = File::create(dir.path().join("data"))?;
     let chunk: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 7 + 13) as u8).collect();
     for _ in 0..FILE_SIZE >> 20 {
@@ -164,6 +177,8 @@ struct Target {
     s: Session,
     nodeid: u64,
     fh: u64,
+    /// The 64-entry directory, opened (readdirplus).
+    dir: (u64, u64),
     queues: usize,
     daemon: Daemon,
 }
@@ -207,10 +222,13 @@ fn start(
             "the daemon set up fewer than {queues} request queues"
         )));
     }
+    let d = s.lookup(1, "dir")?;
+    let od = s.opendir(d.nodeid, libc::O_RDONLY as u32)?;
     Ok(Target {
         s,
         nodeid: e.nodeid,
         fh: o.fh,
+        dir: (d.nodeid, od.fh),
         queues,
         daemon,
     })
@@ -249,11 +267,25 @@ fn request(t: &Target, op: Op, i: u64) -> (Chain, u64, usize) {
             };
             (op::GETATTR, a.as_slice().to_vec(), 104)
         }
+        Op::Lookup => (op::LOOKUP, b"data\0".to_vec(), 128),
+        Op::Readdirplus => {
+            let a = abi::ReadIn {
+                fh: t.dir.1,
+                size: DIR_BUF,
+                ..Default::default()
+            };
+            (op::READDIRPLUS, a.as_slice().to_vec(), DIR_BUF as usize)
+        }
+    };
+    let nodeid = match op {
+        Op::Lookup => 1,
+        Op::Readdirplus => t.dir.0,
+        _ => t.nodeid,
     };
     // A WRITE's data in its own buffer after the argument, as Linux lays it out.
     let data = (op == Op::Write).then(|| vec![(i % 251) as u8; BLOCK as usize]);
     let data_len = data.as_ref().map_or(0, Vec::len);
-    let hdr = t.s.header(opcode, t.nodeid, arg.len() + data_len);
+    let hdr = t.s.header(opcode, nodeid, arg.len() + data_len);
     let mut segs = vec![Seg::Readable(hdr.as_slice().to_vec()), Seg::Readable(arg)];
     segs.extend(data.map(Seg::Readable));
     segs.push(Seg::Writable(std::mem::size_of::<OutHeader>() as u32));
@@ -269,7 +301,12 @@ fn check(op: Op, unique: u64, want: usize, data: &[u8]) -> io::Result<()> {
     let oh = OutHeader::from_slice(data.get(..16).unwrap_or(&[]))
         .copied()
         .ok_or_else(|| io::Error::other(format!("{op:?}: short reply ({} bytes)", data.len())))?;
-    if oh.unique != unique || oh.error != 0 || oh.len as usize != 16 + want {
+    // READDIRPLUS fills as many entries as fit: any non-empty reply up to the buffer.
+    let len_ok = match op {
+        Op::Readdirplus => oh.len as usize > 16 && oh.len as usize <= 16 + want,
+        _ => oh.len as usize == 16 + want,
+    };
+    if oh.unique != unique || oh.error != 0 || !len_ok {
         return Err(io::Error::other(format!(
             "{op:?}: bad reply: unique {} (want {unique}), error {}, len {} (want {})",
             oh.unique,
