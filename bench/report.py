@@ -558,12 +558,12 @@ def render_md(res):
         if ps.get("callgrind"):
             n = ps["callgrind"][0]["requests"]
             w(f"Instructions per request (callgrind `Ir`, every thread of the daemon: a run of {n} "
-              "requests minus a run of 0 requests with the same start-up, INIT, LOOKUP, OPEN and exit, "
+              "requests minus a run of 0 requests with the same start-up (INIT, LOOKUPs, OPEN, OPENDIR) and exit, "
               f"divided by {n}; user-space instructions only, system calls not counted; median of "
               f"{st_.get('callgrind_rounds', 1)} run(s), range in brackets):\n")
             w("| request | daxfsd | virtiofsd | daxfsd / virtiofsd |")
             w("|---|--:|--:|--:|")
-            for op in ("read", "getattr"):
+            for op in ("read", "getattr", "write", "lookup", "readdirplus"):
                 d = next((r for r in ps["callgrind"] if r["daemon"] == "daxfsd" and r["op"] == op), None)
                 v = next((r for r in ps["callgrind"] if r["daemon"] == "virtiofsd" and r["op"] == op), None)
                 if not d and not v:

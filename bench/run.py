@@ -198,11 +198,16 @@ def estimate_boot(b):
     return t
 
 
+# Requests counted under callgrind: the two the rates measure, WRITE, and the two a tree walk
+# adds (LOOKUP; READDIRPLUS of a 64-entry directory).
+PROTO_CALLGRIND_OPS = ("read", "getattr", "write", "lookup", "readdirplus")
+
+
 def estimate_proto(a):
     if "proto" not in a.only:
         return 0.0
     rate = a.proto_rounds * (len(a.proto_depths) * 2 * 2 + 6 * a.proto_extra) * (a.proto_seconds + 0.5)
-    return rate + 5.0 + a.callgrind_rounds * a.callgrind_requests / 2000 * 3.0
+    return rate + 5.0 + a.callgrind_rounds * a.callgrind_requests / 2000 * 1.5 * len(PROTO_CALLGRIND_OPS)
 
 
 # ---- machine ----------------------------------------------------------------------------
@@ -512,7 +517,7 @@ def run_proto(a, raw, results, save):
     # The count moves by up to ~10% with the host's load (the daemon's event loop takes
     # other paths when requests arrive at other moments): several runs, median reported.
     for r in range(1, a.callgrind_rounds + 1):
-        pb(["--callgrind", str(a.callgrind_requests)],
+        pb(["--callgrind", str(a.callgrind_requests)] + [x for op in PROTO_CALLGRIND_OPS for x in ("--op", op)],
            f"round {r}/{a.callgrind_rounds}: instructions per request under callgrind "
            f"({a.callgrind_requests} requests - 0)", r)
     results["proto"] = {"rows": rows, "seccomp_rate": "kill", "seccomp_callgrind": "none"}
