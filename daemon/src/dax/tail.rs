@@ -128,8 +128,10 @@ pub(crate) fn merge(
         let guest_changed = |i: usize, nowc: &[u8], agc: &[u8]| i < old_c && nowc[i] != agc[i];
         // 1. The guest's runs go to the file, one run at a time, never past its end.
         if writable {
-            for (s, e) in runs(&nowc[..old_c], agc) {
-                let e = e.min(in_c);
+            let rs = runs(&nowc[..old_c], agc);
+            let room = if rs.is_empty() { 0 } else { room_at(host, c)? };
+            for (s, e) in rs {
+                let e = e.min(in_c).min(room);
                 if s >= e {
                     continue;
                 }
@@ -202,7 +204,12 @@ fn merge_guest_only(
         now.file.read_exact_at(nowc, now.at + c)?;
         agreed.file.read_exact_at(agc, agreed.at + c)?;
         if nowc[..] != agc[..] {
+            let room = room_at(host, c)?;
             for (s, e) in runs(nowc, agc) {
+                let e = e.min(room);
+                if s >= e {
+                    continue;
+                }
                 host.file
                     .write_all_at(&nowc[s..e], host.at + c + s as u64)?;
                 agreed
@@ -214,6 +221,16 @@ fn merge_guest_only(
         c += n as u64;
     }
     Ok(out)
+}
+
+/// Bytes of the file from `host.at + c` as it is now (a chunk's worth at most matters). A
+/// merge reads the size once when it starts; a host truncate while it runs must not be
+/// undone by a guest run written past the new end, so each chunk's runs are clipped to the
+/// size just before they are written (the window left is one `fstat` wide).
+fn room_at(host: Span, c: u64) -> io::Result<usize> {
+    let size = crate::sys::fstat(host.file.as_fd())?.st_size.max(0) as u64;
+    let left = size.saturating_sub(host.at + c);
+    Ok(usize::try_from(left).unwrap_or(usize::MAX))
 }
 
 /// The shadow of one host file range.
