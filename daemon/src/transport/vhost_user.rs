@@ -115,6 +115,11 @@ struct QueueState {
     blocking: usize,
     /// Used entries added since the guest was last notified.
     unsignalled: usize,
+    /// Threads waiting on `drained` and on `space`. A `Condvar` notify is a futex system
+    /// call even with no waiter; with these counts (kept under the same lock as the waits)
+    /// a completion notifies only when someone waits: two system calls less per request.
+    drain_waiters: usize,
+    space_waiters: usize,
 }
 
 /// One vring's request bookkeeping, shared with the threads that serve its requests.
@@ -140,7 +145,9 @@ impl QueueShared {
     fn complete(&self, vring: &FsVring, done: Done, in_batch: bool) {
         let mut s = self.lock();
         s.inflight = s.inflight.saturating_sub(1);
-        self.space.notify_one();
+        if s.space_waiters > 0 {
+            self.space.notify_one();
+        }
         if done.blocking {
             s.blocking = s.blocking.saturating_sub(1);
         }
@@ -161,7 +168,7 @@ impl QueueShared {
                 notify(vring);
             }
         }
-        if s.inflight == 0 && s.unsignalled == 0 {
+        if s.inflight == 0 && s.unsignalled == 0 && s.drain_waiters > 0 {
             self.drained.notify_all();
         }
     }
@@ -173,7 +180,7 @@ impl QueueShared {
             s.unsignalled = 0;
             notify(vring);
         }
-        if s.inflight == 0 {
+        if s.inflight == 0 && s.drain_waiters > 0 {
             self.drained.notify_all();
         }
     }
@@ -469,11 +476,13 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 );
                 return;
             }
+            s.drain_waiters += 1;
             s = q
                 .drained
                 .wait_timeout(s, (deadline - now).min(Duration::from_millis(50)))
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+            s.drain_waiters -= 1;
         }
     }
 
@@ -513,11 +522,13 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                             log::debug!("queue {queue}: {limit} requests in flight; waiting");
                             warned = true;
                         }
+                        s.space_waiters += 1;
                         s = q
                             .space
                             .wait_timeout(s, Duration::from_millis(100))
                             .unwrap_or_else(|p| p.into_inner())
                             .0;
+                        s.space_waiters -= 1;
                     }
                     let chain = Self::pop(vring, &atomic);
                     if chain.is_some() {
