@@ -539,7 +539,7 @@ def main():
     p.add_argument("--configs", help="regex: only matrix, pressure, meta and density "
                    "configurations whose name matches")
     p.add_argument("--meta-tree", help="meta: subtrees of the Linux source to unpack, comma "
-                   "separated (default arch, ~18,300 entries; quick arch/arm, ~4,600)")
+                   "separated (default arch/x86, 1,551 entries; arch/arm 4,627; arch 18,344)")
     p.add_argument("--estimate", action="store_true", help="print the plan's duration and exit")
     p.add_argument("--results", default=os.path.join(HERE, "results"))
     p.add_argument("--raw")

@@ -23,8 +23,8 @@
 #   --cpus N            guest vCPUs for matrix and pressure (default 2)
 #   --jobs REGEX        only matrix jobs whose name matches, e.g. 'randread|seqread'
 #   --configs REGEX     only matrix, pressure, meta, density configurations whose name matches
-#   --meta-tree LIST    meta: Linux source subtrees to unpack (default arch, ~18,300
-#                       entries; quick arch/arm, ~4,600)
+#   --meta-tree LIST    meta: Linux source subtrees to unpack (default arch/x86, 1,551
+#                       entries; arch/arm 4,627; arch 18,344: ~4-5 h under TCG)
 #   --estimate          print the plan and its estimated duration, run nothing
 #   --results DIR       where results go (default bench/results)
 # Environment: ACCEL (tcg or kvm), DAXFSD_CACHE (raw data and console logs go to
