@@ -906,7 +906,7 @@ def render_png(res, ax_list):
             ax.bar([x + i * width for x in range(len(META_STEPS))], ys, width, label=c,
                    color=cmap(i % 20))
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(META_STEPS))])
-        ax.set_xticklabels([STEP_LABELS[s] for s in META_STEPS], fontsize=8)
+        ax.set_xticklabels([STEP_LABELS[s].replace(" (", "\n(") for s in META_STEPS], fontsize=8)
         ax.set_yscale("log")
         ax.set_ylabel("seconds (log), median")
         ax.set_title(f"meta: {m['tree']['files']:,} files of {' '.join(m['tree']['subtrees'])} "

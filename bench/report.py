@@ -640,6 +640,17 @@ def render_png(res, path):
         height += 3.5
     if has_meta:
         height += 4.0
+    if has_meta and not jobs and not has_host:
+        # A meta/density run alone: only their panels.
+        fig, axs = plt.subplots(1, 2, figsize=(16, 5.5), gridspec_kw={"width_ratios": [2.2, 1]})
+        meta_report.render_png(res, list(axs))
+        m = res.get("machine", {})
+        fig.suptitle(f"daxfsd benchmark {res['run_id']}: {m.get('cpu_model', '?')}, "
+                     f"{m.get('host_cores')} host cores, {m.get('qemu_11', '?')}, "
+                     f"{m.get('accel', 'tcg').upper()}", fontsize=11)
+        fig.savefig(path, dpi=90, bbox_inches="tight")
+        plt.close(fig)
+        return
     fig = plt.figure(figsize=(16, height))
     nrows = 3 + has_host + has_meta
     gs = fig.add_gridspec(nrows, 2, width_ratios=[1.6, 1], hspace=0.55, wspace=0.25)
