@@ -2,7 +2,7 @@
 """Summaries, report.md and report.png for a benchmark run (bench/run.py writes the JSON).
 
     bench/report.py RESULTS.json [--md FILE] [--png FILE] [--pressure-from RUN.json]
-                    [--host-from RUN.json] [--proto-from RUN.json]
+                    [--host-from RUN.json] [--proto-from RUN.json] [--meta-from RUN.json]
 
 (run it with /usr/bin/python3: the chart needs Debian's python3-matplotlib)
 
@@ -11,7 +11,8 @@ re-renders a run's report from its JSON (default: next to the JSON, same base na
 `--only pressure` run): the report then says which sections come from which run.
 --proto-from replaces the `proto` section with the one of RUN.json (an `--only proto` run).
 --host-from adds (or replaces) the `host` section with the one of RUN.json (an `--only host`
-run); its heading names that run.
+run); its heading names that run. --meta-from does the same for the `meta` and `density`
+sections (bench/meta.py) of RUN.json.
 """
 import json
 import os
@@ -19,6 +20,7 @@ import statistics
 import sys
 
 import host as host_report  # bench/host.py: the `host` section (daxfsd over /dev/fuse)
+import meta as meta_report  # bench/meta.py: the `meta` and `density` sections
 
 CONFIGS = {
     "daxfsd-never": "daxfsd cache=never",
@@ -145,6 +147,7 @@ def summarize(res):
                             "all": [x for _, x in v],
                             "vs_plain": med(paired) if paired else None, "vs_plain_all": paired})
     res["proto_summary"] = ps
+    meta_report.summarize(res)
     return res
 
 
@@ -601,6 +604,7 @@ def render_md(res):
           f"boot to mount median {num(med(bt), '{:.1f}')} s. `scripts/bench.sh --estimate` prints the "
           "planned duration of a matrix without running it.\n")
     host_report.render_md(res, w)
+    meta_report.render_md(res, w)
     return "\n".join(out) + "\n"
 
 
@@ -629,13 +633,33 @@ def render_png(res, path):
     cfgs = [k for k in COLORS if any(s["config"] == k and s["section"] == "matrix" for s in S)]
     height = max(6.0, 0.42 * len(jobs) * max(1, len(cfgs)) / 3 + 2)
     has_host = bool(res.get("host", {}).get("summary"))
+    meta_report.summarize(res)
+    has_meta = bool(res.get("meta", {}).get("summary")) or any(
+        c.get("status") == "ok" for c in res.get("density", {}).get("configs", []))
     if has_host:
         height += 3.5
+    if has_meta:
+        height += 4.0
+    if has_meta and not jobs and not has_host:
+        # A meta/density run alone: only their panels.
+        fig, axs = plt.subplots(1, 2, figsize=(16, 5.5), gridspec_kw={"width_ratios": [2.2, 1]})
+        meta_report.render_png(res, list(axs))
+        m = res.get("machine", {})
+        fig.suptitle(f"daxfsd benchmark {res['run_id']}: {m.get('cpu_model', '?')}, "
+                     f"{m.get('host_cores')} host cores, {m.get('qemu_11', '?')}, "
+                     f"{m.get('accel', 'tcg').upper()}", fontsize=11)
+        fig.savefig(path, dpi=90, bbox_inches="tight")
+        plt.close(fig)
+        return
     fig = plt.figure(figsize=(16, height))
-    gs = fig.add_gridspec(4 if has_host else 3, 2, width_ratios=[1.6, 1], hspace=0.55, wspace=0.25)
+    nrows = 3 + has_host + has_meta
+    gs = fig.add_gridspec(nrows, 2, width_ratios=[1.6, 1], hspace=0.55, wspace=0.25)
     ax = fig.add_subplot(gs[:3, 0])
     if has_host:
         host_report.render_png(res, [fig.add_subplot(gs[3, :])])
+    if has_meta:
+        meta_report.render_png(res, [fig.add_subplot(gs[nrows - 1, 0]),
+                                     fig.add_subplot(gs[nrows - 1, 1])])
     n = max(1, len(cfgs))
     bh = 0.8 / n
     for i, k in enumerate(cfgs):
@@ -807,7 +831,7 @@ def main():
     base = os.path.splitext(src)[0]
     md, png = base + ".md", base + ".png"
     args = sys.argv[2:]
-    pfrom = hfrom = qfrom = None
+    pfrom = hfrom = qfrom = mfrom = None
     while args:
         if args[0] == "--md" and len(args) > 1:
             md = args[1]
@@ -819,6 +843,8 @@ def main():
             hfrom = args[1]
         elif args[0] == "--proto-from" and len(args) > 1:
             qfrom = args[1]
+        elif args[0] == "--meta-from" and len(args) > 1:
+            mfrom = args[1]
         else:
             print(__doc__, file=sys.stderr)
             return 2
@@ -835,6 +861,11 @@ def main():
         for k in ("proto_seconds", "proto_rounds", "callgrind_rounds"):
             if k in q.get("settings", {}):
                 res.setdefault("settings", {})[k] = q["settings"][k]
+    if mfrom:
+        q = json.load(open(mfrom))
+        for k in ("meta", "density"):
+            if k in q:
+                res[k] = dict(q[k], from_run={"run_id": q["run_id"], "started": q["started"]})
     render(res, md, png)
     print(f"{md}\n{png}")
     return 0

@@ -14,6 +14,10 @@ Sections:
             no DAX, DAX with the kernel's upstream window policy, DAX with the hybrid policy
             (guest-kernel/patches, mount option dax_policy=)
   mq        1, 2, 4 request queues with a 4-vCPU guest and 4 jobs, daxfsd vs virtiofsd
+  meta      unpack, walk, read, du, walk again and delete a Linux source tree in the guest:
+            daxfsd and virtiofsd per cache mode, daxfsd with DAX, virtio-9p (bench/meta.py)
+  density   four guests reading one 256 MiB file with and without DAX (guest page cache,
+            host memory), daemon memory after a walk of 100,000 inodes, exec to ready socket
 
 Every guest runs on the `dax` profile (QEMU 11.1, the generic vhost-user device): it is the
 one profile that has a DAX window and that both daxfsd and upstream virtiofsd can serve, so
@@ -35,6 +39,7 @@ sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True  # no bench/__pycache__ in the work tree
 import report  # noqa: E402  (bench/report.py)
 import host  # noqa: E402  (bench/host.py: the host-mount section)
+import meta  # noqa: E402  (bench/meta.py: the meta and density sections)
 
 T0 = time.time()
 
@@ -529,14 +534,17 @@ def run_proto(a, raw, results, save):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--only", default="proto,matrix,pressure,mq,host")
+    p.add_argument("--only", default="proto,matrix,pressure,mq,host,meta,density")
     p.add_argument("--runtime", type=int)
     p.add_argument("--repeats", type=int)
     p.add_argument("--file-size")
     p.add_argument("--cpus", type=int, default=2)
     p.add_argument("--mem", default="1G")
     p.add_argument("--jobs", help="regex: only matrix jobs whose name matches")
-    p.add_argument("--configs", help="regex: only matrix and pressure configurations whose name matches")
+    p.add_argument("--configs", help="regex: only matrix, pressure, meta and density "
+                   "configurations whose name matches")
+    p.add_argument("--meta-tree", help="meta: subtrees of the Linux source to unpack, comma "
+                   "separated (default arch/x86, 1,551 entries; arch/arm 4,627; arch 18,344)")
     p.add_argument("--estimate", action="store_true", help="print the plan's duration and exit")
     p.add_argument("--results", default=os.path.join(HERE, "results"))
     p.add_argument("--raw")
@@ -545,7 +553,8 @@ def main():
     p.add_argument("--virtiofsd")
     a = p.parse_args()
     a.only = [s.strip() for s in a.only.split(",") if s.strip()]
-    bad = [s for s in a.only if s not in ("proto", "matrix", "pressure", "mq", "host")]
+    bad = [s for s in a.only if s not in ("proto", "matrix", "pressure", "mq", "host", "meta",
+                                          "density")]
     if bad:
         sys.exit(f"bench: unknown section(s) {bad}")
     if a.quick:
@@ -571,6 +580,7 @@ def main():
     est = sum(estimate_boot(b) for b in boots) + estimate_proto(a)
     if "host" in a.only:
         est += host.estimate(a)
+    est += meta.estimate(a)
     ncells = sum(len(b["jobs"]) for b in boots)
     mode = "quick" if a.quick else "full"
     log(f"plan ({mode}): {len(boots)} guest boots, {ncells} fio cells ({a.runtime}s each, "
@@ -585,6 +595,9 @@ def main():
             log(f"  proto   : ~{fmt_dur(estimate_proto(a))}")
         if "host" in a.only:
             log(f"  host    : ~{fmt_dur(host.estimate(a))}")
+        if "meta" in a.only or "density" in a.only:
+            mb = meta.plan(a) if "meta" in a.only else []
+            log(f"  meta/density: {len(mb)} meta boots; ~{fmt_dur(meta.estimate(a))}")
         return 0
     for f, what in ((a.daxfsd, "daxfsd (make release)"), (a.virtiofsd, "virtiofsd (make virtiofsd)")):
         if not f or not os.access(f, os.X_OK):
@@ -663,6 +676,14 @@ def main():
             t_h0 = time.time()
             host.run_host(a, raw, results, save)
             results["host_wall_s"] = round(time.time() - t_h0, 1)
+        if "meta" in a.only:
+            t_m0 = time.time()
+            meta.run_meta(a, raw, results, save)
+            results["meta_wall_s"] = round(time.time() - t_m0, 1)
+        if "density" in a.only:
+            t_d0 = time.time()
+            meta.run_density(a, raw, results, save)
+            results["density_wall_s"] = round(time.time() - t_d0, 1)
     except KeyboardInterrupt:
         interrupted = True
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
@@ -691,9 +712,16 @@ def main():
         for c in hres.get("cells", []) if c.get("status") == "failed"]
     for e in host_err:
         log(f"FAILED host {e}")
+    meta_err = [f"meta {c['config']} r{c['repeat']}: {c.get('error')}"
+                for c in results.get("meta", {}).get("cells", []) if c.get("status") != "ok"]
+    meta_err += [f"density {c.get('config', c.get('daemon'))}: {c.get('error')}"
+                 for k in ("configs", "walk") for c in results.get("density", {}).get(k, [])
+                 if c.get("status") != "ok"]
+    for e in meta_err:
+        log(f"FAILED {e}")
     if interrupted:
         return 130
-    return 1 if failed or proto_err or host_err else 0
+    return 1 if failed or proto_err or host_err or meta_err else 0
 
 
 if __name__ == "__main__":

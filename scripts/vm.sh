@@ -21,6 +21,9 @@
 #   -o, --mount-opts OPTS  extra mount options, e.g. dax=always
 #       --append ARGS      extra guest kernel command line
 #       --tag TAG          virtio-fs tag (default: daxfsd)
+#       --virtfs DIR       also export DIR over virtio-9p (QEMU -virtfs local,
+#                          security_model=none), mount tag daxfsd9p; the guest
+#                          mounts it itself (mount -t 9p -o trans=virtio daxfsd9p M)
 #   -m, --mem SIZE         guest RAM (default: 1G)
 #       --cpus N           vCPUs (default: 1)
 #       --queues N         request queues (default: 1); --queue-size N (default: 1024)
@@ -45,11 +48,11 @@ RIG_TAG=vm
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 profile=pci daemon=daxfsd cache=auto shared="" test="" cmd="" script="" mountopts=""
-extra_append="" tag=daxfsd mem=1G cpus=1 queues=1 queue_size=1024 timeout=600
+extra_append="" tag=daxfsd virtfs="" mem=1G cpus=1 queues=1 queue_size=1024 timeout=600
 logfile="" verbose=0 kernel="" initramfs="" print_cmd=0 monitor=""
 daemon_args=()
 
-usage() { sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; }
 need_arg() { (($1 >= 2)) || die "option $2 needs a value (see --help)"; }
 while (($#)); do
     case $1 in
@@ -64,6 +67,7 @@ while (($#)); do
         -o|--mount-opts) need_arg $# "$1"; mountopts=$2; shift 2 ;;
         --append) need_arg $# "$1"; extra_append+=" $2"; shift 2 ;;
         --tag) need_arg $# "$1"; tag=$2; shift 2 ;;
+        --virtfs) need_arg $# "$1"; virtfs=$2; shift 2 ;;
         -m|--mem) need_arg $# "$1"; mem=$2; shift 2 ;;
         --cpus) need_arg $# "$1"; cpus=$2; shift 2 ;;
         --queues) need_arg $# "$1"; queues=$2; shift 2 ;;
@@ -97,6 +101,8 @@ done
 [[ $mountopts != *[[:space:]]* ]] || die "--mount-opts must not contain spaces"
 [[ -z $cmd || -z $script ]] || die "give either --cmd or --script, not both"
 [[ -z $script || -r $script ]] || die "guest script '$script' not readable"
+[[ -z $virtfs || -d $virtfs ]] || die "--virtfs '$virtfs' is not a directory"
+[[ $virtfs != *,* ]] || die "--virtfs path must not contain a comma (QEMU option syntax)"
 profile_names() {
     local f n
     for f in "$RIG_ROOT"/qemu-config/*.sh; do
@@ -242,6 +248,9 @@ VM_APPEND+=$extra_append
 export VM_SOCK VM_TAG VM_MEM VM_CPUS VM_ACCEL VM_KERNEL VM_INITRD VM_APPEND VM_QUEUE_SIZE VM_NUM_QUEUES
 QEMU_ARGS=()
 profile_args
+if [[ -n $virtfs ]]; then
+    QEMU_ARGS+=(-virtfs "local,path=$(cd "$virtfs" && pwd),security_model=none,mount_tag=daxfsd9p")
+fi
 if ((interactive)); then
     QEMU_ARGS+=(-chardev "stdio,id=con,mux=on,signal=off,logfile=$logfile" -serial chardev:con -mon chardev=con)
 elif [[ -n $monitor ]]; then
