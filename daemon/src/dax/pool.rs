@@ -134,9 +134,6 @@ impl<S: WindowSink> DaxWindow<S> {
         let old = p.pool_agreed?;
         let f = p.file.as_ref()?;
         let (slots, agreed) = (self.slots.get()?, self.agreed.get()?);
-        // Taken before the merge reads the file (see `Shadow::sync`).
-        let sig = CopySig::of(f).ok();
-        let unchanged = CopySig::unchanged(p.pool_sig, sig);
         let r = tail::merge(
             tail::Span {
                 file: slots.file(),
@@ -153,16 +150,15 @@ impl<S: WindowSink> DaxWindow<S> {
                 at: p.foffset,
             },
             true,
-            unchanged,
+            p.pool_sig,
         );
         match r {
-            Ok((r, valid)) => {
+            Ok((r, valid, sig)) => {
                 self.counters
                     .written_back
                     .fetch_add(r.written, Ordering::Relaxed);
                 self.counters.pulled.fetch_add(r.pulled, Ordering::Relaxed);
-                // After its own writes the next merge reads the file (see `Shadow::sync`).
-                Some((valid, if r.written == 0 { sig } else { None }))
+                Some((valid, sig))
             }
             Err(e) => {
                 log::error!("merging pooled DAX range {m:#x} with its file failed: {e}");

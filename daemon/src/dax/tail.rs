@@ -77,12 +77,13 @@ pub(crate) struct Span<'a> {
 ///   `None` when the guest cannot store into `now` (then `now` holds them);
 /// - `host`: the file from `at`.
 ///
-/// With `host_unchanged` (the caller saw the file's size and timestamps unchanged since the
-/// last merge, so its bytes are the agreed ones) the file is not read: only the guest's runs
-/// are written, which halves the cost of the periodic write-back of ranges nobody else
-/// writes.
+/// `seen`: the file's signature the last merge left (see [`CopySig`]). When it proves the
+/// file unchanged since, its bytes are the agreed ones and the file is not read: a read-only
+/// range has nothing to merge, a writable one only writes the guest's runs, which halves the
+/// cost of the periodic write-back of ranges nobody else writes.
 ///
-/// Returns what moved and the new agreed length (the file's bytes in the range now).
+/// Returns what moved, the new agreed length (the file's bytes in the range now) and the
+/// signature for the next merge.
 pub(crate) fn merge(
     now: Span,
     agreed: Option<Span>,
@@ -90,13 +91,24 @@ pub(crate) fn merge(
     size: u64,
     host: Span,
     writable: bool,
-    host_unchanged: bool,
-) -> io::Result<(Synced, u64)> {
+    seen: Option<CopySig>,
+) -> io::Result<(Synced, u64, Option<CopySig>)> {
     let mut out = Synced::default();
-    let file_size = crate::sys::fstat(host.file.as_fd())?.st_size.max(0) as u64;
+    // Taken before anything reads the file: a host write after it moves the file's
+    // timestamps past it (when it is settled).
+    let sig = CopySig::of(host.file)?;
+    let host_unchanged = CopySig::unchanged(seen, Some(sig));
+    // The merge's own writes move the file's timestamps, and a host write made while it ran
+    // would hide behind them: after writing, the next merge reads the file again.
+    let next = |out: &Synced| (out.written == 0).then_some(sig);
+    if host_unchanged && !writable {
+        return Ok((out, old, Some(sig)));
+    }
+    let file_size = sig.size.max(0) as u64;
     let in_file = file_size.saturating_sub(host.at).min(size);
     if let (true, true, Some(a)) = (host_unchanged, in_file == old, agreed) {
-        return merge_guest_only(now, a, old, host, writable).map(|o| (o, old));
+        let o = merge_guest_only(now, a, old, host, writable)?;
+        return Ok((o, old, next(&o)));
     }
     let end = old.max(in_file);
     let mut nowb = vec![0u8; CHUNK];
@@ -179,7 +191,7 @@ pub(crate) fn merge(
         }
         c += n as u64;
     }
-    Ok((out, in_file))
+    Ok((out, in_file, next(&out)))
 }
 
 /// [`merge`] when the file holds the agreed bytes: the guest's runs go to the file and into
@@ -333,15 +345,7 @@ impl Shadow {
         let Some(file) = self.file.clone() else {
             return Ok(Synced::default());
         };
-        // Taken before the merge reads the file: a host write after it moves the file's
-        // timestamps past it (when it is settled, see `CopySig`).
-        let sig = CopySig::of(&file).ok();
-        let unchanged = CopySig::unchanged(self.seen, sig);
-        if !self.writable && unchanged {
-            // Read-only and the file did not move: nothing to merge.
-            return Ok(Synced::default());
-        }
-        let (out, valid) = merge(
+        let (out, valid, seen) = merge(
             Span {
                 file: &self.memfd,
                 at: 0,
@@ -354,12 +358,10 @@ impl Shadow {
                 at: self.at,
             },
             self.writable,
-            unchanged,
+            self.seen,
         )?;
         self.valid = valid;
-        // The merge's own writes moved the file's timestamps, and a host write made while it
-        // ran would hide behind them: after writing, the next sync reads the file again.
-        self.seen = if out.written == 0 { sig } else { None };
+        self.seen = seen;
         Ok(out)
     }
 }
