@@ -29,26 +29,9 @@ import sys
 import threading
 import time
 
+from benchlib import descendants  # bench/benchlib.py, beside this script
+
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def descendants(pid):
-    """pid and all its descendants (via /proc/PID/task/TID/children)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            tids = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{p}/task/{tid}/children") as f:
-                    todo.extend(int(c) for c in f.read().split())
-            except OSError:
-                pass
-    return out
 
 
 def sample(pid):

@@ -25,6 +25,8 @@ import subprocess
 import tempfile
 import time
 
+from benchlib import ratio  # bench/benchlib.py
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # (label, files, size in bytes)
@@ -368,12 +370,6 @@ def render_md(res, w):
     for e in host.get("errors", []):
         w(f"- note: {e}")
     w("")
-
-
-def ratio(a, b):
-    if not a or not b:
-        return "-"
-    return f"{a / b:.2f}x"
 
 
 def render_png(res, ax_list):

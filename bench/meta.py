@@ -36,6 +36,8 @@ import subprocess
 import tempfile
 import time
 
+from benchlib import descendants, ratio  # bench/benchlib.py
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SRC_TARBALL = "/usr/src/linux-source-6.12.tar.xz"
@@ -382,24 +384,6 @@ def smaps(pid):
                     out[p[0][:-1]] = int(p[1])
     except OSError:
         pass
-    return out
-
-
-def descendants(pid):
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            tids = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{p}/task/{tid}/children") as f:
-                    todo.extend(int(c) for c in f.read().split())
-            except OSError:
-                pass
     return out
 
 
@@ -788,12 +772,6 @@ def summarize(res):
 
 def get(res, cfg, step):
     return res.get("meta", {}).get("summary", {}).get(cfg, {}).get(step, {}).get("median")
-
-
-def ratio(a, b):
-    if not a or not b:
-        return "-"
-    return f"{a / b:.2f}x"
 
 
 def render_md(res, w):
