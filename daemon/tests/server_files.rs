@@ -258,9 +258,14 @@ fn cache_policy_sets_timeouts_and_open_flags() {
             CachePolicy::Always,
             86400,
             fopen::KEEP_CACHE,
-            fopen::CACHE_DIR,
+            fopen::CACHE_DIR | fopen::KEEP_CACHE,
         ),
-        (CachePolicy::Metadata, 86400, fopen::DIRECT_IO, 0),
+        (
+            CachePolicy::Metadata,
+            86400,
+            fopen::DIRECT_IO,
+            fopen::CACHE_DIR | fopen::KEEP_CACHE,
+        ),
     ] {
         let h = Harness::with(|c| c.cache = policy);
         let (e, o) = h.create(ROOT, "f", 0o644, libc::O_RDWR).unwrap();

@@ -479,12 +479,15 @@ impl PassthroughFs {
         }
     }
 
-    /// `open_flags` for a directory handle under the cache policy.
+    /// `open_flags` for a directory handle under the cache policy. Where directory contents
+    /// are cached (`always`, `metadata`, as virtiofsd 1.14), KEEP_CACHE too: without it the
+    /// guest drops a directory's cached entries at every OPENDIR, so a second `ls -lR` of an
+    /// unchanged tree reads every directory again.
     fn dir_open_flags(&self) -> u32 {
         match self.cfg.cache {
             CachePolicy::Never => fopen::DIRECT_IO,
-            CachePolicy::Always => fopen::CACHE_DIR,
-            CachePolicy::Auto | CachePolicy::Metadata => 0,
+            CachePolicy::Always | CachePolicy::Metadata => fopen::CACHE_DIR | fopen::KEEP_CACHE,
+            CachePolicy::Auto => 0,
         }
     }
 
