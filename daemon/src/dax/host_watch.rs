@@ -12,9 +12,10 @@
 //!   (`truncate`, `ftruncate`) and before every read, write or fallocate of a file opened on a
 //!   file system that allows them (ext4, xfs, btrfs: `SB_I_ALLOW_HSM`; not tmpfs, not NFS),
 //!   and `FAN_OPEN_PERM` before an open, which is the only event an `O_TRUNC` open gets (seen on
-//!   6.18). Neither tells a shrink from a read, so any such event from another process on a
-//!   file the window maps directly moves the mappings at or past its offset (all of them for an
-//!   open) to a shadow of the range (the snapshot or merged placement: a memfd that follows
+//!   6.18). A truncate's event has a range of length 0; a read's, write's or mmap's has the
+//!   range it touches, and those are let through at once ([`may_shrink_from`]). A truncate or
+//!   an open from another process of a file the window maps directly moves the mappings at or
+//!   past its offset (all of them for an open, which may be `O_TRUNC`) to a shadow of the range (the snapshot or merged placement: a memfd that follows
 //!   the file at every sync point and, when writable, writes guest stores back run by run)
 //!   with SHMEM_UNMAP + SHMEM_MAP, and only then allows the operation. A shadow never faults:
 //!   the guest sees the new size and bytes at its next sync point (OPEN, READ, GETATTR of the
@@ -343,10 +344,9 @@ fn read_events(w: &'static Watch) {
                 respond(w, &fd);
                 continue;
             }
-            let from = if m.mask & FAN_PRE_ACCESS != 0 {
-                range.map_or(0, |r| r.0)
-            } else {
-                0
+            let Some(from) = may_shrink_from(m.mask, range) else {
+                respond(w, &fd);
+                continue;
             };
             w.jobs
                 .lock()
@@ -354,6 +354,27 @@ fn read_events(w: &'static Watch) {
                 .push_back(Job { fd, from });
             w.more.notify_one();
         }
+    }
+}
+
+/// Where an event's operation may shrink the file to, or `None` when it cannot shrink it.
+///
+/// A pre-content event with a range of length 0 is a truncate (`fsnotify_truncate_perm`);
+/// one with a length is a read, write, mmap or fallocate of that range, which leaves the
+/// file's size alone: answered at once, never queued. A worker that evacuates reads the file,
+/// and another daemon mapping the same file gets that read as an event of its own: were reads
+/// queued behind its worker, two daemons evacuating at once would wait on each other for ever.
+/// An open (`FAN_OPEN_PERM`) may be an `O_TRUNC` open, whose truncate sends no event of its
+/// own: from 0. (`fallocate(FALLOC_FL_COLLAPSE_RANGE)` shrinks a file, but its event is that
+/// of a write: not intercepted, see README "Limits".)
+fn may_shrink_from(mask: u64, range: Option<(u64, u64)>) -> Option<u64> {
+    if mask & FAN_PRE_ACCESS == 0 {
+        return Some(0);
+    }
+    match range {
+        Some((_, count)) if count > 0 => None,
+        Some((offset, _)) => Some(offset),
+        None => Some(0),
     }
 }
 
@@ -497,6 +518,20 @@ mod tests {
         assert!(!maps_file(0), "inode 7's mapping still maps the file");
         assert!(!maps_file(MB2), "inode 8's mapping still maps the file");
         assert_eq!(w.stats().replaced, 2);
+    }
+
+    #[test]
+    fn only_truncates_and_opens_may_shrink() {
+        let open = libc::FAN_OPEN_PERM;
+        // An open may be O_TRUNC: everything may go.
+        assert_eq!(may_shrink_from(open, None), Some(0));
+        // A truncate to 4096: a range of length 0 there.
+        assert_eq!(may_shrink_from(FAN_PRE_ACCESS, Some((4096, 0))), Some(4096));
+        // Reads, writes, mmaps: the range they touch; the size stays.
+        assert_eq!(may_shrink_from(FAN_PRE_ACCESS, Some((0, 1 << 20))), None);
+        assert_eq!(may_shrink_from(FAN_PRE_ACCESS, Some((8192, 1))), None);
+        // No range reported: assume the worst.
+        assert_eq!(may_shrink_from(FAN_PRE_ACCESS, None), Some(0));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::handle::HandleData;
+use super::inode::InodeData;
 use super::{check_name, err, PassthroughFs};
 use crate::protocol::abi::{FileLock, OPEN_KILL_SUIDGID};
 use crate::protocol::filesystem::{Context, Entry, Handle, Inode, OpenFlags};
@@ -547,15 +548,7 @@ impl PassthroughFs {
             libc::S_IFLNK => return Err(err(libc::ELOOP)),
             _ => return Err(err(libc::EPERM)),
         }
-        let fd = if self.cfg.readonly {
-            self.reopen(&data, libc::O_RDONLY)?
-        } else {
-            match self.reopen(&data, libc::O_RDWR) {
-                Ok(fd) => fd,
-                Err(_) if !writable => self.reopen(&data, libc::O_RDONLY)?,
-                Err(e) => return Err(e),
-            }
-        };
+        let fd = self.dax_fd(&data, writable)?;
         mapper.map(&crate::protocol::mapper::MapRequest {
             owner: inode,
             moffset,
@@ -564,6 +557,35 @@ impl PassthroughFs {
             foffset,
             writable,
         })
+    }
+}
+
+impl PassthroughFs {
+    /// The descriptor SETUPMAPPING maps through: read-write, read-only where the file cannot
+    /// be opened so (a read-only share or host file system) and the mapping is read-only.
+    ///
+    /// The read-write one is opened once per inode and kept while the guest holds the inode:
+    /// every open of a file is an event for the DAX host watch of every other daemon mapping
+    /// it (an open may be `O_TRUNC`, so each moves that daemon's mappings of the file to
+    /// shadows), and a guest reads a file through many SETUPMAPPINGs. Not kept for files with
+    /// an execute bit: a writable descriptor would stop the host from running them (ETXTBSY).
+    fn dax_fd(&self, data: &InodeData, writable: bool) -> io::Result<Arc<OwnedFd>> {
+        if self.cfg.readonly {
+            return self.reopen(data, libc::O_RDONLY).map(Arc::new);
+        }
+        let mut kept = data.dax_fd.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(fd) = kept.as_ref() {
+            return Ok(fd.clone());
+        }
+        let fd = match self.reopen(data, libc::O_RDWR) {
+            Ok(fd) => Arc::new(fd),
+            Err(_) if !writable => return self.reopen(data, libc::O_RDONLY).map(Arc::new),
+            Err(e) => return Err(e),
+        };
+        if sys::fstat(fd.as_fd()).is_ok_and(|st| st.st_mode & 0o111 == 0) {
+            *kept = Some(fd.clone());
+        }
+        Ok(fd)
     }
 }
 

@@ -84,6 +84,9 @@ pub(super) struct InodeData {
     pub file: InodeFile,
     /// `S_IFMT` bits of the mode; fixed for the life of the file.
     pub kind: u32,
+    /// The read-write descriptor SETUPMAPPING maps through, opened at the first one and kept
+    /// while the guest holds the inode (see `do_setupmapping`).
+    pub dax_fd: Mutex<Option<Arc<OwnedFd>>>,
 }
 
 /// An `O_PATH` descriptor of an inode: its own, or one opened from its handle for the
@@ -191,6 +194,7 @@ impl InodeStore {
             key,
             file: InodeFile::Fd(fd),
             kind: libc::S_IFDIR,
+            dax_fd: Mutex::default(),
         });
         let mut by_id = HashMap::new();
         by_id.insert(
@@ -276,6 +280,7 @@ impl InodeStore {
             key,
             file,
             kind,
+            dax_fd: Mutex::default(),
         });
         t.by_id.insert(
             id,

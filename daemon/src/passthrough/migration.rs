@@ -405,6 +405,7 @@ impl PassthroughFs {
             key: key_of(&st),
             file: self.inode_file(fd, &st)?,
             kind,
+            dax_fd: std::sync::Mutex::default(),
         });
         Ok(if confirmed {
             Restored::Inside(data)

@@ -16,7 +16,9 @@ use std::fs;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use daxfsd::abi::{self, SETUPMAPPING_FLAG_READ as READ, SETUPMAPPING_FLAG_WRITE as WRITE};
+use daxfsd::abi::{
+    self, RemovemappingOne, SETUPMAPPING_FLAG_READ as READ, SETUPMAPPING_FLAG_WRITE as WRITE,
+};
 use vhost::VhostBackend;
 use vhost::VhostUserMemoryRegionInfo;
 use vufs_driver::{DriverConfig, Seg};
@@ -103,4 +105,130 @@ fn a_descriptor_into_a_shrunk_mapped_file_fails_only_its_request() {
     s.getattr(ROOT, None).unwrap();
     assert_eq!(fs::read(p.join("g")).unwrap(), b"untouched");
     assert_eq!(s.read(g, gfh, 0, 64).unwrap(), b"untouched");
+}
+
+/// Two daemons map one file directly (two guests sharing a directory, `--dax-mapping=direct`),
+/// both at once. Each SETUPMAPPING makes the frontend `mmap` the file: a pre-content event for
+/// the other daemon's watch. Were such events queued behind the other daemon's watch worker,
+/// which may itself be waiting for its frontend to answer a SHMEM request while that frontend
+/// waits in an `mmap` of the file for the first daemon, the two would wait on each other for
+/// ever (found by `make bench`'s density section: four QEMUs, one file). An mmap, read or write
+/// cannot shrink the file: it passes at once and moves nothing. A host truncate then still
+/// moves both daemons' mappings to shadows before it goes on.
+#[test]
+fn two_daemons_mapping_one_file_wait_for_no_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path();
+    fs::write(p.join("f"), vec![0x5a; 8 << 20]).unwrap();
+    let args = ["--dax-window=64M", "--dax-mapping=direct", "--dax-copy=off"];
+    let mut ds = [
+        host::spawn(&host::daxfsd(), p, &args),
+        host::spawn(&host::daxfsd(), p, &args),
+    ];
+    let cfg = DriverConfig::default();
+    let ss: Vec<_> = ds.iter().map(|d| host::connect(d, &cfg)).collect();
+    let files: Vec<(u64, u64)> = ss
+        .iter()
+        .map(|s| {
+            let f = s.lookup(ROOT, "f").unwrap().nodeid;
+            (f, s.open(f, libc::O_RDONLY as u32).unwrap().fh)
+        })
+        .collect();
+    let logs = |ds: &[vufs_driver::Daemon]| {
+        ds.iter()
+            .map(|d| d.log_contents())
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    };
+    // Within `secs`, or the daemons are killed (their fanotify groups closed: whatever waits
+    // on them goes on) and the test fails.
+    let within =
+        |ds: &mut [vufs_driver::Daemon], secs, what: &str, rx: std::sync::mpsc::Receiver<()>| {
+            if rx.recv_timeout(Duration::from_secs(secs)).is_err() {
+                let l = logs(ds);
+                for d in ds.iter_mut() {
+                    let _ = d.kill();
+                }
+                panic!("{what} still waits after {secs} s\nlogs:\n{l}");
+            }
+        };
+
+    // Each daemon opens the file for its mappings once (the first SETUPMAPPING): that open
+    // moves the other's mappings (an open may truncate). None after that.
+    for (s, &(f, fh)) in ss.iter().zip(&files) {
+        s.setupmapping(f, fh, 0, MIB2, READ, 0).unwrap();
+    }
+    let moved = |d: &vufs_driver::Daemon| d.log_contents().matches("moved to shadows").count();
+    let before: Vec<usize> = ds.iter().map(moved).collect();
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|sc| {
+        for (s, &(f, fh)) in ss.iter().zip(&files) {
+            let tx = tx.clone();
+            sc.spawn(move || {
+                for _ in 0..10 {
+                    for i in 0..4 {
+                        s.setupmapping(f, fh, i * MIB2, MIB2, READ, i * MIB2)
+                            .unwrap();
+                    }
+                    let all: Vec<_> = (0..4)
+                        .map(|i| RemovemappingOne {
+                            moffset: i * MIB2,
+                            len: MIB2,
+                        })
+                        .collect();
+                    s.removemapping(f, &all).unwrap();
+                }
+                for i in 0..4 {
+                    s.setupmapping(f, fh, i * MIB2, MIB2, READ, i * MIB2)
+                        .unwrap();
+                }
+                let _ = tx.send(());
+            });
+        }
+        // (A thread that failed drops its sender: the wait ends at once.)
+        drop(tx);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let done = (0..2).all(|_| {
+            rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+                .is_ok()
+        });
+        if !done {
+            let l = logs(&ds);
+            for d in ds.iter_mut() {
+                let _ = d.kill();
+            }
+            panic!("two daemons mapping one file still wait after 60 s\nlogs:\n{l}");
+        }
+    });
+    for (d, n) in ds.iter().zip(before) {
+        assert_eq!(
+            moved(d),
+            n,
+            "another daemon's mmaps or SETUPMAPPINGs moved mappings:\n{}",
+            d.log_contents()
+        );
+    }
+
+    let path = p.join("f");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_len(1 << 20))
+            .unwrap();
+        let _ = tx.send(());
+    });
+    within(&mut ds, 30, "the host truncate", rx);
+    assert_eq!(fs::metadata(p.join("f")).unwrap().len(), 1 << 20);
+    for (s, d) in ss.iter().zip(&ds) {
+        // Both serve on; the mappings past the new end left the file before it shrank.
+        s.getattr(ROOT, None).unwrap();
+        assert!(
+            d.log_contents().contains("moved to shadows"),
+            "no evacuation:\n{}",
+            d.log_contents()
+        );
+    }
 }
