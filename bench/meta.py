@@ -841,7 +841,8 @@ def render_md(res, w):
                   f"{c['idle']['total_kib'] / 1024:.0f} | {c['after']['total_kib'] / 1024:.0f} | "
                   f"{c['host_growth_kib'] / 1024:.0f} | "
                   f"{c['host_growth_kib'] / 1024 / den['file_mib']:.2f}x | "
-                  f"{c['after']['file_page_cache_kib'] / 1024:.0f} | {rs if rs is not None else '-'} |")
+                  f"{c['after']['file_page_cache_kib'] / 1024:.0f} | "
+                  f"{'-' if rs is None else f'{rs:.2f}'} |")
             w("")
             for c in den["configs"]:
                 w(f"- `{c['config']}`: {c.get('desc', '')}"

@@ -167,6 +167,9 @@ pub const ALLOWED: &[(&str, libc::c_long)] = &[
     ("utimensat", libc::SYS_utimensat),
     ("fallocate", libc::SYS_fallocate),
     ("copy_file_range", libc::SYS_copy_file_range),
+    // DAX copies (copy slots, the pool, shadows) go file -> pipe -> memfd (dax/memfd.rs).
+    ("pipe2", libc::SYS_pipe2),
+    ("splice", libc::SYS_splice),
     ("fsync", libc::SYS_fsync),
     ("fdatasync", libc::SYS_fdatasync),
     ("syncfs", libc::SYS_syncfs),
