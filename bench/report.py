@@ -535,13 +535,29 @@ def render_md(res):
                 w(f"| {op.upper()} | {depth} | {num(d and d['req_per_s'])} | {num(v and v['req_per_s'])} | {rt} |")
             w("")
         extra = ps.get("extra", [])
+        pools = {}
+        for e in extra:
+            name, _, args = e["daemon"].partition(",")
+            if args.startswith("--thread-pool-size=") and e["queues"] == 1 and not e["blocked_lock"]:
+                pools.setdefault((int(args.split("=")[1]), e["op"], e["depth"]), {})[name] = e
+        if pools:
+            w("With a worker pool (`--thread-pool-size`, both daemons; Kata passes 1, libvirt 4 "
+              "when configured): req/s (median of the rounds, daemons alternating):\n")
+            w("| pool | request | in flight | daxfsd req/s | virtiofsd req/s | daxfsd / virtiofsd |")
+            w("|--:|---|--:|--:|--:|--:|")
+            for (n, op, depth), by in sorted(pools.items()):
+                d, v = by.get("daxfsd"), by.get("virtiofsd")
+                rt = f"{d['req_per_s'] / v['req_per_s']:.2f}x" if d and v and v["req_per_s"] else "-"
+                w(f"| {n} | {op.upper()} | {depth} | {num(d and d['req_per_s'])} | "
+                  f"{num(v and v['req_per_s'])} | {rt} |")
+            w("")
         if extra:
-            w("Variants at depth 16: req/s (median), and the ratio to the same daemon's plain rate "
-              "of the same round (median, range in brackets; the host's load moves whole rounds). "
-              "virtiofsd 1.14 serves one request queue and has no POSIX locks, so those two rows "
-              "are daxfsd's only:\n")
-            w("| daemon | request | variant | req/s | / plain |")
-            w("|---|---|---|--:|--:|")
+            w("Variants: req/s (median), and the ratio to the same daemon's plain rate at the same "
+              "depth in the same round (median, range in brackets; the host's load moves whole "
+              "rounds). virtiofsd 1.14 serves one request queue and has no POSIX locks, so those "
+              "two rows are daxfsd's only:\n")
+            w("| daemon | request | in flight | variant | req/s | / plain |")
+            w("|---|---|--:|---|--:|--:|")
         for e in extra:
             name, _, args = e["daemon"].partition(",")
             rt = "-"
@@ -555,7 +571,7 @@ def render_md(res):
                 what = "a SETLKW waiting on the same queue (another file)"
             else:
                 what = " ".join(a for a in args.split(",") if a)
-            w(f"| {name} | {e['op'].upper()} | {what} | {num(e['req_per_s'])} | {rt} |")
+            w(f"| {name} | {e['op'].upper()} | {e['depth']} | {what} | {num(e['req_per_s'])} | {rt} |")
         if extra:
             w("")
         if ps.get("callgrind"):

@@ -461,6 +461,10 @@ class Runner:
 
 # ---- protocol microbenchmark ------------------------------------------------------------
 
+# --thread-pool-size values the proto section measures both daemons with.
+PROTO_POOLS = (1, 4)
+
+
 def run_proto(a, raw, results, save):
     out = os.path.join(raw, "proto.jsonl")
     rows = []
@@ -513,12 +517,15 @@ def run_proto(a, raw, results, save):
             pb(["--daemon", "daxfsd,--posix-lock", "--seconds", str(a.proto_seconds),
                 "--depth", str(depth), "--blocked-lock", "--op", "read"],
                f"round {r}/{a.proto_rounds}: daxfsd req/s with a SETLKW waiting, depth {depth}", r)
-            # What a worker pool costs (the default 0 serves on the queue thread).
-            for dmn in ("daxfsd", "virtiofsd"):
-                pb(["--daemon", f"{dmn},--thread-pool-size=4", "--seconds", str(a.proto_seconds),
-                    "--depth", str(depth)],
-                   f"round {r}/{a.proto_rounds}: {dmn} req/s with --thread-pool-size=4, "
-                   f"depth {depth}", r)
+            # Worker pools as launchers set them (Kata 1, libvirt 4; the default 0 serves on
+            # the queue thread), at every depth, daemons alternating as above.
+            for pool in PROTO_POOLS:
+                for pdepth in a.proto_depths:
+                    for dmn in (("daxfsd", "virtiofsd") if r % 2 else ("virtiofsd", "daxfsd")):
+                        pb(["--daemon", f"{dmn},--thread-pool-size={pool}",
+                            "--seconds", str(a.proto_seconds), "--depth", str(pdepth)],
+                           f"round {r}/{a.proto_rounds}: {dmn} req/s with "
+                           f"--thread-pool-size={pool}, depth {pdepth}", r)
     # The count moves by up to ~10% with the host's load (the daemon's event loop takes
     # other paths when requests arrive at other moments): several runs, median reported.
     for r in range(1, a.callgrind_rounds + 1):
