@@ -6,9 +6,11 @@
 # (DAX = the daemon's default):
 #   dax-speedup randread-psync: <R>x (dax <A> MiB/s, no-dax <B> MiB/s)
 # Environment: DEMO_RUNTIME (seconds per job, default 10), DEMO_FILE_SIZE (default 128M),
-# DEMO_WINDOW (DAX window, default 512M: 256 ranges of 2 MiB, within the 445 frontend
-# mappings QEMU 11.1 allows, so with --dax-mapping=direct every range is a zero-copy
-# mapping; 1G and up are pooled in either mode), ACCEL (tcg or kvm).
+# DEMO_WINDOW (DAX window, default 512M: 128 ranges of 4 MiB with the hybrid guest kernel,
+# the window over 128, or 256 of Linux's 2 MiB, within the 445 frontend mappings QEMU 11.1
+# allows, so with --dax-mapping=direct every range is a zero-copy mapping; 1G and up are
+# pooled in either mode with 2 MiB ranges, direct with the hybrid guest kernel's), ACCEL
+# (tcg or kvm).
 set -euo pipefail
 RIG_TAG=demo
 # shellcheck source=lib.sh

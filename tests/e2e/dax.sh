@@ -54,17 +54,22 @@
 #                      SETUPMAPPING reaches the mapping, not a hole: QEMU 11.1 acks SHMEM_MAP
 #                      before it commits it and the daemon waits for the commit), and the
 #                      daemon waited for commits (commit_waits > 0 in its counters)
-# Runs 5-7 (run 5 per window), `-o dax=always`, windows of 1G, 2G and 8G (more 2 MiB ranges than daxfsd's budget
-# of frontend mappings: served pooled), --cache auto (inodes, and with the upstream policy
-# their mapped ranges, stay):
-#   window_<size>      700 small files read, then one page of every 2 MiB of a 1.1 GiB file
-#                      through an mmap that stays (550 ranges mapped at once by either policy,
-#                      1,250 with upstream: past QEMU 11.1's 512 memory regions when each is a
-#                      frontend mapping, the abort of issue #20; more ranges than a 1G window
-#                      has), then fio verify over psync and mmap: no QEMU abort, no guest I/O error, digests equal the host's, 0
-#                      failures in the daemon's counters, the frontend's memory table
-#                      (peak_table_regions in the daemon's log) under QEMU's 512 regions and
-#                      the window's mappings (peak_regions) within the budget
+# Runs 5-7 (run 5 per window), `-o dax=always`, windows of 1G, 2G and 8G, --cache auto (inodes,
+# and with the upstream policy their mapped ranges, stay). With the hybrid policy the guest maps
+# the window over 128 (8, 16 and 64 MiB ranges, 128 of them: within daxfsd's budget of 445
+# frontend mappings, so --dax-mapping=direct maps them directly); with upstream, 2 MiB ranges
+# (512 to 4096 of them, more than the budget: served pooled, one frontend mapping):
+#   window_<size>      /proc/mounts shows the policy's dax_range for the window (hybrid: 8192k,
+#                      16384k, 65536k; upstream: 2048k); 700 small files read, then one page of
+#                      every range of a sparse file through an mmap that stays (550 ranges, each
+#                      a SETUPMAPPING: more than the window holds, and with 2 MiB ranges past
+#                      QEMU 11.1's 512 memory regions if each were a frontend mapping, the abort
+#                      of issue #20), then fio verify over psync and mmap: no QEMU abort, no guest
+#                      I/O error, digests equal the host's, maps >= 550 and 0 failures in the
+#                      daemon's counters, the frontend's memory table (peak_table_regions in the
+#                      daemon's log) under QEMU's 512 regions, the window's mappings
+#                      (peak_regions) within the budget, and direct (pooled=0) with hybrid, pooled
+#                      (pooled >= 550) with upstream
 # Without a VM:
 #   window_768M        --dax-window=768M is refused with the two nearest sizes; no QEMU started
 # Ends with "e2e-dax: N passed, M failed"; exits non-zero on any failure.
@@ -89,7 +94,7 @@ done
 # These runs test direct (zero-copy) mappings: the commit wait, copy slots, coherence through
 # live mappings, the budget. The daemon's default (--dax-mapping pooled) runs the whole guest
 # suite in `make test-dax` and the pauses under churn in lifecycle.sh (pause-dax-churn); the
-# 1G-8G windows below are pooled in either mode.
+# 1G-8G windows below are direct with the hybrid policy's ranges and pooled with upstream's.
 dargs=(-a --dax-mapping=direct)
 [[ -n $copy_mode ]] && dargs+=(-a "--dax-copy=$copy_mode")
 min_cycles=100 want_range=512k
@@ -369,22 +374,25 @@ else
     bad mmap_verify_churn "rc=$rc6, ${waits6:-no commit_waits in the daemon log}: $(grep -a 'fio rc\|err=\|verify' "$work/out6.txt" | head -n 4 | tr '\n' '|') (see $log6)"
 fi
 rm -rf -- "$share6"
-# ---- runs 5-7: windows with more ranges than QEMU's memory slots ---------------------
+# ---- runs 5-7: windows with more 2 MiB ranges than QEMU's memory slots ---------------
 rm -rf -- "$share" && mkdir -p "$share/small"
 for i in $(seq 1 700); do head -c $((4096 + i)) /dev/urandom >"$share/small/s$i"; done
 want_small=$(for i in $(seq 1 700); do cat "$share/small/s$i"; done | md5)
-# Sparse past its first 64 MiB: the strided read maps every range without 1.1 GiB of I/O.
+# Sparse past its first 64 MiB: the strided read maps 550 ranges (of up to 64 MiB: hybrid, 8G
+# window) without their I/O.
 head -c $((64 * 1024 * 1024)) /dev/urandom >"$share/huge"
-truncate -s 1100M "$share/huge"
+truncate -s $((550 * 64))M "$share/huge"
 want_huge=$(head -c $((64 * 1024 * 1024)) "$share/huge" | md5)
 budget=445
 cat >"$work/runwin.sh" <<EOF
 rc=0
 check() { n=\$1; shift; if "\$@"; then echo "GUEST PASS \$n"; else echo "GUEST FAIL \$n"; rc=1; fi; }
+r=\$(sed -n 's,.* /mnt virtiofs .*dax_range=\([0-9]*\)k.*,\1,p' /proc/mounts)
+echo "GUEST RANGE \${r}k"
 check small_read [ "\$(for i in \$(seq 1 700); do cat /mnt/small/s\$i; done | md5sum | cut -d' ' -f1)" = "$want_small" ]
-# One page of every 2 MiB through one mmap (page faults map under either policy).
-fio --name=s --filename=/mnt/huge --size=1100M --rw=read:2044k --bs=4k --number_ios=550 --ioengine=mmap \
-    --output=/tmp/fio0.out >/dev/null 2>&1
+# One page of every range through one mmap (page faults map under either policy).
+fio --name=s --filename=/mnt/huge --size=\$((550 * r))k --rw=read:\$((r - 4))k --bs=4k --number_ios=550 \
+    --ioengine=mmap --output=/tmp/fio0.out >/dev/null 2>&1
 check huge_strided [ \$? = 0 ] || tail -n 5 /tmp/fio0.out
 check huge_read [ "\$(head -c 67108864 /mnt/huge | md5sum | cut -d' ' -f1)" = "$want_huge" ]
 fio --name=p --filename=/mnt/fio-psync --size=16M --rw=randwrite --bs=64k --ioengine=psync \
@@ -397,8 +405,15 @@ check no_io_error [ "\$(dmesg | grep -ci 'virtiofs.*error\\|I/O error')" = 0 ]
 exit \$rc
 EOF
 for win in 1G 2G 8G; do
+    # The guest's ranges: hybrid, the window over 128; upstream, 2 MiB.
+    case $policy_mo:$win in
+        dax_policy=upstream:*) want_win_range=2048k ;;
+        *:1G) want_win_range=8192k ;;
+        *:2G) want_win_range=16384k ;;
+        *:8G) want_win_range=65536k ;;
+    esac
     logw="$logs/e2e-dax-win$win-$(date +%Y%m%d-%H%M%S)-$$.log"
-    log "run: dax=always, $win window (more ranges than frontend mappings): 700 files, 550 ranges of one file, fio"
+    log "run: dax=always, $win window, dax_range=$want_win_range: 700 files, 550 ranges of one file, fio"
     rcw=0
     scripts/vm.sh "${verbose[@]}" -p dax --cache auto -a "--dax-window=$win" "${dargs[@]}" -o "dax=always${policy_mo:+,$policy_mo}" \
         -s "$share" --script "$work/runwin.sh" -m 1G -T 600 -l "$logw" >"$work/outwin.txt" || rcw=$?
@@ -411,12 +426,20 @@ for win in 1G 2G 8G; do
     for g in small_read huge_strided huge_read fio_psync fio_mmap no_io_error; do
         grep -q "^GUEST PASS $g" "$work/outwin.txt" || g_ok=0
     done
-    if ((rcw == 0 && g_ok)) && ((${cw[maps]:-0} >= 550 && ${cw[failures]:-1} == 0)) &&
+    got_range=$(sed -n 's/^GUEST RANGE //p' "$work/outwin.txt" | tail -n 1)
+    # Direct with the hybrid policy's ranges (nothing pooled), pooled with upstream's.
+    if [[ $want_win_range == 2048k ]]; then
+        how_ok=$((${cw[pooled]:-0} >= 550)) want_how="pooled>=550"
+    else
+        how_ok=$((${cw[pooled]:-1} == 0)) want_how="pooled=0"
+    fi
+    if ((rcw == 0 && g_ok && how_ok)) && [[ $got_range == "$want_win_range" ]] &&
+        ((${cw[maps]:-0} >= 550 && ${cw[failures]:-1} == 0)) &&
         ((${cw[peak_regions]:-999} <= budget && ${cw[peak_table_regions]:-999} > 0 && ${cw[peak_table_regions]:-999} < 512)) &&
         ! grep -qa 'Assertion' "$logw" "$work/outwin.txt"; then
         ok "window_$win"
     else
-        bad "window_$win" "vm rc=$rcw, guest checks $(grep -c '^GUEST PASS' "$work/outwin.txt")/6, counters ${countersw:-none} (want failures=0, peak_regions<=$budget, peak_table_regions<512), see $logw"
+        bad "window_$win" "vm rc=$rcw, guest checks $(grep -c '^GUEST PASS' "$work/outwin.txt")/6, dax_range ${got_range:-none} (want $want_win_range), counters ${countersw:-none} (want maps>=550, failures=0, $want_how, peak_regions<=$budget, peak_table_regions<512), see $logw"
     fi
     rm -f "$share/fio-psync" "$share/fio-mmap"
 done

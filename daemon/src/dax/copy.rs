@@ -5,9 +5,9 @@
 //! Every direct placement costs a `SHMEM_MAP` and, when the guest recycles the range, a
 //! `SHMEM_UNMAP`: each is a change of QEMU's memory map under its big lock plus a synchronous
 //! `ADD_MEM_REG`/`REM_MEM_REG` into every vhost-user backend (1-2 ms each under TCG). A copy
-//! slot is the guest's range (2 MiB, or smaller with the guest's `dax_range=`) of [`Slots`] at
-//! the same offset as in the window (slot offset = window offset), filled with `pread` from the
-//! file (zeros past EOF). When the guest removes
+//! slot is the guest's range (2 MiB, or the guest's `dax_range=`: smaller in small windows,
+//! larger in large ones) of [`Slots`] at the same offset as in the window (slot offset =
+//! window offset), filled with `pread` from the file (zeros past EOF). When the guest removes
 //! it, the frontend mapping stays ("parked": the guest no longer maps it, and what it holds is
 //! data the guest was allowed to read). A later read-only SETUPMAPPING of the same window range
 //! refills the memfd in place: no frontend round trip at all.

@@ -79,12 +79,13 @@ use tail::{Shadow, ShadowKey};
 
 /// Window mappings must be aligned to this (what INIT's `map_alignment` announces).
 pub const MAP_ALIGNMENT: u64 = 4096;
-/// The unit Linux maps in (fs/fuse/dax.c `FUSE_DAX_SZ`).
+/// The unit Linux 6.12 maps in (fs/fuse/dax.c `FUSE_DAX_SZ`), and the upstream policy of this
+/// project's guest kernel: the guest's range size until its first SETUPMAPPING shows it.
 pub const RANGE_SIZE: u64 = 2 << 20;
-/// The smallest guest range size the budget makes room for: Linux with this project's patches
-/// maps ranges of `dax_range=` (hybrid policy default 256 KiB). A guest that maps smaller pieces
-/// gets no more than `size / MIN_GUEST_RANGE` frontend mappings, so it cannot make the
-/// frontend's memory map grow without bound.
+/// The smallest guest range size the window learns: Linux with this project's patches maps
+/// ranges of `dax_range=` (hybrid policy default: the window over 128, 256 KiB at least, up to
+/// 1 GiB). A guest that maps smaller pieces gets no more than the budget of frontend mappings
+/// (ENOSPC past it), so it cannot make the frontend's memory map grow without bound.
 pub const MIN_GUEST_RANGE: u64 = 256 << 10;
 /// QEMU 11.1's `VHOST_USER_MAX_RAM_SLOTS` (hw/virtio/vhost-user.c: 512 on every target but
 /// ppc). Its vhost memory listener puts every fd-backed RAM section of the guest's address
@@ -138,8 +139,9 @@ pub struct DaxWindow<S: WindowSink = Backend> {
     size: u64,
     /// The configured budget of frontend mappings (see [`DaxWindow::budget`]).
     budget: usize,
-    /// The smallest aligned power-of-two range the guest mapped (at least
-    /// [`MIN_GUEST_RANGE`], at most [`RANGE_SIZE`]): its range size.
+    /// The guest's range size: its first checked SETUPMAPPING's length (an aligned power of
+    /// two from [`MIN_GUEST_RANGE`] to the window's size), lowered by any smaller one since;
+    /// 0 until then ([`RANGE_SIZE`] is assumed). See [`DaxWindow::ranges`].
     guest_range: AtomicU64,
     sink: RwLock<Option<S>>,
     running: AtomicBool,
@@ -213,7 +215,7 @@ impl<S: WindowSink> DaxWindow<S> {
         Ok(DaxWindow {
             size,
             budget,
-            guest_range: AtomicU64::new(RANGE_SIZE),
+            guest_range: AtomicU64::new(0),
             sink: RwLock::new(None),
             running: AtomicBool::new(false),
             table: Mutex::new(Table::default()),

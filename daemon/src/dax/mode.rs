@@ -20,8 +20,10 @@ pub enum MapMode {
     #[default]
     Pooled,
     /// Zero-copy: each guest mapping is a frontend mapping of the file itself (host page-cache
-    /// pages shared by every guest), within the frontend's memory-slot budget (larger windows
-    /// are pooled anyway). With QEMU 11.1.3, pausing the VM while the guest maps or unmaps can
+    /// pages shared by every guest), within the frontend's memory-slot budget (a window with
+    /// more guest ranges than the budget, such as 1 GiB and more with Linux 6.12's 2 MiB
+    /// ranges, is pooled anyway; the hybrid guest kernel's ranges, the window over 128, never
+    /// are that many). With QEMU 11.1.3, pausing the VM while the guest maps or unmaps can
     /// crash QEMU.
     Direct,
 }

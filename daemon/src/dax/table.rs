@@ -377,7 +377,7 @@ impl<S: WindowSink> DaxWindow<S> {
     }
 
     /// Reserves `n` frontend mappings for a new guest mapping. More than one is granted only
-    /// while every 2 MiB range not yet mapped by the guest keeps one mapping in reserve.
+    /// while every guest range ([`DaxWindow::ranges`]) not yet mapped keeps one mapping in reserve.
     /// Parked copy slots are unmapped (oldest first) to make room.
     pub(super) fn reserve(&self, gen: u64, n: usize) -> bool {
         loop {

@@ -591,6 +591,75 @@ fn smaller_guest_ranges_past_the_budget_go_to_the_pool() {
     assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
 }
 
+const GB: u64 = 1 << 30;
+const MB8: u64 = 8 << 20;
+
+#[test]
+fn large_guest_ranges_keep_a_large_window_direct() {
+    // 1 GiB has 512 ranges of 2 MiB, more than the budget (445): pooled until the guest's
+    // first mapping shows its range size. The hybrid guest kernel maps the window over 128:
+    // 128 ranges of 8 MiB, each a frontend mapping of the file.
+    let (w, rec) = running(GB, DEFAULT_MAP_BUDGET);
+    assert_eq!((w.ranges(), w.pooled()), (512, true));
+    let f = data_file(3, 2 * MB8 as usize);
+    map_at(&w, 1, 0, MB8, f.as_fd(), 0, false).unwrap();
+    map_at(&w, 1, 5 * MB8, MB8, f.as_fd(), MB8, true).unwrap();
+    assert_eq!((w.ranges(), w.pooled()), (128, false));
+    assert_eq!(
+        calls(&rec),
+        vec![
+            "map 0x0+0x800000@0x0 ro",
+            "map 0x2800000+0x800000@0x800000 rw"
+        ]
+    );
+    assert_eq!(frontend_read(&rec, 5 * MB8, 4096), vec![3u8; 4096]);
+    let s = w.stats();
+    assert_eq!((s.pooled, s.regions, s.failures), (0, 2, 0), "{s}");
+}
+
+#[test]
+fn smaller_ranges_after_large_ones_keep_the_budget() {
+    // The guest shows 8 MiB ranges (128 in 1 GiB: direct), then maps 2 MiB ones: 512 of them
+    // fit the window, more than the budget. The frontend never holds more than the budget:
+    // they are placed directly up to it, then refused with ENOSPC while the window holds
+    // mappings of its own; once those are gone, the pool serves every range.
+    let (w, rec) = running(GB, DEFAULT_MAP_BUDGET);
+    let f = data_file(5, MB8 as usize);
+    map_at(&w, 1, 0, MB8, f.as_fd(), 0, false).unwrap();
+    assert!(!w.pooled());
+    let (mut placed, mut refused) = (1, None);
+    for i in 0..(GB - MB8) / MB2 {
+        match map_at(&w, 2, MB8 + i * MB2, MB2, f.as_fd(), 0, false) {
+            Ok(()) => placed += 1,
+            Err(e) => {
+                refused = Some(e.raw_os_error());
+                break;
+            }
+        }
+    }
+    assert_eq!(
+        (placed, refused),
+        (DEFAULT_MAP_BUDGET, Some(Some(libc::ENOSPC)))
+    );
+    assert_eq!((w.ranges(), w.pooled()), (512, true));
+    let s = w.stats();
+    assert_eq!(
+        (s.peak_regions, s.regions, s.pooled),
+        (DEFAULT_MAP_BUDGET as u64, DEFAULT_MAP_BUDGET as u64, 0),
+        "{s}"
+    );
+    // A larger range again changes nothing: the window stays at 2 MiB ranges.
+    w.unmap(0, GB).unwrap();
+    calls(&rec);
+    map_at(&w, 3, 0, MB8, f.as_fd(), 0, false).unwrap();
+    for i in 0..8 {
+        map_at(&w, 3, MB8 + i * MB2, MB2, f.as_fd(), 0, i % 2 == 0).unwrap();
+    }
+    assert_eq!(calls(&rec), vec!["map 0x0+0x40000000@0x0 rw"]);
+    let s = w.stats();
+    assert_eq!((w.ranges(), s.regions, s.pooled), (512, 1, 9), "{s}");
+}
+
 #[test]
 fn pooled_mode_sends_one_shmem_request_however_the_guest_maps() {
     // 8 ranges, well within the budget: direct would send a SHMEM request per guest map and

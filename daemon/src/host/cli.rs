@@ -259,8 +259,9 @@ pub struct Cli {
     /// host's page cache is shared by the guests, no copy per mapping), but QEMU 11.1.3 can
     /// crash when the VM is paused while the guest maps or unmaps (an upstream bug no daemon
     /// can avoid): use it only for VMs that are never paused, or with a fixed QEMU. Windows
-    /// with more ranges than QEMU's memory slots (1G and up) are pooled in either mode.
-    /// Ignored without `--dax-window`.
+    /// with more guest ranges than QEMU's memory slots allow (1G and up with Linux's 2 MiB
+    /// ranges; never with this project's hybrid guest kernel, which maps the window over 128)
+    /// are pooled in either mode. Ignored without `--dax-window`.
     #[arg(long, value_name = "MODE", default_value = "pooled")]
     pub dax_mapping: crate::dax::mode::MapMode,
 
