@@ -1,5 +1,5 @@
-//! Settings and sizes of a window: copy mode, mapping mode, range size, budget, pooled or not, and its
-//! start-up description.
+//! Settings and sizes of a window: copy mode, mapping mode, range size, budget, pooled or
+//! not, and its start-up description.
 
 use std::sync::atomic::Ordering;
 

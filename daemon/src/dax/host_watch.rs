@@ -15,8 +15,9 @@
 //!   6.18). A truncate's event has a range of length 0; a read's, write's or mmap's has the
 //!   range it touches, and those are let through at once ([`may_shrink_from`]). A truncate or
 //!   an open from another process of a file the window maps directly moves the mappings at or
-//!   past its offset (all of them for an open, which may be `O_TRUNC`) to a shadow of the range (the snapshot or merged placement: a memfd that follows
-//!   the file at every sync point and, when writable, writes guest stores back run by run)
+//!   past its offset (all of them for an open, which may be `O_TRUNC`) to a shadow of the
+//!   range (the snapshot or merged placement: a memfd that follows the file at every sync
+//!   point and, when writable, writes guest stores back run by run)
 //!   with SHMEM_UNMAP + SHMEM_MAP, and only then allows the operation. A shadow never faults:
 //!   the guest sees the new size and bytes at its next sync point (OPEN, READ, GETATTR of the
 //!   inode, the 5 s pass). The daemon's own accesses are let through at once, and so is the

@@ -10,11 +10,11 @@
 //!   (virtiofsd's syntax `:inside:outside:count:`), the ranges given: a helper process
 //!   forked before the namespace exists runs the setuid tools `newuidmap`/`newgidmap`
 //!   (Debian package `uidmap`, ranges granted in `/etc/subuid` and `/etc/subgid`) on the
-//!   daemon, as virtiofsd does; inside the namespace they would lose their setuid power. The parent stays outside: it
-//!   forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT and SIGUSR1 to the child, waits for it,
-//!   removes the socket and pid files and exits with the child's status (or dies of the
-//!   same signal). The child ends cleanly on SIGTERM, SIGINT and SIGHUP (exit status 0;
-//!   see `daemon::run`), so the parent then exits 0 too.
+//!   daemon, as virtiofsd does; inside the namespace they would lose their setuid power. The
+//!   parent stays outside: it forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT and SIGUSR1 to the child,
+//!   waits for it, removes the socket and pid files and exits with the child's status (or dies of
+//!   the same signal). The child ends cleanly on SIGTERM, SIGINT and SIGHUP (exit status 0; see
+//!   `daemon::run`), so the parent then exits 0 too.
 //! - `chroot`: `/proc/self/fd` is opened, then the process `chroot`s into the shared
 //!   directory (root only). No fork and no namespaces.
 //! - `none`: nothing changes.

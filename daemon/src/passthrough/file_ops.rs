@@ -507,11 +507,10 @@ impl PassthroughFs {
         sys::syncfs(fd.as_fd())
     }
 
-    /// Maps a file range into the DAX window through the handle's descriptor, or a fresh
-    /// one when the handle's access mode cannot back the mapping (a shared mapping needs a
-    /// readable descriptor, and a writable one a read-write descriptor).
+    /// SETUPMAPPING: maps a file range into the DAX window through the inode's kept
+    /// read-write descriptor ([`Self::dax_fd`]); a handle, when the guest names one, is only
+    /// checked.
     #[allow(clippy::too_many_arguments)]
-    /// SETUPMAPPING: maps through a fresh descriptor of the inode (see below for why).
     pub(super) fn do_setupmapping(
         &self,
         inode: Inode,
@@ -558,9 +557,7 @@ impl PassthroughFs {
             writable,
         })
     }
-}
 
-impl PassthroughFs {
     /// The descriptor SETUPMAPPING maps through: read-write, read-only where the file cannot
     /// be opened so (a read-only share or host file system) and the mapping is read-only.
     ///
@@ -573,6 +570,9 @@ impl PassthroughFs {
         if self.cfg.readonly {
             return self.reopen(data, libc::O_RDONLY).map(Arc::new);
         }
+        // Held across the open: two SETUPMAPPINGs of one inode open it once, so every other
+        // daemon mapping the file sees one open event (each moves its mappings), not two.
+        // Only this function takes the lock.
         let mut kept = data.dax_fd.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(fd) = kept.as_ref() {
             return Ok(fd.clone());

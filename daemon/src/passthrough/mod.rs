@@ -1,22 +1,21 @@
 //! The passthrough filesystem: serves a host directory, as virtiofsd does.
 //!
 //! # Containment
-//! Nothing the guest sends is ever resolved as a host path. Each guest inode holds an
-//! `O_PATH | O_NOFOLLOW` descriptor or a file handle ([`inode`], [`fhandle`]); operations take a directory descriptor and
-//! a single name component (`*at()` calls with `AT_SYMLINK_NOFOLLOW` / `O_NOFOLLOW`), or
-//! reach the inode itself through its magic link `N` in `/proc/self/fd`, which lands on the
-//! inode without re-resolving anything. That directory is a descriptor opened at start-up
-//! (before the sandbox hides procfs), never the path `/proc/self/fd`: inside the sandbox
-//! that path would resolve in the guest-controlled share. So host symlinks are never
-//! followed (the guest reads them with READLINK and resolves them in its own namespace),
-//! LOOKUP of `..` at the root returns the root, and `.`/`..` are refused as names of
-//! anything that creates, removes or renames. A directory a host user moves out of the share
-//! stays the guest's, but yields nothing new: its `..` is the root, LOOKUP in it fails with
-//! `ENOENT`, READDIRPLUS gives its names without entries (`dir_inside_share` walks `..` to
-//! the root, whatever the sandbox); a migrated file handle is checked the same way.
-//! Only regular files are opened for I/O and only directories for listing: symlinks fail
-//! with `ELOOP`, device nodes, fifos and sockets with `EPERM` (the guest implements those
-//! itself; opening a guest-made device node on the host would be an escape).
+//! Nothing the guest sends is ever resolved as a host path. Each guest inode holds an `O_PATH |
+//! O_NOFOLLOW` descriptor or a file handle ([`inode`], [`fhandle`]); operations take a directory
+//! descriptor and a single name component (`*at()` calls with `AT_SYMLINK_NOFOLLOW` /
+//! `O_NOFOLLOW`), or reach the inode itself through its magic link `N` in `/proc/self/fd`, which
+//! lands on the inode without re-resolving anything. That directory is a descriptor opened at
+//! start-up (before the sandbox hides procfs), never the path `/proc/self/fd`: inside the sandbox
+//! that path would resolve in the guest-controlled share. So host symlinks are never followed (the
+//! guest reads them with READLINK and resolves them in its own namespace), LOOKUP of `..` at the
+//! root returns the root, and `.`/`..` are refused as names of anything that creates, removes or
+//! renames. A directory a host user moves out of the share stays the guest's, but yields nothing
+//! new: its `..` is the root, LOOKUP in it fails with `ENOENT`, READDIRPLUS gives its names without
+//! entries (`dir_inside_share` walks `..` to the root, whatever the sandbox); a migrated file
+//! handle is checked the same way. Only regular files are opened for I/O and only directories for
+//! listing: symlinks fail with `ELOOP`, device nodes, fifos and sockets with `EPERM` (the guest
+//! implements those itself; opening a guest-made device node on the host would be an escape).
 //!
 //! # File modes and umask
 //! Without POSIX ACLs `FUSE_DONT_MASK` is not negotiated, so the guest kernel applies the

@@ -1,7 +1,7 @@
 //! FUSE passthrough (Linux 6.9+): the kernel reads and writes a registered host file itself.
 //!
-//! The seam, like the DAX [`Mapper`](crate::protocol::mapper::Mapper): a transport that can register
-//! backing files implements [`Backing`] (/dev/fuse: `FUSE_DEV_IOC_BACKING_OPEN` /
+//! The seam, like the DAX [`Mapper`](crate::protocol::mapper::Mapper): a transport that can
+//! register backing files implements [`Backing`] (/dev/fuse: `FUSE_DEV_IOC_BACKING_OPEN` /
 //! `FUSE_DEV_IOC_BACKING_CLOSE`); vhost-user has none. [`Passthrough`] holds the policy and
 //! the bookkeeping the kernel's rules need (fs/fuse/iomode.c, 6.18):
 //! - an inode open for passthrough must be opened for passthrough again, with the *same*
