@@ -11,7 +11,7 @@
 # with psync and one with mmap (working set 4x the window), and a reader that keeps reading
 # the host-edited files. On the host meanwhile: every 5 s one of rewrite (O_TRUNC), truncate
 # to a random size, replace (rename over), append on one of four shared files; every
-# --pause-every seconds (default 180) `stop`, 3 s, `cont` through the monitor. The daemon's
+# --pause-every seconds (default 180; 0: never) `stop`, 3 s, `cont` through the monitor. The daemon's
 # RSS is sampled every 30 s.
 # Checks: alive (QEMU and the daemon ran to the end), fio_verify (both jobs exit 0: no
 # verify error, no EIO), rss_flat (the last sample is within 20% + 16 MiB of the first one
@@ -90,7 +90,9 @@ wait \$p3
 exit \$rc
 EOF
 
-log "soak: ${seconds}s, 64 MiB window (${mapping[1]:---dax-mapping default}), 2 x 128 MiB fio verify (psync, mmap), host edits every 5 s, stop/cont every ${pause_every}s"
+pauses_text="stop/cont every ${pause_every}s"
+((pause_every > 0)) || pauses_text="no stop/cont"
+log "soak: ${seconds}s, 64 MiB window (${mapping[1]:---dax-mapping default}), 2 x 128 MiB fio verify (psync, mmap), host edits every 5 s, $pauses_text"
 scripts/vm.sh "${verbose[@]}" "${daemon[@]}" -p dax --cache auto -a --dax-window=64M "${mapping[@]}" -o dax=always \
     -s "$share" --script "$work/guest.sh" -m 1G -T $((seconds + 900)) -l "$logf" --monitor "$mon" \
     >"$work/out.txt" 2>"$work/err.txt" &
@@ -122,7 +124,7 @@ while kill -0 "$vmpid" 2>/dev/null; do
         3) head -c 65536 /dev/urandom >>"$f" ;;
     esac
     edits=$((edits + 1))
-    if ((now - last_pause >= pause_every)); then
+    if ((pause_every > 0 && now - last_pause >= pause_every)); then
         hmp "$mon" stop >/dev/null 2>&1 || true
         sleep 3
         if ! kill -0 "$vmpid" 2>/dev/null; then died_after_stop=1; break; fi

@@ -399,7 +399,12 @@ fn pause_during_a_remap_sends_no_shmem_request() {
         w.set_reply_delay(Duration::ZERO);
         dev.resume(&bases).unwrap();
         r.s.setupmapping(e.nodeid, o.fh, 0, MIB2, READ, 0)
-            .unwrap_or_else(|err| panic!("round {round}: map after cont: {err}"));
+            .unwrap_or_else(|err| {
+                panic!(
+                    "round {round}: map after cont: {err}\n{}",
+                    r.daemon.log_contents()
+                )
+            });
         let mut got = vec![0u8; 4096];
         w.read(8192, &mut got).unwrap();
         assert_eq!(got, data[8192..8192 + 4096], "round {round}: window bytes");
