@@ -47,6 +47,10 @@ pub trait Coherence: Mapper {
     /// The guest synced the whole share (SYNCFS, FSYNCDIR), a periodic write-back or a clean
     /// exit: write every tail the guest changed back to its file.
     fn sync_all(&self) {}
+    /// Whether the window holds mappings of inode `owner` (so [`Self::sync`] has work).
+    fn holds(&self, _owner: u64) -> bool {
+        false
+    }
 }
 
 /// No window: nothing to keep coherent.
@@ -160,6 +164,10 @@ crate::protocol::filesystem::filesystem_impl! {
     }
     fn fsync(&self, ctx, inode, datasync, handle) {
         self.synced(inode, || self.inner.fsync(ctx, inode, datasync, handle))
+    }
+    fn flush_writes_back(&self, inode) {
+        // FLUSH writes the inode's tails and pooled copies back first.
+        self.mapper.holds(inode) || self.inner.flush_writes_back(inode)
     }
     fn flush(&self, ctx, inode, handle, lock_owner) {
         self.synced(inode, || self.inner.flush(ctx, inode, handle, lock_owner))

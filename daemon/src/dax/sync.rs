@@ -212,6 +212,10 @@ impl<S: WindowSink> DaxWindow<S> {
 }
 
 impl<S: WindowSink> Coherence for DaxWindow<S> {
+    fn holds(&self, owner: u64) -> bool {
+        self.owners.has(owner)
+    }
+
     fn sync(&self, owner: u64) {
         if !self.owners.has(owner) {
             return;

@@ -862,6 +862,28 @@ fn a_failed_setattr_that_shrank_the_file_still_replaces_its_mappings() {
 }
 
 #[test]
+fn a_flush_writes_back_while_the_window_maps_the_inode() {
+    // FLUSH runs on the queue's thread only where it writes nothing back: an inode the window
+    // maps has tails or copies to write back first, whatever the file system says.
+    use crate::protocol::filesystem::{FileSystem, Inode};
+    struct LocalDisk;
+    impl FileSystem for LocalDisk {
+        fn flush_writes_back(&self, _: Inode) -> bool {
+            false
+        }
+    }
+    let (w, _rec, f) = window();
+    let w = Arc::new(w);
+    let fs = coherent::Coherent::new(LocalDisk, Some(w.clone()));
+    assert!(!fs.flush_writes_back(7));
+    map_at(&w, 7, 0, MB2, f.as_fd(), 0, true).unwrap();
+    assert!(fs.flush_writes_back(7), "mapped");
+    assert!(!fs.flush_writes_back(8), "another inode");
+    w.unmap(0, MB2).unwrap();
+    assert!(!fs.flush_writes_back(7), "unmapped");
+}
+
+#[test]
 fn a_grown_shadow_holds_the_files_bytes() {
     // Issue #20 e: a longer mapping of a shadowed range grows the shadow; the grown part
     // must hold the file's bytes, not zeros.

@@ -85,6 +85,7 @@ filesystem_impl! {
     fn write(&self, _, inode, handle, r, size, offset, kill_priv) {
         self.do_write(inode, handle, r, size, offset, kill_priv)
     }
+    fn flush_writes_back(&self, inode) { self.do_flush_writes_back(inode) }
     fn flush(&self, _, inode, handle, lock_owner) { self.do_flush(inode, handle, lock_owner) }
     fn release(&self, _, inode, handle, flock_release, _) {
         self.do_release(inode, handle, flock_release)

@@ -198,7 +198,24 @@ pub struct PassthroughFs {
     _root_mount: Option<Arc<OwnedFd>>,
     /// Bound on the descriptors handle inodes keep open between operations.
     fd_cache: Arc<inode::FdCache>,
+    /// Per host device (file system): whether a close there may write data back
+    /// ([`PassthroughFs::do_flush_writes_back`]).
+    flush_by_dev: std::sync::RwLock<std::collections::HashMap<u64, bool>>,
 }
+
+/// File systems whose files have no `flush` operation (Linux 6.12 and 6.18: ext2/3/4, xfs,
+/// btrfs, tmpfs): a close there writes nothing back, only drops the closer's POSIX locks.
+/// NFS, FUSE, CIFS, 9p, overlayfs (its flush is its upper file system's) and the rest are
+/// taken to write back.
+const CLOSE_WRITES_NOTHING: [i64; 4] = [
+    0xEF53,      // EXT2/3/4_SUPER_MAGIC
+    0x5846_5342, // XFS_SUPER_MAGIC
+    0x9123_683E, // BTRFS_SUPER_MAGIC
+    0x0102_1994, // TMPFS_MAGIC
+];
+
+/// How many host devices [`PassthroughFs::do_flush_writes_back`] remembers.
+const FLUSH_BY_DEV_MAX: usize = 256;
 
 /// How many handle inodes keep their `O_PATH` descriptor open between operations.
 pub const HANDLE_FD_CACHE: usize = 128;
@@ -350,6 +367,7 @@ impl PassthroughFs {
             mount_fds,
             _root_mount: root_mount,
             fd_cache: Arc::new(inode::FdCache::new(HANDLE_FD_CACHE)),
+            flush_by_dev: Default::default(),
             cfg,
         })
     }
@@ -458,6 +476,37 @@ impl PassthroughFs {
 
     fn inode(&self, id: Inode) -> io::Result<Arc<InodeData>> {
         self.inodes.get(id)
+    }
+
+    /// Whether the host close of inode `id`'s file may write data back (a FLUSH may take
+    /// long): `true` unless its file system is one of [`CLOSE_WRITES_NOTHING`], asked once
+    /// per host device with `fstatfs`.
+    pub(super) fn do_flush_writes_back(&self, id: Inode) -> bool {
+        let Ok(data) = self.inode(id) else {
+            return true;
+        };
+        let dev = data.key.dev;
+        if let Some(&b) = self
+            .flush_by_dev
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&dev)
+        {
+            return b;
+        }
+        let Ok(fd) = data.fd() else {
+            return true;
+        };
+        // `f_type`'s type differs between architectures (i64 here).
+        #[allow(clippy::unnecessary_cast)]
+        let b = sys::fstatfs(fd.as_fd()).map_or(true, |st| {
+            !CLOSE_WRITES_NOTHING.contains(&(st.f_type as i64))
+        });
+        let mut known = self.flush_by_dev.write().unwrap_or_else(|e| e.into_inner());
+        if known.len() < FLUSH_BY_DEV_MAX {
+            known.insert(dev, b);
+        }
+        b
     }
 
     /// Inode `id`, which must be a directory.
@@ -730,5 +779,41 @@ impl PassthroughFs {
             return Ok(());
         }
         sys::fchmod(fd, mode & 0o7777 & !kill)
+    }
+}
+
+#[cfg(test)]
+mod flush_tests {
+    use super::*;
+    use crate::protocol::filesystem::{FileSystem, InitCaps};
+
+    fn served(dir: &std::path::Path, name: &str) -> (PassthroughFs, Inode) {
+        let fs = PassthroughFs::new(Config {
+            root_dir: dir.to_path_buf(),
+            ..Default::default()
+        })
+        .unwrap();
+        fs.init(InitCaps { flags: u64::MAX }).unwrap();
+        let name = CString::new(name).unwrap();
+        let ino = fs.lookup(&Context::default(), 1, &name).unwrap().inode;
+        (fs, ino)
+    }
+
+    /// A FLUSH may run on the queue's thread only where the host close writes nothing back.
+    #[test]
+    fn only_a_close_on_a_known_local_file_system_writes_nothing_back() {
+        // tmpfs (/dev/shm) has no flush operation.
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+        std::fs::write(shm.path().join("f"), b"x").unwrap();
+        let (fs, f) = served(shm.path(), "f");
+        assert!(!fs.flush_writes_back(f));
+        assert!(!fs.flush_writes_back(f), "remembered per device");
+        assert!(
+            fs.flush_writes_back(999_999),
+            "an unknown inode: the safe answer"
+        );
+        // procfs is not on the list: taken to write back.
+        let (fs, v) = served(std::path::Path::new("/proc"), "version");
+        assert!(fs.flush_writes_back(v));
     }
 }

@@ -48,7 +48,11 @@ pub const INDEFINITE: &[u32] = &[op::SETLKW];
 ///   filesystem's flush: NFS writes back all of the file's dirty data and waits for it, a
 ///   FUSE filesystem on the host round-trips to its own server, and the close drops the
 ///   owner's POSIX locks (the DAX decorator also writes back the inode's tails). As long as
-///   FSYNC on exactly the filesystems where FSYNC is long.
+///   FSYNC on exactly the filesystems where FSYNC is long. So on the others it is short: the
+///   vhost-user transport asks [`crate::protocol::server::Server::wait`], which asks the
+///   filesystem (`flush_writes_back`; passthrough: not on ext2/3/4, xfs, btrfs, tmpfs, which
+///   have no `flush`): a `--cache never` tree unpack of 1,437 files, each closed once, ran
+///   0.4-0.8 s faster (3 of 3 boots) with its FLUSHes on the queue's thread.
 /// - FALLOCATE: a range of up to 2^63 bytes: zeroing or allocating it on filesystems
 ///   without unwritten extents (or over NFS) writes or sends every block of it.
 /// - COPY_FILE_RANGE: copies up to 4 GiB (the reply's 32-bit count) on the host in one

@@ -267,6 +267,19 @@ impl<F: FileSystem> Server<F> {
         let _ = self.fs.release(&ctx, ino, o.fh, false, 0);
     }
 
+    /// How long the request with this header may hold its thread: the opcode's class
+    /// ([`crate::protocol::policy::wait`]), except a FLUSH whose host close writes nothing
+    /// back ([`FileSystem::flush_writes_back`]), which is short.
+    pub fn wait(&self, hdr: &InHeader) -> crate::protocol::policy::Wait {
+        use crate::protocol::policy::{wait, Wait};
+        match wait(hdr.opcode) {
+            Wait::Long if hdr.opcode == op::FLUSH && !self.fs.flush_writes_back(hdr.nodeid) => {
+                Wait::Short
+            }
+            w => w,
+        }
+    }
+
     /// The filesystem being served.
     pub fn fs(&self) -> &F {
         &self.fs

@@ -436,11 +436,11 @@ fn queue_bit(queue: usize) -> u64 {
     1u64 << queue.min(63)
 }
 
-/// Opcodes that may wait indefinitely (a lock held by someone else) or for long (a flush
-/// to slow storage; [`crate::protocol::policy`]): they never run on a queue's own thread or
-/// hold back its notifications.
-fn may_block(opcode: u32) -> bool {
-    !crate::protocol::policy::runs_inline(opcode)
+/// Requests that may wait indefinitely (a lock held by someone else) or for long (a flush
+/// to slow storage; [`Server::wait`]): they never run on a queue's own thread or hold back
+/// its notifications.
+fn may_block<F: FileSystem>(server: &Server<F>, hdr: &InHeader) -> bool {
+    server.wait(hdr) != crate::protocol::policy::Wait::Short
 }
 
 impl<F: FileSystem + 'static> FsBackend<F> {
@@ -636,7 +636,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 // The header is read from guest memory once: the thread is chosen by this
                 // copy and the server serves this copy (the guest may rewrite its own).
                 let hdr = split.as_ref().ok().and_then(|(r, _)| header_of(r));
-                let blocking = hdr.is_some_and(|h| may_block(h.opcode));
+                let blocking = hdr.is_some_and(|h| may_block(&self.server, &h));
                 if blocking {
                     q.lock().blocking += 1;
                 }
@@ -1294,6 +1294,16 @@ mod tests {
     /// missing: it ran on the queue's thread and held back every request behind it.
     #[test]
     fn waiting_and_long_requests_leave_the_queue_thread() {
+        // MemFs keeps the default: a FLUSH may write back.
+        let b = backend();
+        let may_block = |o: u32| {
+            let hdr = InHeader {
+                opcode: o,
+                nodeid: 1,
+                ..Default::default()
+            };
+            may_block(&b.server, &hdr)
+        };
         for o in [
             opcode::SETLKW,
             opcode::FSYNC,
