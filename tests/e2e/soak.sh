@@ -11,8 +11,8 @@
 # with psync and one with mmap (working set 4x the window), and a reader that keeps reading
 # the host-edited files. On the host meanwhile: every 5 s one of rewrite (O_TRUNC), truncate
 # to a random size, replace (rename over), append on one of four shared files; every
-# --pause-every seconds (default 180; 0: never) `stop`, 3 s, `cont` through the monitor. The daemon's
-# RSS is sampled every 30 s.
+# --pause-every seconds (default 180; 0: never) `stop`, 3 s, `cont` through the monitor.
+# The daemon's RSS is sampled every 30 s.
 # Checks: alive (QEMU and the daemon ran to the end), fio_verify (both jobs exit 0: no
 # verify error, no EIO), rss_flat (the last sample is within 20% + 16 MiB of the first one
 # taken after 2 minutes). Reader errors on the host-edited files (short reads, SIGBUS past a

@@ -509,9 +509,6 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         self.server.reset();
     }
 
-    /// Waits until vring `queue` has no request in flight (they complete into its used ring
-    /// and the guest is notified), at most [`STOP_DRAIN_TIMEOUT`]. Requests waiting for a
-    /// lock give up with EINTR.
     /// Marks `queue` running, under its lock (`stop_vring` clears the bit under it): when the
     /// vring (re)starts, the DAX window, paused when it or the device stopped, starts too.
     fn mark_running(&self, queue: usize) {
@@ -523,6 +520,9 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         }
     }
 
+    /// Waits until vring `queue` has no request in flight (they complete into its used ring
+    /// and the guest is notified), at most [`STOP_DRAIN_TIMEOUT`]. Requests waiting for a
+    /// lock give up with EINTR.
     fn drain(&self, queue: usize) {
         let Some(q) = self.queues.get(queue) else {
             return;
