@@ -47,8 +47,8 @@ pub const INDEFINITE: &[u32] = &[op::SETLKW];
 /// - FLUSH: a host `close(2)` of a duplicate of the file's descriptor, which runs the host
 ///   filesystem's flush: NFS writes back all of the file's dirty data and waits for it, a
 ///   FUSE filesystem on the host round-trips to its own server, and the close drops the
-///   owner's POSIX locks (the DAX decorator also writes back the inode's tails). As long as
-///   FSYNC on exactly the filesystems where FSYNC is long. So on the others it is short: the
+///   owner's POSIX locks (the DAX decorator also writes back the inode's tails). On NFS
+///   and FUSE it takes as long as an FSYNC; without a `flush` it is short, so the
 ///   vhost-user transport asks [`crate::protocol::server::Server::wait`], which asks the
 ///   filesystem (`flush_writes_back`; passthrough: not on ext2/3/4, xfs, btrfs, tmpfs, which
 ///   have no `flush`): a `--cache never` tree unpack of 1,437 files, each closed once, ran
