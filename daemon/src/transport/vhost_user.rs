@@ -101,10 +101,21 @@ pub struct FsBackendConfig {
     /// feature, which QEMU 7.1 to 8.0 crash on) out.
     pub tag: Option<String>,
     pub request_queues: usize,
-    /// Worker threads shared by the request queues (virtiofsd's `--thread-pool-size`); 0
-    /// serves requests on their queue's thread. Requests that may block indefinitely always
-    /// run on threads of their own, whatever this is.
+    /// Worker threads shared by the request queues (virtiofsd's `--thread-pool-size`); 0, and
+    /// 1 with one request queue ([`uses_pool`]), serve requests on their queue's thread.
+    /// Requests that may block indefinitely always run on threads of their own, whatever
+    /// this is.
     pub thread_pool_size: usize,
+}
+
+/// Whether requests go to a `--thread-pool-size` pool. A pool of one thread behind one request
+/// queue serves one request at a time, as the queue's own thread does, plus a hand-off and a
+/// wake-up per request: such a "pool" (Kata Containers passes `--thread-pool-size=1`) serves
+/// on the queue's thread (protobench, depth 16: 4 KiB READ 188k/s through a pool of one,
+/// 476k/s on the queue's thread). With more queues a pool of one still bounds them to one
+/// request at a time, as asked.
+fn uses_pool(cfg: &FsBackendConfig) -> bool {
+    cfg.thread_pool_size > 1 || (cfg.thread_pool_size == 1 && cfg.request_queues > 1)
 }
 
 /// Requests of one vring between pop and completion.
@@ -192,9 +203,9 @@ enum Seen {
 
 /// How many queue threads may look at once: one fewer than the CPUs the daemon may run on
 /// (none on one CPU). A spinning look only pays while the request's producer runs on another
-/// core; more spinners than that take the cores from the producers (protobench with 4
-/// queues on 2 cores: 123k 4 KiB READs/s with every queue thread spinning, against 395k
-/// with yielding looks).
+/// core; more spinners than that take the cores from the producers. (It does not help where
+/// busy threads outnumber the cores anyway: protobench with 4 queues on 2 cores runs 4 KiB
+/// READs at 0.4x the rate of yielding looks, with one spinner or four; bench/HISTORY.md.)
 struct Lookers {
     now: AtomicUsize,
     max: usize,
@@ -344,14 +355,7 @@ struct PoolInner {
     jobs: VecDeque<Job>,
     threads: usize,
     idle: usize,
-    /// Threads looking for work for a moment before they sleep: a job for them needs no
-    /// wake-up.
-    spinning: usize,
 }
-
-/// How long a pool thread with nothing to do looks for a new job before it sleeps (a
-/// futex wake-up per request cost more than the request itself at depth 16).
-const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(50);
 
 impl Pool {
     fn new(name: &'static str, max: usize, keep: usize) -> Arc<Self> {
@@ -372,10 +376,7 @@ impl Pool {
     fn submit(self: &Arc<Self>, job: Job) {
         let mut g = self.lock();
         g.jobs.push_back(job);
-        if g.spinning >= g.jobs.len() {
-            return;
-        }
-        if g.idle + g.spinning >= g.jobs.len() || g.threads >= self.max {
+        if g.idle >= g.jobs.len() || g.threads >= self.max {
             self.work.notify_one();
             return;
         }
@@ -407,24 +408,11 @@ impl Pool {
                 g = self.lock();
                 continue;
             }
-            // Look for the next job for a moment before sleeping; a job pushed meanwhile
-            // is seen here or by the check under the lock below (submit skips the wake-up
-            // only while `spinning` counts this thread).
-            g.spinning += 1;
-            drop(g);
-            let deadline = Instant::now() + SPIN_BEFORE_SLEEP;
-            loop {
-                std::thread::yield_now();
-                g = self.lock();
-                if !g.jobs.is_empty() || Instant::now() >= deadline {
-                    break;
-                }
-                drop(g);
-            }
-            g.spinning -= 1;
-            if !g.jobs.is_empty() {
-                continue;
-            }
+            // Sleep at once: a pool thread that looked for its next job before sleeping (50 us,
+            // yielding) saved protobench a futex wake-up per request, but in a guest it cost
+            // more than the wake-up: a yield on a core a vCPU wants leaves the job a time
+            // slice behind a thread no submit wakes (4 fio jobs, `--thread-pool-size=4`:
+            // 9-20% slower; bench/HISTORY.md).
             g.idle += 1;
             let (ng, t) = self
                 .work
@@ -544,7 +532,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 Some(config)
             }
         };
-        let pool = (cfg.thread_pool_size > 0)
+        let pool = uses_pool(cfg)
             .then(|| Pool::new("fs-worker", cfg.thread_pool_size, cfg.thread_pool_size));
         Ok(FsBackend {
             server,
@@ -1253,6 +1241,24 @@ mod tests {
         assert!(l.due(), "a hit looks again at once");
     }
 
+    /// A pool of one behind one queue is the queue's thread; any other pool is a pool.
+    #[test]
+    fn a_pool_of_one_behind_one_queue_serves_on_the_queue_thread() {
+        let cfg = |request_queues, thread_pool_size| FsBackendConfig {
+            tag: None,
+            request_queues,
+            thread_pool_size,
+        };
+        assert!(!uses_pool(&cfg(1, 0)));
+        assert!(!uses_pool(&cfg(1, 1)));
+        assert!(
+            uses_pool(&cfg(2, 1)),
+            "one worker for two queues bounds them"
+        );
+        assert!(uses_pool(&cfg(1, 2)));
+        assert!(!uses_pool(&cfg(4, 0)));
+    }
+
     /// At most `max` queue threads look at once; a turn ends when it is dropped.
     #[test]
     fn no_more_threads_look_at_once_than_the_lookers_allow() {
@@ -1274,10 +1280,10 @@ mod tests {
         assert!(none.enter().is_none(), "on one CPU no thread looks");
     }
 
-    /// Every job runs, whether a sleeping, a spinning or a new thread takes it: bursts from
-    /// one submitter and from several, with gaps that let workers fall asleep between them.
+    /// Every job runs, whether a sleeping, a busy or a new thread takes it: bursts from one
+    /// submitter and from several, with gaps that let workers fall asleep between them.
     #[test]
-    fn the_pool_runs_every_job_through_spins_and_sleeps() {
+    fn the_pool_runs_every_job_through_wakeups_and_sleeps() {
         use std::sync::atomic::AtomicUsize;
         let pool = Pool::new("test-worker", 4, 4);
         let done = Arc::new(AtomicUsize::new(0));
@@ -1298,8 +1304,8 @@ mod tests {
             submit(&pool, n);
             want += n;
             if round % 3 == 0 {
-                // Longer than the spin: the workers go to sleep.
-                std::thread::sleep(SPIN_BEFORE_SLEEP * 3);
+                // The workers go to sleep.
+                std::thread::sleep(Duration::from_micros(150));
             }
         }
         let threads: Vec<_> = (0..3)
