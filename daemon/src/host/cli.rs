@@ -140,8 +140,9 @@ pub struct Cli {
     pub io_uring: IoUringMode,
 
     /// Maximum thread pool size. A value of "0" disables the pool (each request queue is
-    /// served on its own thread). With --mount: the number of threads reading /dev/fuse
-    /// (0 = the default, 4).
+    /// served on its own thread); so does "1" with one request queue (one request at a
+    /// time either way, without a hand-off). With --mount: the number of threads reading
+    /// /dev/fuse (0 = the default, 4).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub thread_pool_size: usize,
 

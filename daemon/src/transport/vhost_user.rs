@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
@@ -101,10 +101,21 @@ pub struct FsBackendConfig {
     /// feature, which QEMU 7.1 to 8.0 crash on) out.
     pub tag: Option<String>,
     pub request_queues: usize,
-    /// Worker threads shared by the request queues (virtiofsd's `--thread-pool-size`); 0
-    /// serves requests on their queue's thread. Requests that may block indefinitely always
-    /// run on threads of their own, whatever this is.
+    /// Worker threads shared by the request queues (virtiofsd's `--thread-pool-size`); 0, and
+    /// 1 with one request queue ([`uses_pool`]), serve requests on their queue's thread.
+    /// Requests that may block indefinitely always run on threads of their own, whatever
+    /// this is.
     pub thread_pool_size: usize,
+}
+
+/// Whether requests go to a `--thread-pool-size` pool. A pool of one thread behind one request
+/// queue serves one request at a time, as the queue's own thread does, plus a hand-off and a
+/// wake-up per request: such a "pool" (Kata Containers passes `--thread-pool-size=1`) serves
+/// on the queue's thread (protobench, depth 16: 4 KiB READ 188k/s through a pool of one,
+/// 476k/s on the queue's thread). With more queues a pool of one still bounds them to one
+/// request at a time, as asked.
+fn uses_pool(cfg: &FsBackendConfig) -> bool {
+    cfg.thread_pool_size > 1 || (cfg.thread_pool_size == 1 && cfg.request_queues > 1)
 }
 
 /// Requests of one vring between pop and completion.
@@ -188,6 +199,52 @@ enum Seen {
     Contended,
     /// No request.
     Nothing,
+}
+
+/// How many queue threads may look at once: one fewer than the CPUs the daemon may run on
+/// (none on one CPU). A spinning look only pays while the request's producer runs on another
+/// core; more spinners than that take the cores from the producers. (It does not help where
+/// busy threads outnumber the cores anyway: protobench with 4 queues on 2 cores runs 4 KiB
+/// READs at 0.4x the rate of yielding looks, with one spinner or four; bench/HISTORY.md.)
+struct Lookers {
+    now: AtomicUsize,
+    max: usize,
+}
+
+impl Lookers {
+    fn new() -> Self {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Lookers {
+            now: AtomicUsize::new(0),
+            max: cpus.saturating_sub(1),
+        }
+    }
+
+    /// A turn to look, if fewer than `max` threads look now.
+    fn enter(&self) -> Option<LookTurn<'_>> {
+        let mut n = self.now.load(Ordering::Relaxed);
+        loop {
+            if n >= self.max {
+                return None;
+            }
+            match self
+                .now
+                .compare_exchange_weak(n, n + 1, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(LookTurn(&self.now)),
+                Err(m) => n = m,
+            }
+        }
+    }
+}
+
+/// A queue thread's turn to look; ends when dropped.
+struct LookTurn<'a>(&'a AtomicUsize);
+
+impl Drop for LookTurn<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
 }
 
 /// One vring's request bookkeeping, shared with the threads that serve its requests.
@@ -298,14 +355,7 @@ struct PoolInner {
     jobs: VecDeque<Job>,
     threads: usize,
     idle: usize,
-    /// Threads looking for work for a moment before they sleep: a job for them needs no
-    /// wake-up.
-    spinning: usize,
 }
-
-/// How long a pool thread with nothing to do looks for a new job before it sleeps (a
-/// futex wake-up per request cost more than the request itself at depth 16).
-const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(50);
 
 impl Pool {
     fn new(name: &'static str, max: usize, keep: usize) -> Arc<Self> {
@@ -326,10 +376,7 @@ impl Pool {
     fn submit(self: &Arc<Self>, job: Job) {
         let mut g = self.lock();
         g.jobs.push_back(job);
-        if g.spinning >= g.jobs.len() {
-            return;
-        }
-        if g.idle + g.spinning >= g.jobs.len() || g.threads >= self.max {
+        if g.idle >= g.jobs.len() || g.threads >= self.max {
             self.work.notify_one();
             return;
         }
@@ -361,24 +408,11 @@ impl Pool {
                 g = self.lock();
                 continue;
             }
-            // Look for the next job for a moment before sleeping; a job pushed meanwhile
-            // is seen here or by the check under the lock below (submit skips the wake-up
-            // only while `spinning` counts this thread).
-            g.spinning += 1;
-            drop(g);
-            let deadline = Instant::now() + SPIN_BEFORE_SLEEP;
-            loop {
-                std::thread::yield_now();
-                g = self.lock();
-                if !g.jobs.is_empty() || Instant::now() >= deadline {
-                    break;
-                }
-                drop(g);
-            }
-            g.spinning -= 1;
-            if !g.jobs.is_empty() {
-                continue;
-            }
+            // Sleep at once: a pool thread that looked for its next job before sleeping (50 us,
+            // yielding) saved protobench a futex wake-up per request, but in a guest it cost
+            // more than the wake-up: a yield on a core a vCPU wants leaves the job a time
+            // slice behind a thread no submit wakes (4 fio jobs, `--thread-pool-size=4`:
+            // 9-20% slower; bench/HISTORY.md).
             g.idle += 1;
             let (ng, t) = self
                 .work
@@ -423,6 +457,8 @@ pub struct FsBackend<F: FileSystem> {
     /// Bit i set: vring i has been started and not stopped since.
     running: AtomicU64,
     queues: Vec<Arc<QueueShared>>,
+    /// Queue threads looking at their rings now.
+    lookers: Lookers,
     /// `--thread-pool-size` workers, when non-zero.
     pool: Option<Arc<Pool>>,
     /// Threads for requests that may block indefinitely.
@@ -496,7 +532,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 Some(config)
             }
         };
-        let pool = (cfg.thread_pool_size > 0)
+        let pool = uses_pool(cfg)
             .then(|| Pool::new("fs-worker", cfg.thread_pool_size, cfg.thread_pool_size));
         Ok(FsBackend {
             server,
@@ -508,6 +544,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             queues: (0..=cfg.request_queues)
                 .map(|_| Arc::new(QueueShared::default()))
                 .collect(),
+            lookers: Lookers::new(),
             pool,
             blocking: Pool::new("fs-blocking", MAX_BLOCKING_THREADS, 0),
             channel,
@@ -704,12 +741,15 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             q.flush(vring);
             // A guest with requests in flight often sends the next one within microseconds:
             // look for it briefly before sleeping in epoll (a wake-up from an idle core costs
-            // far more than the look), unless recent looks found nothing ([`Look`]).
+            // far more than the look), unless recent looks found nothing ([`Look`]) or as
+            // many other queue threads look as there are cores to spare ([`Lookers`]).
             if q.look.due() {
-                let seen = Self::more_soon(vring, &atomic);
-                q.look.found(seen);
-                if seen != Seen::Nothing {
-                    continue;
+                if let Some(_turn) = self.lookers.enter() {
+                    let seen = Self::more_soon(vring, &atomic);
+                    q.look.found(seen);
+                    if seen != Seen::Nothing {
+                        continue;
+                    }
                 }
             }
             if !event_idx || !vring.enable_notification().map_err(io::Error::other)? {
@@ -1201,10 +1241,49 @@ mod tests {
         assert!(l.due(), "a hit looks again at once");
     }
 
-    /// Every job runs, whether a sleeping, a spinning or a new thread takes it: bursts from
-    /// one submitter and from several, with gaps that let workers fall asleep between them.
+    /// A pool of one behind one queue is the queue's thread; any other pool is a pool.
     #[test]
-    fn the_pool_runs_every_job_through_spins_and_sleeps() {
+    fn a_pool_of_one_behind_one_queue_serves_on_the_queue_thread() {
+        let cfg = |request_queues, thread_pool_size| FsBackendConfig {
+            tag: None,
+            request_queues,
+            thread_pool_size,
+        };
+        assert!(!uses_pool(&cfg(1, 0)));
+        assert!(!uses_pool(&cfg(1, 1)));
+        assert!(
+            uses_pool(&cfg(2, 1)),
+            "one worker for two queues bounds them"
+        );
+        assert!(uses_pool(&cfg(1, 2)));
+        assert!(!uses_pool(&cfg(4, 0)));
+    }
+
+    /// At most `max` queue threads look at once; a turn ends when it is dropped.
+    #[test]
+    fn no_more_threads_look_at_once_than_the_lookers_allow() {
+        let l = Lookers {
+            now: AtomicUsize::new(0),
+            max: 2,
+        };
+        let a = l.enter().expect("a first turn");
+        let b = l.enter().expect("a second turn");
+        assert!(l.enter().is_none(), "a third thread must not look");
+        drop(a);
+        let c = l.enter().expect("a turn freed by the first");
+        drop((b, c));
+        assert_eq!(l.now.load(Ordering::Relaxed), 0);
+        let none = Lookers {
+            now: AtomicUsize::new(0),
+            max: 0,
+        };
+        assert!(none.enter().is_none(), "on one CPU no thread looks");
+    }
+
+    /// Every job runs, whether a sleeping, a busy or a new thread takes it: bursts from one
+    /// submitter and from several, with gaps that let workers fall asleep between them.
+    #[test]
+    fn the_pool_runs_every_job_through_wakeups_and_sleeps() {
         use std::sync::atomic::AtomicUsize;
         let pool = Pool::new("test-worker", 4, 4);
         let done = Arc::new(AtomicUsize::new(0));
@@ -1225,8 +1304,8 @@ mod tests {
             submit(&pool, n);
             want += n;
             if round % 3 == 0 {
-                // Longer than the spin: the workers go to sleep.
-                std::thread::sleep(SPIN_BEFORE_SLEEP * 3);
+                // The workers go to sleep.
+                std::thread::sleep(Duration::from_micros(150));
             }
         }
         let threads: Vec<_> = (0..3)

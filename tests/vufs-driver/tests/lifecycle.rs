@@ -136,10 +136,11 @@ fn pause_completes_requests_in_flight() {
 }
 
 /// A SETLKW waiting on a lock must not hold up the other requests of its queue, with
-/// requests served on the queue's thread (`--thread-pool-size 0`) or by a pool of one.
+/// requests served on the queue's thread (`--thread-pool-size 0`, and 1 with one queue) or
+/// by a pool of two.
 #[test]
 fn waiting_lock_does_not_stall_its_queue() {
-    for pool in ["--thread-pool-size=0", "--thread-pool-size=1"] {
+    for pool in ["--thread-pool-size=0", "--thread-pool-size=2"] {
         let mut cases = Cases::new("lifecycle", "waiting_lock_does_not_stall_its_queue");
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join("locked"), b"data").unwrap();
