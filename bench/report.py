@@ -338,9 +338,10 @@ def render_md(res):
     w(f"# daxfsd benchmark report: run {res['run_id']}\n")
     if res.get("combined"):
         full, pr = res["combined"]
-        others = [(k, res[k]["from_run"]["run_id"]) for k in ("host", "proto")
+        others = [(k, res[k]["from_run"]["run_id"]) for k in ("host", "proto", "meta")
                   if isinstance(res.get(k), dict) and res[k].get("from_run")]
         extra = "".join(f" --{k}-from {r}.json" for k, r in others)
+        what = {"host": "host-mount", "proto": "protocol", "meta": "meta and density"}
         w(f"**{2 + len(others)} runs combined** (`bench/report.py {full['run_id']}.json --pressure-from "
           f"{pr['run_id']}.json{extra}`): the window-pressure section comes from run {pr['run_id']} "
           f"(started {pr['started']}, "
@@ -348,7 +349,7 @@ def render_md(res):
           f"guest-kernel/patches, {pr.get('repeats')} boots per configuration x "
           f"{pr.get('runtime_s')} s, host load "
           f"{' '.join((pr.get('loadavg') or [[]])[0] or [])} at its start)"
-          + "".join(f"; the {'host-mount' if k == 'host' else 'protocol'} section from run {r}"
+          + "".join(f"; the {what[k]} section{'s' if k == 'meta' else ''} from run {r}"
                     for k, r in others)
           + "; every other section "
           f"from run {full['run_id']} (started {full['started']}). Each run's own report: "
