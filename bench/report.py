@@ -341,7 +341,8 @@ def render_md(res):
         others = [(k, res[k]["from_run"]["run_id"]) for k in ("host", "proto", "meta")
                   if isinstance(res.get(k), dict) and res[k].get("from_run")]
         extra = "".join(f" --{k}-from {r}.json" for k, r in others)
-        what = {"host": "host-mount", "proto": "protocol", "meta": "meta and density"}
+        what = {"host": "host-mount section", "proto": "protocol section",
+                "meta": "meta and density sections"}
         w(f"**{2 + len(others)} runs combined** (`bench/report.py {full['run_id']}.json --pressure-from "
           f"{pr['run_id']}.json{extra}`): the window-pressure section comes from run {pr['run_id']} "
           f"(started {pr['started']}, "
@@ -349,7 +350,7 @@ def render_md(res):
           f"guest-kernel/patches, {pr.get('repeats')} boots per configuration x "
           f"{pr.get('runtime_s')} s, host load "
           f"{' '.join((pr.get('loadavg') or [[]])[0] or [])} at its start)"
-          + "".join(f"; the {what[k]} section{'s' if k == 'meta' else ''} from run {r}"
+          + "".join(f"; the {what[k]} from run {r}"
                     for k, r in others)
           + "; every other section "
           f"from run {full['run_id']} (started {full['started']}). Each run's own report: "

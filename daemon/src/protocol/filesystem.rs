@@ -136,7 +136,8 @@ macro_rules! with_filesystem_methods {
         /// Not a request: whether a FLUSH of `inode` may write back data (its host close runs
         /// a file system `flush` that does: NFS, FUSE, overlayfs over those; or a decorator
         /// writes back what it holds of the inode). `false` lets a transport serve the FLUSH
-        /// on the thread that read it ([`crate::protocol::server::Server::wait`]). When unsure, `true`.
+        /// on the thread that read it ([`crate::protocol::server::Server::wait`]). When
+        /// unsure, `true`.
         fn flush_writes_back(&self, inode: Inode) -> bool { true }
 
         // --- Names and inodes ---

@@ -222,19 +222,12 @@ impl Lookers {
 
     /// A turn to look, if fewer than `max` threads look now.
     fn enter(&self) -> Option<LookTurn<'_>> {
-        let mut n = self.now.load(Ordering::Relaxed);
-        loop {
-            if n >= self.max {
-                return None;
-            }
-            match self
-                .now
-                .compare_exchange_weak(n, n + 1, Ordering::Acquire, Ordering::Relaxed)
-            {
-                Ok(_) => return Some(LookTurn(&self.now)),
-                Err(m) => n = m,
-            }
-        }
+        self.now
+            .fetch_update(Ordering::Acquire, Ordering::Relaxed, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| LookTurn(&self.now))
     }
 }
 
@@ -763,8 +756,9 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     /// whether the look was preempted (it overran its own length: the core is wanted by
     /// another thread, and [`Look`] counts that as a miss).
     fn more_soon(vring: &FsVring, mem: &GuestMem) -> Seen {
-        let start = Instant::now();
-        let deadline = start + POLL_BEFORE_SLEEP;
+        let deadline = Instant::now() + POLL_BEFORE_SLEEP;
+        // Still looking past this: the thread was preempted.
+        let late = deadline + POLL_BEFORE_SLEEP;
         let mem = mem.memory();
         loop {
             let more = {
@@ -775,7 +769,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                         .is_ok_and(|i| i.0 != q.next_avail())
             };
             let now = Instant::now();
-            if now >= deadline + POLL_BEFORE_SLEEP {
+            if now >= late {
                 return if more { Seen::Contended } else { Seen::Nothing };
             }
             if more {
