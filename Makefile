@@ -9,6 +9,7 @@
 # scripts/provision-deps.sh (rig: demo, vm, and all below; test; bench).
 #
 # Parts of `make test`, in order:
+#   space         at least 6 GiB free for target/ and the cache, or a one-line error
 #   deps-test     the packages tests use (scripts/provision-deps.sh rig test)
 #   lint          cargo fmt, clippy -D warnings, shellcheck over every shell script
 #   test-rig      the test rig's own negative controls: a sub-suite that dies after its
@@ -161,7 +162,12 @@ test-host: kernel initramfs qemu virtiofsd build
 test-io-uring: build
 	tests/host/io-uring.sh $(DAXFSD_BIN)
 
-test: deps-test lint test-rig test-unit test-uidmap test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-dax-copy test-dax-host test-escape test-lifecycle test-migrate test-launchers test-acl test-fhandles test-lima test-host test-io-uring
+# Space for target/ (debug, fuzz, examples: about 5.5 GiB from a clean clone) and the cache.
+.PHONY: space
+space:
+	@scripts/check-space.sh 6 target $${XDG_CACHE_HOME:-$$HOME/.cache}/daxfsd
+
+test: space deps-test lint test-rig test-unit test-uidmap test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-dax-copy test-dax-host test-escape test-lifecycle test-migrate test-launchers test-acl test-fhandles test-lima test-host test-io-uring
 	@echo "make test: all suites passed"
 
 demo: kernel initramfs qemu release

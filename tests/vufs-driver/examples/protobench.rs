@@ -79,7 +79,7 @@ struct Opts {
 fn usage() -> ! {
     eprintln!(
         "usage: protobench [--daemon daxfsd|virtiofsd|PATH]... [--op read|write|getattr|lookup|readdirplus]... \
-         [--seconds S] [--depth N] [--callgrind N] [--seccomp MODE] [--json FILE]"
+         [--seconds S] [--depth N] [--queues N] [--callgrind N] [--seccomp MODE] [--json FILE]"
     );
     std::process::exit(2)
 }
