@@ -351,6 +351,9 @@ struct Pool {
     max: usize,
     keep: usize,
     inner: Mutex<PoolInner>,
+    /// Where a thread running a job counts as awake ([`Awake`]); `None` for jobs that mostly
+    /// sleep (requests that may block).
+    awake: Option<Arc<Awake>>,
 }
 
 #[derive(Default)]
@@ -390,12 +393,13 @@ impl Sleeper {
 }
 
 impl Pool {
-    fn new(name: &'static str, max: usize, keep: usize) -> Arc<Self> {
+    fn new(name: &'static str, max: usize, keep: usize, awake: Option<Arc<Awake>>) -> Arc<Self> {
         Arc::new(Pool {
             name,
             max,
             keep,
             inner: Mutex::new(PoolInner::default()),
+            awake,
         })
     }
 
@@ -446,7 +450,10 @@ impl Pool {
         loop {
             if let Some(job) = g.jobs.pop_front() {
                 drop(g);
-                job();
+                {
+                    let _awake = self.awake.as_ref().map(|a| a.wake());
+                    job();
+                }
                 g = self.lock();
                 continue;
             }
@@ -581,8 +588,11 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 Some(config)
             }
         };
-        let pool = uses_pool(cfg)
-            .then(|| Pool::new("fs-worker", cfg.thread_pool_size, cfg.thread_pool_size));
+        let awake = Arc::new(Awake::new());
+        let pool = uses_pool(cfg).then(|| {
+            let n = cfg.thread_pool_size;
+            Pool::new("fs-worker", n, n, Some(awake.clone()))
+        });
         Ok(FsBackend {
             server,
             config,
@@ -593,9 +603,9 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             queues: (0..=cfg.request_queues)
                 .map(|_| Arc::new(QueueShared::default()))
                 .collect(),
-            awake: Arc::new(Awake::new()),
+            awake,
             pool,
-            blocking: Pool::new("fs-blocking", MAX_BLOCKING_THREADS, 0),
+            blocking: Pool::new("fs-blocking", MAX_BLOCKING_THREADS, 0, None),
             channel,
             device_state: None,
         })
@@ -775,11 +785,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                             vring.clone(),
                             atomic.clone(),
                         );
-                        // A pool thread serving a request is awake as a queue thread is (a
-                        // request that may block mostly sleeps and is not counted).
-                        let awake = (!blocking).then(|| self.awake.clone());
                         pool.submit(Box::new(move || {
-                            let _awake = awake.as_ref().map(|a| a.wake());
                             let used = serve(&server, &atomic.memory(), at, hdr);
                             let done = Done {
                                 head,
@@ -1343,7 +1349,7 @@ mod tests {
     #[test]
     fn the_pool_runs_every_job_through_wakeups_and_sleeps() {
         use std::sync::atomic::AtomicUsize;
-        let pool = Pool::new("test-worker", 4, 4);
+        let pool = Pool::new("test-worker", 4, 4, None);
         let done = Arc::new(AtomicUsize::new(0));
         let submit = |pool: &Arc<Pool>, n: usize| {
             for i in 0..n {
@@ -1395,7 +1401,7 @@ mod tests {
     /// rotate the jobs over all three).
     #[test]
     fn the_pool_wakes_the_thread_that_went_idle_last() {
-        let pool = Pool::new("test-worker", 3, 3);
+        let pool = Pool::new("test-worker", 3, 3, None);
         let idle = |n: usize| {
             let deadline = Instant::now() + Duration::from_secs(10);
             while pool.lock().idle.len() < n && Instant::now() < deadline {
