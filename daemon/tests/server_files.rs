@@ -17,7 +17,11 @@ fn open_and_read() {
     std::fs::write(h.host("f"), b"hello world").unwrap();
     let ino = h.lookup(ROOT, "f").unwrap().nodeid;
     let o = h.open(ino, libc::O_RDONLY).unwrap();
-    assert_eq!(o.open_flags, 0, "cache=auto: no open flags");
+    assert_eq!(
+        o.open_flags,
+        fopen::NOFLUSH,
+        "cache=auto: read-only, so only NOFLUSH"
+    );
     assert_eq!(h.read(ino, o.fh, 6, 5).unwrap(), b"world");
     assert_eq!(
         h.read(ino, o.fh, 0, 100).unwrap(),
@@ -277,7 +281,13 @@ fn cache_policy_sets_timeouts_and_open_flags() {
         assert_eq!(o.open_flags, file_flags, "{policy:?} create");
         assert_eq!(
             h.open(e.nodeid, libc::O_RDONLY).unwrap().open_flags,
-            file_flags
+            file_flags | fopen::NOFLUSH,
+            "{policy:?} read-only open"
+        );
+        assert_eq!(
+            h.open(e.nodeid, libc::O_WRONLY).unwrap().open_flags,
+            file_flags,
+            "{policy:?} write-only open"
         );
         assert_eq!(
             h.opendir(ROOT).unwrap().open_flags,
@@ -287,6 +297,39 @@ fn cache_policy_sets_timeouts_and_open_flags() {
         let r = h.send(op::GETATTR, e.nodeid, &[&raw(&GetattrIn::default())]);
         assert_eq!(r.obj::<AttrOut>().attr_valid, timeout);
     }
+}
+
+#[test]
+fn a_read_only_handle_needs_no_flush_unless_locks_or_writeback_do() {
+    // NOFLUSH: the guest's close sends no FLUSH. Only for read-only handles, and not where
+    // FLUSH ends the closing owner's POSIX locks on the host (--posix-lock) or the guest
+    // caches writes.
+    let h = Harness::new();
+    let ino = h.make_file(ROOT, "f", b"data");
+    for (flags, want) in [
+        (libc::O_RDONLY, fopen::NOFLUSH),
+        (libc::O_RDONLY | libc::O_NONBLOCK, fopen::NOFLUSH),
+        (libc::O_WRONLY, 0),
+        (libc::O_RDWR, 0),
+        (libc::O_RDONLY | libc::O_TRUNC, fopen::NOFLUSH),
+    ] {
+        let o = h.open(ino, flags).unwrap();
+        assert_eq!(o.open_flags, want, "open flags {flags:#o}");
+        assert_eq!(h.release(ino, o.fh), Ok(()));
+    }
+    let (e, o) = h.create(ROOT, "c", 0o644, libc::O_RDONLY).unwrap();
+    assert_eq!(o.open_flags, fopen::NOFLUSH, "read-only create");
+    assert_eq!(h.release(e.nodeid, o.fh), Ok(()));
+
+    let locks = Harness::with(|c| c.posix_lock = true);
+    let ino = locks.make_file(ROOT, "f", b"data");
+    let o = locks.open(ino, libc::O_RDONLY).unwrap();
+    assert_eq!(o.open_flags & fopen::NOFLUSH, 0, "--posix-lock");
+
+    let wb = Harness::with(|c| c.writeback = true);
+    let ino = wb.make_file(ROOT, "f", b"data");
+    let o = wb.open(ino, libc::O_RDONLY).unwrap();
+    assert_eq!(o.open_flags & fopen::NOFLUSH, 0, "writeback cache");
 }
 
 #[test]

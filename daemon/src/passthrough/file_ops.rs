@@ -146,7 +146,7 @@ impl PassthroughFs {
             self.kill_suidgid(fd.as_fd())?;
         }
         let fh = self.handles.insert(HandleData::file(inode, fd, hflags));
-        Ok((fh, self.file_open_flags()))
+        Ok((fh, self.file_open_flags(hflags)))
     }
 
     /// Registers a freshly created (and opened) file: its inode and a handle.
@@ -161,7 +161,7 @@ impl PassthroughFs {
         let fh = self
             .handles
             .insert(HandleData::file(entry.inode, fd, hflags));
-        Ok((entry, fh, self.file_open_flags()))
+        Ok((entry, fh, self.file_open_flags(hflags)))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -215,7 +215,7 @@ impl PassthroughFs {
                 let fh = self
                     .handles
                     .insert(HandleData::file(entry.inode, fd, hflags));
-                return Ok((entry, fh, self.file_open_flags()));
+                return Ok((entry, fh, self.file_open_flags(hflags)));
             }
             Err(e) => return Err(e),
         };

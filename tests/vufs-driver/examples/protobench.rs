@@ -7,7 +7,11 @@
 //!                     (e.g. daxfsd,--thread-pool-size=4); repeatable; default: daxfsd and
 //!                     virtiofsd
 //!   --op OP           read (4 KiB READ) | write (4 KiB WRITE over the same file) | getattr |
-//!                     lookup (of one name) | readdirplus (4 KiB of a 64-entry directory)
+//!                     lookup (of one name) | readdirplus (4 KiB of a 64-entry directory) |
+//!                     cat (what `cat FILE` costs a `--cache=never` mount, one file at a
+//!                     time: LOOKUP, OPEN, GETATTR, READ, READ at EOF, FLUSH (unless the
+//!                     OPEN reply has NOFLUSH), RELEASE, FORGET of one of 64 4 KiB files;
+//!                     the rate counts files; --depth 1 only)
 //!                     (repeatable; default: read and getattr)
 //!   --seconds S       measuring time per (daemon, op) for the rate (default 3)
 //!   --depth N         requests in flight (default 1: one at a time)
@@ -50,6 +54,7 @@ enum Op {
     Getattr,
     Lookup,
     Readdirplus,
+    Cat,
 }
 
 impl Op {
@@ -60,6 +65,7 @@ impl Op {
             Op::Getattr => "getattr",
             Op::Lookup => "lookup",
             Op::Readdirplus => "readdirplus",
+            Op::Cat => "cat",
         }
     }
 }
@@ -78,7 +84,7 @@ struct Opts {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: protobench [--daemon daxfsd|virtiofsd|PATH]... [--op read|write|getattr|lookup|readdirplus]... \
+        "usage: protobench [--daemon daxfsd|virtiofsd|PATH]... [--op read|write|getattr|lookup|readdirplus|cat]... \
          [--seconds S] [--depth N] [--queues N] [--callgrind N] [--seccomp MODE] [--json FILE]"
     );
     std::process::exit(2)
@@ -107,6 +113,7 @@ fn parse() -> Opts {
                 "lookup" => Op::Lookup,
                 "readdirplus" => Op::Readdirplus,
                 "getattr" => Op::Getattr,
+                "cat" => Op::Cat,
                 _ => usage(),
             }),
             "--seconds" => o.seconds = val().parse().unwrap_or_else(|_| usage()),
@@ -134,6 +141,10 @@ fn parse() -> Opts {
         eprintln!("protobench: --depth must be 1..=64");
         std::process::exit(2);
     }
+    if o.ops.contains(&Op::Cat) && (o.depth > 1 || o.queues > 1) {
+        eprintln!("protobench: --op cat runs one request at a time: drop --depth and --queues");
+        std::process::exit(2);
+    }
     o
 }
 
@@ -155,13 +166,13 @@ fn daemon_spec(spec: &str) -> io::Result<(PathBuf, Vec<String>)> {
     Ok((bin, parts.map(String::from).collect()))
 }
 
-/// A share with one 64 MiB file of non-zero bytes and a directory of 64 empty files.
+/// A share with one 64 MiB file of non-zero bytes and a directory of 64 files of 4 KiB.
 fn make_share() -> io::Result<tempfile::TempDir> {
     let dir = tempfile::Builder::new().prefix("protobench-").tempdir()?;
     File::create(dir.path().join("locked"))?;
     std::fs::create_dir(dir.path().join("dir"))?;
     for i in 0..64 {
-        File::create(dir.path().join(format!("dir/entry-{i:02}")))?;
+        File::create(dir.path().join(format!("dir/entry-{i:02}")))?.write_all(&[b'x'; 4096])?;
     }
     let mut f = File::create(dir.path().join("data"))?;
     let chunk: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 7 + 13) as u8).collect();
@@ -268,6 +279,7 @@ fn request(t: &Target, op: Op, i: u64) -> (Chain, u64, usize) {
             (op::GETATTR, a.as_slice().to_vec(), 104)
         }
         Op::Lookup => (op::LOOKUP, b"data\0".to_vec(), 128),
+        Op::Cat => unreachable!("cat is a sequence of requests (see `cat`)"),
         Op::Readdirplus => {
             let a = abi::ReadIn {
                 fh: t.dir.1,
@@ -318,8 +330,38 @@ fn check(op: Op, unique: u64, want: usize, data: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// One file as `cat` on a `--cache=never` mount reads it (each request waits for the one
+/// before, as the guest's system calls do).
+fn cat(t: &Target, i: u64) -> io::Result<()> {
+    let s = &t.s;
+    let e = s.lookup(t.dir.0, format!("entry-{:02}", i % 64))?;
+    let o = s.open(e.nodeid, libc::O_RDONLY as u32)?;
+    s.getattr(e.nodeid, None)?;
+    let got = s.read(e.nodeid, o.fh, 0, 128 << 10)?.len();
+    let eof = s.read(e.nodeid, o.fh, got as u64, 128 << 10)?.len();
+    if got != 4096 || eof != 0 {
+        return Err(io::Error::other(format!(
+            "cat: read {got} then {eof} bytes"
+        )));
+    }
+    // As Linux: no FLUSH on close where the OPEN reply said NOFLUSH.
+    if o.open_flags & abi::fopen::NOFLUSH == 0 {
+        s.flush(e.nodeid, o.fh, 0x1234)?;
+    }
+    s.release(e.nodeid, o.fh, libc::O_RDONLY as u32)?;
+    s.forget(e.nodeid, 1)
+}
+
 /// Sends `n` requests (or until `deadline`), keeping `depth` in flight. Returns the count.
 fn run(t: &Target, op: Op, n: u64, deadline: Option<Instant>, depth: usize) -> io::Result<u64> {
+    if op == Op::Cat {
+        let mut done = 0;
+        while done < n && deadline.is_none_or(|d| Instant::now() < d) {
+            cat(t, done)?;
+            done += 1;
+        }
+        return Ok(done);
+    }
     let dev = t.s.device();
     let timeout = dev.timeout();
     let mut pending = std::collections::VecDeque::new();
