@@ -104,7 +104,7 @@ pub struct FsBackendConfig {
     /// Worker threads shared by the request queues (virtiofsd's `--thread-pool-size`); 0, and
     /// 1 with one request queue ([`uses_pool`]), serve requests on their queue's thread. With
     /// one queue, a pool with no job queued or running leaves the last request in sight to
-    /// the queue's thread too ([`Pool::is_idle`]).
+    /// the queue's thread too (`Pool::is_idle`).
     /// Requests that may block indefinitely always run on threads of their own, whatever
     /// this is.
     pub thread_pool_size: usize,
