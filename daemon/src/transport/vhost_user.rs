@@ -102,7 +102,9 @@ pub struct FsBackendConfig {
     pub tag: Option<String>,
     pub request_queues: usize,
     /// Worker threads shared by the request queues (virtiofsd's `--thread-pool-size`); 0, and
-    /// 1 with one request queue ([`uses_pool`]), serve requests on their queue's thread.
+    /// 1 with one request queue ([`uses_pool`]), serve requests on their queue's thread. With
+    /// one queue, a pool with no job queued or running leaves the last request in sight to
+    /// the queue's thread too (`Pool::is_idle`).
     /// Requests that may block indefinitely always run on threads of their own, whatever
     /// this is.
     pub thread_pool_size: usize,
@@ -354,6 +356,8 @@ struct Pool {
     /// Where a thread running a job counts as awake ([`Awake`]); `None` for jobs that mostly
     /// sleep (requests that may block).
     awake: Option<Arc<Awake>>,
+    /// Jobs submitted and not finished (queued or running).
+    pending: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -400,7 +404,13 @@ impl Pool {
             keep,
             inner: Mutex::new(PoolInner::default()),
             awake,
+            pending: AtomicUsize::new(0),
         })
+    }
+
+    /// Whether no job is queued or running.
+    fn is_idle(&self) -> bool {
+        self.pending.load(Ordering::Acquire) == 0
     }
 
     fn lock(&self) -> MutexGuard<'_, PoolInner> {
@@ -409,6 +419,7 @@ impl Pool {
 
     /// Runs `job` on a pool thread (queued when all `max` threads are busy).
     fn submit(self: &Arc<Self>, job: Job) {
+        self.pending.fetch_add(1, Ordering::AcqRel);
         let mut g = self.lock();
         g.jobs.push_back(job);
         if let Some(sleeper) = g.idle.pop() {
@@ -436,7 +447,10 @@ impl Pool {
                 // Nobody would ever run the queued jobs: run them here.
                 let jobs: Vec<Job> = g.jobs.drain(..).collect();
                 drop(g);
-                jobs.into_iter().for_each(|j| j());
+                jobs.into_iter().for_each(|j| {
+                    j();
+                    self.pending.fetch_sub(1, Ordering::AcqRel);
+                });
             }
         }
     }
@@ -454,6 +468,7 @@ impl Pool {
                     let _awake = self.awake.as_ref().map(|a| a.wake());
                     job();
                 }
+                self.pending.fetch_sub(1, Ordering::AcqRel);
                 g = self.lock();
                 continue;
             }
@@ -765,7 +780,16 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 let pool = if blocking {
                     Some(&self.blocking)
                 } else {
-                    self.pool.as_ref()
+                    // The last request in sight while the pool has nothing to do is served
+                    // here: handing it over would cost a wake-up of a pool thread while this
+                    // one goes to sleep, and nothing else waits for this thread. With one
+                    // request queue only (more queue threads serving at once would exceed a
+                    // pool of one).
+                    self.pool.as_ref().filter(|p| {
+                        !(self.request_queues == 1
+                            && p.is_idle()
+                            && Self::ring_empty(vring, &atomic))
+                    })
                 };
                 match pool {
                     None => {
@@ -845,6 +869,14 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             }
             std::hint::spin_loop();
         }
+    }
+
+    /// Whether the guest has made no request available that is not popped yet.
+    fn ring_empty(vring: &FsVring, mem: &GuestMem) -> bool {
+        let v = vring.get_ref();
+        let q = v.get_queue();
+        q.avail_idx(&*mem.memory(), Ordering::Acquire)
+            .map_or(true, |i| i.0 == q.next_avail())
     }
 
     /// Takes the next available chain: where it is (the walk happens later, outside the
@@ -1430,6 +1462,28 @@ mod tests {
             idle(3);
         }
         assert_eq!(pool.lock().threads, 3);
+    }
+
+    #[test]
+    fn the_pool_is_idle_only_with_no_job_queued_or_running() {
+        // The queue thread serves the last request in sight itself only while this holds.
+        let pool = Pool::new("test-worker", 1, 1, None);
+        assert!(pool.is_idle(), "new");
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        pool.submit(Box::new(move || {
+            go_rx.recv().unwrap();
+        }));
+        let tx = done_tx.clone();
+        pool.submit(Box::new(move || tx.send(()).unwrap()));
+        assert!(!pool.is_idle(), "one running, one queued");
+        go_tx.send(()).unwrap();
+        done_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !pool.is_idle() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(pool.is_idle(), "both done");
     }
 
     fn mem() -> GuestMemoryMmap {
