@@ -788,7 +788,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                     self.pool.as_ref().filter(|p| {
                         !(self.request_queues == 1
                             && p.is_idle()
-                            && Self::ring_empty(vring, &atomic))
+                            && !Self::has_request(vring, &mem))
                     })
                 };
                 match pool {
@@ -850,13 +850,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         let late = deadline + POLL_BEFORE_SLEEP;
         let mem = mem.memory();
         loop {
-            let more = {
-                let v = vring.get_ref();
-                let q = v.get_queue();
-                q.ready()
-                    && q.avail_idx(&*mem, Ordering::Acquire)
-                        .is_ok_and(|i| i.0 != q.next_avail())
-            };
+            let more = Self::has_request(vring, &mem);
             let now = Instant::now();
             if now >= late {
                 return if more { Seen::Contended } else { Seen::Nothing };
@@ -871,12 +865,13 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         }
     }
 
-    /// Whether the guest has made no request available that is not popped yet.
-    fn ring_empty(vring: &FsVring, mem: &GuestMem) -> bool {
+    /// Whether the guest has made a request available that is not popped yet.
+    fn has_request(vring: &FsVring, mem: &GuestMemoryLogged) -> bool {
         let v = vring.get_ref();
         let q = v.get_queue();
-        q.avail_idx(&*mem.memory(), Ordering::Acquire)
-            .map_or(true, |i| i.0 == q.next_avail())
+        q.ready()
+            && q.avail_idx(mem, Ordering::Acquire)
+                .is_ok_and(|i| i.0 != q.next_avail())
     }
 
     /// Takes the next available chain: where it is (the walk happens later, outside the
