@@ -4,10 +4,11 @@ meta: in one guest per configuration and repeat (QEMU 11.1, `dax` profile, the p
 guest kernel), on the configuration's mount: unpack a tree of the Linux source (a tarball
 made once on the host from linux-source-6.12, cached), walk it with `ls -lAR` (every entry
 lstat'ed) after dropping the guest's caches, read every file, `du -s`, walk it again (warm),
-delete it. Each step is timed in the guest (/proc/uptime); the tarball is copied to the
-guest's tmpfs first (not timed), so every configuration unpacks from the same place.
-Configurations: daxfsd and upstream virtiofsd 1.14 in each cache mode (never, auto,
-always), daxfsd with and without DAX (`-o dax=always`, `--dax-mapping=direct`), and
+delete it. Each step is timed in the guest, on the wall clock to the microsecond (busybox
+`adjtimex`; /proc/uptime's 10 ms steps are as large as a warm walk's differences); the
+tarball is copied to the guest's tmpfs first (not timed), so every configuration unpacks
+from the same place. Configurations: daxfsd and upstream virtiofsd 1.14 in each cache mode
+(never, auto, always), daxfsd with and without DAX (`-o dax=always`, `--dax-mapping=direct`), and
 virtio-9p (QEMU `-virtfs local,security_model=none`, guest `mount -t 9p -o
 trans=virtio,version=9p2000.L,cache=MODE`) in the cache modes Linux 6.12 offers without
 fscache: none, mmap, loose. 9p guests still mount a virtio-fs share (daxfsd) for the
@@ -216,9 +217,15 @@ def vm_cmd(a, daemon, cache, share, script, console, mount_opts="", dargs=(), vi
     return cmd
 
 
+# The guest's clock for a step, in seconds with microseconds: busybox `adjtimex` reads the
+# wall clock (nothing steps it in the rig's guests: no NTP) without setting anything.
+# /proc/uptime counts in 10 ms steps, the size of the differences on the short steps.
+GUEST_NOW = r"""now() { adjtimex | awk '$1 == "time.tv_sec:" { s = $2 } $1 == "time.tv_usec:" { u = $2 } END { if (s == "") exit 1; printf "%d.%06d\n", s, u }'; }
+"""
+
 GUEST_META = r"""set -u
 T=__TARGET__
-now() { cut -d' ' -f1 /proc/uptime; }
+__NOW__
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 step() { n=$1; shift; t0=$(now); "$@"; r=$?; t1=$(now); echo "META-STEP $n $t0 $t1 $r"; }
 unpack() { tar -xf /tmp/tree.tar -C "$T" && sync; }
@@ -282,7 +289,7 @@ def run_meta(a, raw, results, save):
                 vmo = mo
             script = os.path.join(work, "guest.sh")
             with open(script, "w") as f:
-                f.write(GUEST_META.replace("__TARGET__", target).replace("__MOUNT__", mount))
+                f.write(GUEST_META.replace("__NOW__", GUEST_NOW).replace("__TARGET__", target).replace("__MOUNT__", mount))
             console = os.path.join(d, "console.log")
             stats = os.path.join(d, "daemon-stats.json")
             real = a.daxfsd if daemon == "daxfsd" else a.virtiofsd
@@ -434,7 +441,7 @@ def wait_files(paths, procs, timeout):
 
 GUEST_DENSITY = r"""set -u
 i=__I__
-now() { cut -d' ' -f1 /proc/uptime; }
+__NOW__
 mi() { awk '/^(MemTotal|MemFree|Cached|Shmem|AnonPages):/ { printf "%s=%s ", substr($1, 1, length($1) - 1), $2 }' /proc/meminfo; }
 echo "DENSITY-MEM before $(mi)"
 : >/mnt/.d/ready.$i
@@ -475,7 +482,7 @@ def run_density_config(a, raw, cfg):
         for i in range(DENSITY_GUESTS):
             script = os.path.join(work, f"guest{i}.sh")
             with open(script, "w") as f:
-                f.write(GUEST_DENSITY.replace("__I__", str(i)))
+                f.write(GUEST_DENSITY.replace("__NOW__", GUEST_NOW).replace("__I__", str(i)))
             mon = os.path.join(work, f"mon{i}")
             mons.append(mon)
             cmd = vm_cmd(a, real, cache, share, script, os.path.join(d, f"console{i}.log"), mo,
@@ -582,13 +589,14 @@ def host_mem(qemus, daemons, big):
 
 
 GUEST_WALK = r"""set -u
+__NOW__
 echo "WALK-READY"
 : >/mnt/.ctl/idle
 n=0
 while [ ! -e /mnt/.ctl/go ]; do sleep 0.2; n=$((n + 1)); [ $n -lt 9000 ] || exit 1; done
-t0=$(cut -d' ' -f1 /proc/uptime)
+t0=$(now)
 ls -lAR /mnt/t >/tmp/walk.txt || exit 1
-t1=$(cut -d' ' -f1 /proc/uptime)
+t1=$(now)
 echo "WALK-DONE $(grep -c '^-' /tmp/walk.txt) $t0 $t1"
 : >/mnt/.ctl/walked
 n=0
@@ -613,7 +621,7 @@ def run_walk(a, raw, daemon, ninodes):
     res = {"daemon": daemon, "inodes": ninodes, "status": "ok"}
     script = os.path.join(work, "guest.sh")
     with open(script, "w") as f:
-        f.write(GUEST_WALK)
+        f.write(GUEST_WALK.replace("__NOW__", GUEST_NOW))
     mon = os.path.join(work, "mon")
     cmd = vm_cmd(a, real, "auto", share, script, os.path.join(d, "console.log"), monitor=mon,
                  timeout=1800)
@@ -770,6 +778,19 @@ def summarize(res):
                     for cfg, e in s.items()}
 
 
+def secs(x):
+    """Seconds for the table: milliseconds on the sub-second steps (the clock has them)."""
+    if x is None:
+        return "-"
+    return f"{x:.3f}" if x < 1 else f"{x:.2f}"
+
+
+def spread(res, cfg, step):
+    """max / min of one configuration's boots for a step, as '1.23x'."""
+    xs = res.get("meta", {}).get("summary", {}).get(cfg, {}).get(step, {}).get("all") or []
+    return ratio(max(xs), min(xs)) if len(xs) > 1 else "-"
+
+
 def get(res, cfg, step):
     return res.get("meta", {}).get("summary", {}).get(cfg, {}).get(step, {}).get("median")
 
@@ -795,8 +816,7 @@ def render_md(res, w):
         w("|---|" + "--:|" * len(cfgs))
         for st in META_STEPS + ["total"]:
             w(f"| {STEP_LABELS.get(st, st)} | "
-              + " | ".join(f"{get(res, c, st):.2f}" if get(res, c, st) is not None else "-"
-                           for c in cfgs) + " |")
+              + " | ".join(secs(get(res, c, st)) for c in cfgs) + " |")
         w("\nRatios, daxfsd time over the peer's at the same cache mode (< 1: daxfsd faster):\n")
         pairs = []
         for mode, ninep in (("never", "9p-none"), ("auto", "9p-mmap"), ("always", "9p-loose")):
@@ -810,6 +830,14 @@ def render_md(res, w):
             for st in META_STEPS + ["total"]:
                 w(f"| {STEP_LABELS.get(st, st)} | "
                   + " | ".join(ratio(get(res, o, st), get(res, p, st)) for o, p in pairs) + " |")
+            w("\nSpread between boots: a configuration's slowest boot over its fastest. A "
+              "ratio above that is nearer to 1.00x than both configurations' spreads lies "
+              "inside the noise between boots.\n")
+            w("| step | " + " | ".join(cfgs) + " |")
+            w("|---|" + "--:|" * len(cfgs))
+            for st in META_STEPS + ["total"]:
+                w(f"| {STEP_LABELS.get(st, st)} | "
+                  + " | ".join(spread(res, c, st) for c in cfgs) + " |")
         w("\nConfigurations:\n")
         for c in cfgs:
             w(f"- `{c}`: {m['config_desc'].get(c, '')}")
