@@ -887,12 +887,19 @@ impl<F: FileSystem> Server<F> {
     }
 
     /// The INIT flags the server and transport want, whatever the filesystem wants.
+    ///
+    /// Not `FUSE_ATOMIC_O_TRUNC` (virtiofsd asks for it): with it Linux sends an `O_TRUNC`
+    /// open's truncation inside OPEN, from `vfs_open`, before the VFS checks the truncation
+    /// may happen (`handle_truncate`: ETXTBSY while the file is being executed). An
+    /// `open(O_RDONLY | O_TRUNC)` of a running program then failed with ETXTBSY after the
+    /// host file was emptied, and the program died of SIGBUS. Without it the kernel strips
+    /// `O_TRUNC` from OPEN and truncates with SETATTR once its checks pass: one more round
+    /// trip for an `O_TRUNC` open of an existing file (CREATE is unchanged).
     fn server_wants(&self) -> u64 {
         let mut want = init_flags::ASYNC_READ
             | init_flags::BIG_WRITES
             | init_flags::PARALLEL_DIROPS
             | init_flags::MAX_PAGES
-            | init_flags::ATOMIC_O_TRUNC
             | init_flags::HAS_IOCTL_DIR
             | init_flags::INIT_EXT
             | init_flags::SETXATTR_EXT;

@@ -34,6 +34,8 @@
 #define MiB (1024LL * 1024)
 
 static const char *check_name = "?";
+/* A child a check started and must not leave behind when an assertion fails. */
+static pid_t held_child;
 
 static void fail(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 static void fail(const char *fmt, ...)
@@ -45,6 +47,8 @@ static void fail(const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fprintf(stderr, " (errno %d: %s)\n", e, strerror(e));
+    if (held_child > 0)
+        kill(held_child, SIGKILL);
     exit(1);
 }
 
@@ -823,8 +827,66 @@ static void usage(void)
             "  unlinkopen DIR | sparse FILE | seekdata FILE | utimes FILE\n"
             "  rename2 DIR | readdir DIR COUNT | append FILE | special DIR | direct FILE\n"
             "  mmapdirty FILE OFFSET TEXT | timeedges DIR set|check | seekedges FILE\n"
-            "  mmapmtime FILE [SIZE]\n");
+            "  mmapmtime FILE [SIZE] | busytext FILE\n");
     exit(2);
+}
+
+/*
+ * busytext FILE: a program running from FILE (a copy of this one) keeps it from being
+ * written: every open that would write or truncate it fails with ETXTBSY and leaves its
+ * content, and the program runs on. Under FUSE_ATOMIC_O_TRUNC Linux sends an
+ * O_RDONLY|O_TRUNC open's truncation to the server inside OPEN, before its own ETXTBSY
+ * check: the server emptied the file and the program died of SIGBUS. Once the program
+ * has exited, the same open truncates.
+ */
+static int cmd_busytext(const char *path)
+{
+    static char buf[65536];
+    int src = OK(open("/proc/self/exe", O_RDONLY | O_CLOEXEC));
+    int dst = OK(open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755));
+    ssize_t n;
+    off_t size = 0;
+    while ((n = read(src, buf, sizeof buf)) > 0) {
+        write_all(dst, buf, (size_t)n, size);
+        size += n;
+    }
+    ASSERT(n == 0 && size > 0, "copying /proc/self/exe");
+    OK(close(src));
+    OK(close(dst));
+    int ready[2];
+    OK(pipe(ready));
+    pid_t pid = OK(fork());
+    if (pid == 0) {
+        char fd[16];
+        close(ready[0]);
+        snprintf(fd, sizeof fd, "%d", ready[1]);
+        execl(path, "vfstest", "hold", fd, (char *)NULL);
+        _exit(127);
+    }
+    held_child = pid;
+    OK(close(ready[1]));
+    char c;
+    ASSERT(read(ready[0], &c, 1) == 1, "the copy at %s did not start", path);
+    OK(close(ready[0]));
+    FAILS(open(path, O_WRONLY), ETXTBSY);
+    FAILS(open(path, O_RDWR), ETXTBSY);
+    FAILS(open(path, O_RDONLY | O_TRUNC), ETXTBSY);
+    FAILS(truncate(path, 0), ETXTBSY);
+    struct stat st;
+    OK(stat(path, &st));
+    ASSERT(st.st_size == size, "size %lld after the refused opens, expected %lld",
+           (long long)st.st_size, (long long)size);
+    int status = 0;
+    ASSERT(waitpid(pid, &status, WNOHANG) == 0, "the running copy ended (status %#x)", status);
+    OK(kill(pid, SIGKILL));
+    OK(waitpid(pid, &status, 0));
+    held_child = 0;
+    int fd = OK(open(path, O_RDONLY | O_TRUNC));
+    OK(fstat(fd, &st));
+    ASSERT(st.st_size == 0, "size %lld after O_TRUNC of the idle file", (long long)st.st_size);
+    OK(close(fd));
+    OK(unlink(path));
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -850,5 +912,12 @@ int main(int argc, char **argv)
     if (!strcmp(c, "seekedges")) return cmd_seekedges(argv[2]);
     if (!strcmp(c, "mmapmtime")) return cmd_mmapmtime(argv[2], argc > 3 ? argv[3] : NULL);
     if (!strcmp(c, "mmapdirty") && argc == 5) return cmd_mmapdirty(argv[2], argv[3], argv[4]);
+    if (!strcmp(c, "busytext")) return cmd_busytext(argv[2]);
+    if (!strcmp(c, "hold")) {
+        /* busytext's running copy: says it runs, then waits to be killed. */
+        ASSERT(write(atoi(argv[2]), "r", 1) == 1, "hold: telling the parent");
+        for (;;)
+            pause();
+    }
     usage();
 }
