@@ -12,7 +12,9 @@ re-renders a run's report from its JSON (default: next to the JSON, same base na
 --proto-from replaces the `proto` section with the one of RUN.json (an `--only proto` run).
 --host-from adds (or replaces) the `host` section with the one of RUN.json (an `--only host`
 run); its heading names that run. --meta-from does the same for the `meta` and `density`
-sections (bench/meta.py) of RUN.json.
+sections (bench/meta.py) of RUN.json, for those RUN.json has; given again, a later run's
+sections replace an earlier one's (`--meta-from A --meta-from B`: B's meta, A's density when
+B ran no density).
 """
 import json
 import os
@@ -338,11 +340,18 @@ def render_md(res):
     w(f"# daxfsd benchmark report: run {res['run_id']}\n")
     if res.get("combined"):
         full, pr = res["combined"]
-        others = [(k, res[k]["from_run"]["run_id"]) for k in ("host", "proto", "meta")
+        others = [(k, res[k]["from_run"]["run_id"]) for k in ("host", "proto", "meta", "density")
                   if isinstance(res.get(k), dict) and res[k].get("from_run")]
-        extra = "".join(f" --{k}-from {r}.json" for k, r in others)
         what = {"host": "host-mount section", "proto": "protocol section",
-                "meta": "meta and density sections"}
+                "meta": "meta section", "density": "density section"}
+        runs = dict(others)
+        if runs.get("density") and runs.get("meta") == runs.get("density"):
+            # One run gave both.
+            others = [(k, x) for k, x in others if k != "density"]
+            what["meta"] = "meta and density sections"
+        # The density run first: a later --meta-from replaces an earlier one's sections.
+        extra = "".join(f" --{'meta' if k == 'density' else k}-from {r}.json"
+                        for k, r in sorted(others, key=lambda o: o[0] != "density"))
         w(f"**{2 + len(others)} runs combined** (`bench/report.py {full['run_id']}.json --pressure-from "
           f"{pr['run_id']}.json{extra}`): the window-pressure section comes from run {pr['run_id']} "
           f"(started {pr['started']}, "
@@ -849,7 +858,8 @@ def main():
     base = os.path.splitext(src)[0]
     md, png = base + ".md", base + ".png"
     args = sys.argv[2:]
-    pfrom = hfrom = qfrom = mfrom = None
+    pfrom = hfrom = qfrom = None
+    mfrom = []
     while args:
         if args[0] == "--md" and len(args) > 1:
             md = args[1]
@@ -862,7 +872,7 @@ def main():
         elif args[0] == "--proto-from" and len(args) > 1:
             qfrom = args[1]
         elif args[0] == "--meta-from" and len(args) > 1:
-            mfrom = args[1]
+            mfrom.append(args[1])
         else:
             print(__doc__, file=sys.stderr)
             return 2
@@ -879,8 +889,8 @@ def main():
         for k in ("proto_seconds", "proto_rounds", "callgrind_rounds"):
             if k in q.get("settings", {}):
                 res.setdefault("settings", {})[k] = q["settings"][k]
-    if mfrom:
-        q = json.load(open(mfrom))
+    for f in mfrom:
+        q = json.load(open(f))
         for k in ("meta", "density"):
             if k in q:
                 res[k] = dict(q[k], from_run={"run_id": q["run_id"], "started": q["started"]})
