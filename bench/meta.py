@@ -785,6 +785,14 @@ def secs(x):
     return f"{x:.3f}" if x < 1 else f"{x:.2f}"
 
 
+def step_table(w, heads, cols, cell):
+    """A markdown table: a row per step (and the total), a column per head; cell(col, step)."""
+    w("| step | " + " | ".join(heads) + " |")
+    w("|---|" + "--:|" * len(heads))
+    for st in META_STEPS + ["total"]:
+        w(f"| {STEP_LABELS.get(st, st)} | " + " | ".join(cell(c, st) for c in cols) + " |")
+
+
 def spread(res, cfg, step):
     """max / min of one configuration's boots for a step, as '1.23x'."""
     xs = res.get("meta", {}).get("summary", {}).get(cfg, {}).get(step, {}).get("all") or []
@@ -812,11 +820,7 @@ def render_md(res, w):
           f"the guest. Seconds, median of {m['repeats']} boot(s) per configuration, "
           "configurations interleaved; lower is better. Every walk's file, directory and "
           "symlink counts are checked against the tarball.\n")
-        w("| step | " + " | ".join(cfgs) + " |")
-        w("|---|" + "--:|" * len(cfgs))
-        for st in META_STEPS + ["total"]:
-            w(f"| {STEP_LABELS.get(st, st)} | "
-              + " | ".join(secs(get(res, c, st)) for c in cfgs) + " |")
+        step_table(w, cfgs, cfgs, lambda c, st: secs(get(res, c, st)))
         w("\nRatios, daxfsd time over the peer's at the same cache mode (< 1: daxfsd faster):\n")
         pairs = []
         for mode, ninep in (("never", "9p-none"), ("auto", "9p-mmap"), ("always", "9p-loose")):
@@ -825,19 +829,12 @@ def render_md(res, w):
                     if ours in cfgs and peer in cfgs:
                         pairs.append((ours, peer))
         if pairs:
-            w("| step | " + " | ".join(f"{o} / {p}" for o, p in pairs) + " |")
-            w("|---|" + "--:|" * len(pairs))
-            for st in META_STEPS + ["total"]:
-                w(f"| {STEP_LABELS.get(st, st)} | "
-                  + " | ".join(ratio(get(res, o, st), get(res, p, st)) for o, p in pairs) + " |")
+            step_table(w, [f"{o} / {p}" for o, p in pairs], pairs,
+                       lambda pr, st: ratio(get(res, pr[0], st), get(res, pr[1], st)))
             w("\nSpread between boots: a configuration's slowest boot over its fastest. A "
               "ratio above that is nearer to 1.00x than both configurations' spreads lies "
               "inside the noise between boots.\n")
-            w("| step | " + " | ".join(cfgs) + " |")
-            w("|---|" + "--:|" * len(cfgs))
-            for st in META_STEPS + ["total"]:
-                w(f"| {STEP_LABELS.get(st, st)} | "
-                  + " | ".join(spread(res, c, st) for c in cfgs) + " |")
+            step_table(w, cfgs, cfgs, lambda c, st: spread(res, c, st))
         w("\nConfigurations:\n")
         for c in cfgs:
             w(f"- `{c}`: {m['config_desc'].get(c, '')}")
