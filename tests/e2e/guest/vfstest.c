@@ -879,7 +879,7 @@ static int cmd_busytext(const char *path)
     int status = 0;
     ASSERT(waitpid(pid, &status, WNOHANG) == 0, "the running copy ended (status %#x)", status);
     OK(kill(pid, SIGKILL));
-    OK(waitpid(pid, &status, 0));
+    wait_child(pid);
     held_child = 0;
     int fd = OK(open(path, O_RDONLY | O_TRUNC));
     OK(fstat(fd, &st));
