@@ -219,7 +219,8 @@ def vm_cmd(a, daemon, cache, share, script, console, mount_opts="", dargs=(), vi
 
 # The guest's clock for a step, in seconds with microseconds: busybox `adjtimex` reads the
 # wall clock (nothing steps it in the rig's guests: no NTP) without setting anything.
-# /proc/uptime counts in 10 ms steps, the size of the differences on the short steps.
+# /proc/uptime counts in 10 ms steps, the size of the differences on the short steps. The
+# guest scripts below take it where they say __NOW__.
 GUEST_NOW = r"""now() { adjtimex | awk '$1 == "time.tv_sec:" { s = $2 } $1 == "time.tv_usec:" { u = $2 } END { if (s == "") exit 1; printf "%d.%06d\n", s, u }'; }
 """
 
@@ -245,7 +246,7 @@ echo "META-COUNT walk2 $(grep -c '^-' /tmp/walk2.txt) $(grep -c '^d' /tmp/walk2.
 echo "META-DU $(cut -f1 /tmp/du.txt)"
 step rm rm -rf "$T"
 if [ -e "$T" ]; then echo "META-ERROR $T still exists after rm -rf"; exit 1; fi
-"""
+""".replace("__NOW__", GUEST_NOW)
 
 
 def run_meta(a, raw, results, save):
@@ -289,7 +290,7 @@ def run_meta(a, raw, results, save):
                 vmo = mo
             script = os.path.join(work, "guest.sh")
             with open(script, "w") as f:
-                f.write(GUEST_META.replace("__NOW__", GUEST_NOW).replace("__TARGET__", target).replace("__MOUNT__", mount))
+                f.write(GUEST_META.replace("__TARGET__", target).replace("__MOUNT__", mount))
             console = os.path.join(d, "console.log")
             stats = os.path.join(d, "daemon-stats.json")
             real = a.daxfsd if daemon == "daxfsd" else a.virtiofsd
@@ -455,7 +456,7 @@ echo "DENSITY-MEM after $(mi)"
 : >/mnt/.d/done.$i
 n=0
 while [ ! -e /mnt/.d/exit ]; do sleep 0.2; n=$((n + 1)); [ $n -lt 9000 ] || exit 1; done
-"""
+""".replace("__NOW__", GUEST_NOW)
 
 
 def run_density_config(a, raw, cfg):
@@ -482,7 +483,7 @@ def run_density_config(a, raw, cfg):
         for i in range(DENSITY_GUESTS):
             script = os.path.join(work, f"guest{i}.sh")
             with open(script, "w") as f:
-                f.write(GUEST_DENSITY.replace("__NOW__", GUEST_NOW).replace("__I__", str(i)))
+                f.write(GUEST_DENSITY.replace("__I__", str(i)))
             mon = os.path.join(work, f"mon{i}")
             mons.append(mon)
             cmd = vm_cmd(a, real, cache, share, script, os.path.join(d, f"console{i}.log"), mo,
@@ -601,7 +602,7 @@ echo "WALK-DONE $(grep -c '^-' /tmp/walk.txt) $t0 $t1"
 : >/mnt/.ctl/walked
 n=0
 while [ ! -e /mnt/.ctl/exit ]; do sleep 0.2; n=$((n + 1)); [ $n -lt 9000 ] || exit 1; done
-"""
+""".replace("__NOW__", GUEST_NOW)
 
 
 def run_walk(a, raw, daemon, ninodes):
@@ -621,7 +622,7 @@ def run_walk(a, raw, daemon, ninodes):
     res = {"daemon": daemon, "inodes": ninodes, "status": "ok"}
     script = os.path.join(work, "guest.sh")
     with open(script, "w") as f:
-        f.write(GUEST_WALK.replace("__NOW__", GUEST_NOW))
+        f.write(GUEST_WALK)
     mon = os.path.join(work, "mon")
     cmd = vm_cmd(a, real, "auto", share, script, os.path.join(d, "console.log"), monitor=mon,
                  timeout=1800)
