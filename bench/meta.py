@@ -27,6 +27,7 @@ connection, daxfsd vs virtiofsd, host only.
 """
 
 import json
+import math
 import os
 import re
 import shutil
@@ -841,11 +842,12 @@ def render_md(res, w):
               "ratio above that is nearer to 1.00x than both configurations' spreads lies "
               "inside the noise between boots.\n")
             step_table(w, cfgs, cfgs, lambda c, st: spread(res, c, st))
+            n = m["repeats"]
             w("\nWhich is faster, by the boots themselves: a one-sided exact rank-sum "
               "(Mann-Whitney) test of daxfsd's boots against the peer's, each way; `faster` "
-              "or `slower` where p < 0.05, else `level` (the smaller p shown). With 5 boots "
-              "a side p reaches 0.004 when every boot of one is faster than every boot of "
-              "the other.\n")
+              "or `slower` where p < 0.05, else `level` (the smaller p shown). With "
+              f"{n} boots a side p is {1 / math.comb(2 * n, n):.3f} when every boot of one "
+              "is faster than every boot of the other.\n")
             step_table(w, [f"{o} / {p}" for o, p in pairs], pairs,
                        lambda pr, st: verdict(boots(res, pr[0], st), boots(res, pr[1], st)))
         w("\nConfigurations:\n")
