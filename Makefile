@@ -54,10 +54,12 @@ test-rig: kernel initramfs qemu build
 fmt:
 	$(CARGO) fmt --all
 
-# Unit, server and protocol-level tests. The driver's tests run twice: against daxfsd, and
-# against upstream virtiofsd (proof that they test the protocol, not daxfsd's quirks).
+# Unit, server and protocol-level tests, and the bench's statistics (doctests). The driver's
+# tests run twice: against daxfsd, and against upstream virtiofsd (proof that they test the
+# protocol, not daxfsd's quirks).
 test-unit: build virtiofsd
 	$(CARGO) test --workspace
+	python3 -m doctest bench/benchlib.py
 	VUFS_DAEMON=daxfsd DAXFSD=$(abspath $(DAXFSD_BIN)) $(CARGO) test -p vufs-driver
 
 # --uid-map/--gid-map: a non-root daemon (user daxfsd-test, created with its /etc/subuid and

@@ -27,6 +27,7 @@ connection, daxfsd vs virtiofsd, host only.
 """
 
 import json
+import math
 import os
 import re
 import shutil
@@ -37,7 +38,7 @@ import subprocess
 import tempfile
 import time
 
-from benchlib import descendants, ratio  # bench/benchlib.py
+from benchlib import descendants, ratio, verdict  # bench/benchlib.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -796,8 +797,13 @@ def step_table(w, heads, cols, cell):
 
 def spread(res, cfg, step):
     """max / min of one configuration's boots for a step, as '1.23x'."""
-    xs = res.get("meta", {}).get("summary", {}).get(cfg, {}).get(step, {}).get("all") or []
+    xs = boots(res, cfg, step)
     return ratio(max(xs), min(xs)) if len(xs) > 1 else "-"
+
+
+def boots(res, cfg, step):
+    """One configuration's time for a step in each boot."""
+    return res.get("meta", {}).get("summary", {}).get(cfg, {}).get(step, {}).get("all") or []
 
 
 def get(res, cfg, step):
@@ -836,6 +842,14 @@ def render_md(res, w):
               "ratio above that is nearer to 1.00x than both configurations' spreads lies "
               "inside the noise between boots.\n")
             step_table(w, cfgs, cfgs, lambda c, st: spread(res, c, st))
+            n = m["repeats"]
+            w("\nWhich is faster, by the boots themselves: a one-sided exact rank-sum "
+              "(Mann-Whitney) test of daxfsd's boots against the peer's, each way; `faster` "
+              "or `slower` where p < 0.05, else `level` (the smaller p shown). With "
+              f"{n} boots a side p is {1 / math.comb(2 * n, n):.3f} when every boot of one "
+              "is faster than every boot of the other.\n")
+            step_table(w, [f"{o} / {p}" for o, p in pairs], pairs,
+                       lambda pr, st: verdict(boots(res, pr[0], st), boots(res, pr[1], st)))
         w("\nConfigurations:\n")
         for c in cfgs:
             w(f"- `{c}`: {m['config_desc'].get(c, '')}")

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use daxfsd::abi::{fattr, fopen, opcode as op, *};
+use daxfsd::filesystem::FileSystem;
 use daxfsd::passthrough::CachePolicy;
 
 #[test]
@@ -278,14 +279,19 @@ fn cache_policy_sets_timeouts_and_open_flags() {
             (timeout, timeout),
             "{policy:?}"
         );
-        assert_eq!(o.open_flags, file_flags, "{policy:?} create");
+        // NOFLUSH on a writer depends on the host file system (below).
+        assert_eq!(
+            o.open_flags & !fopen::NOFLUSH,
+            file_flags,
+            "{policy:?} create"
+        );
         assert_eq!(
             h.open(e.nodeid, libc::O_RDONLY).unwrap().open_flags,
             file_flags | fopen::NOFLUSH,
             "{policy:?} read-only open"
         );
         assert_eq!(
-            h.open(e.nodeid, libc::O_WRONLY).unwrap().open_flags,
+            h.open(e.nodeid, libc::O_WRONLY).unwrap().open_flags & !fopen::NOFLUSH,
             file_flags,
             "{policy:?} write-only open"
         );
@@ -300,17 +306,30 @@ fn cache_policy_sets_timeouts_and_open_flags() {
 }
 
 #[test]
-fn a_read_only_handle_needs_no_flush_unless_locks_or_writeback_do() {
-    // NOFLUSH: the guest's close sends no FLUSH. Only for read-only handles, and not where
-    // FLUSH ends the closing owner's POSIX locks on the host (--posix-lock) or the guest
-    // caches writes.
+fn a_handle_needs_no_flush_unless_its_close_writes_back_or_locks_or_writeback_do() {
+    // NOFLUSH: the guest's close sends no FLUSH. For every read-only handle; for a writer
+    // where the host close writes nothing back (ext4, xfs, btrfs, tmpfs: the temporary
+    // directory's file system is one of them; `flush_tests` in the library shows both
+    // answers). Never where FLUSH ends the closing owner's POSIX locks on the host
+    // (--posix-lock) or the guest caches writes.
     let h = Harness::new();
     let ino = h.make_file(ROOT, "f", b"data");
+    let writer = if h.fs().flush_writes_back(ino) {
+        0
+    } else {
+        fopen::NOFLUSH
+    };
+    assert_eq!(
+        writer,
+        fopen::NOFLUSH,
+        "the temporary directory is on a file system whose close writes nothing back"
+    );
     for (flags, want) in [
         (libc::O_RDONLY, fopen::NOFLUSH),
         (libc::O_RDONLY | libc::O_NONBLOCK, fopen::NOFLUSH),
-        (libc::O_WRONLY, 0),
-        (libc::O_RDWR, 0),
+        (libc::O_WRONLY, writer),
+        (libc::O_RDWR, writer),
+        (libc::O_RDWR | libc::O_APPEND, writer),
         (libc::O_RDONLY | libc::O_TRUNC, fopen::NOFLUSH),
     ] {
         let o = h.open(ino, flags).unwrap();
@@ -320,16 +339,27 @@ fn a_read_only_handle_needs_no_flush_unless_locks_or_writeback_do() {
     let (e, o) = h.create(ROOT, "c", 0o644, libc::O_RDONLY).unwrap();
     assert_eq!(o.open_flags, fopen::NOFLUSH, "read-only create");
     assert_eq!(h.release(e.nodeid, o.fh), Ok(()));
+    let (e, o) = h.create(ROOT, "w", 0o644, libc::O_WRONLY).unwrap();
+    assert_eq!(o.open_flags, writer, "create for writing");
+    assert_eq!(h.release(e.nodeid, o.fh), Ok(()));
 
     let locks = Harness::with(|c| c.posix_lock = true);
     let ino = locks.make_file(ROOT, "f", b"data");
-    let o = locks.open(ino, libc::O_RDONLY).unwrap();
-    assert_eq!(o.open_flags & fopen::NOFLUSH, 0, "--posix-lock");
+    for flags in [libc::O_RDONLY, libc::O_WRONLY] {
+        let o = locks.open(ino, flags).unwrap();
+        assert_eq!(o.open_flags & fopen::NOFLUSH, 0, "--posix-lock {flags:#o}");
+    }
 
     let wb = Harness::with(|c| c.writeback = true);
     let ino = wb.make_file(ROOT, "f", b"data");
-    let o = wb.open(ino, libc::O_RDONLY).unwrap();
-    assert_eq!(o.open_flags & fopen::NOFLUSH, 0, "writeback cache");
+    for flags in [libc::O_RDONLY, libc::O_WRONLY] {
+        let o = wb.open(ino, flags).unwrap();
+        assert_eq!(
+            o.open_flags & fopen::NOFLUSH,
+            0,
+            "writeback cache {flags:#o}"
+        );
+    }
 }
 
 #[test]

@@ -110,6 +110,21 @@ impl<F: FileSystem> Coherent<F> {
         self.mapper.sync(inode);
         f()
     }
+
+    /// The `open_flags` of a handle opened with guest `flags`: with a window, a writer's
+    /// close sends FLUSH whatever the inner filesystem said (`FOPEN_NOFLUSH` dropped). The
+    /// guest's `close` is where it has the server set mtime and ctime after stores through
+    /// the window (our guest kernel's `fuse_dax_flush_times()`, which `NOFLUSH` skips), and
+    /// FLUSH writes the inode's tails back before a host reader looks while the guest still
+    /// holds the file. A read-only handle keeps `NOFLUSH`: it stores nothing.
+    fn flush_for(&self, flags: u32, open_flags: OpenFlags) -> OpenFlags {
+        let writer = flags as i32 & libc::O_ACCMODE != libc::O_RDONLY;
+        if writer && self.mapper.window_size() > 0 {
+            open_flags & !crate::protocol::abi::fopen::NOFLUSH
+        } else {
+            open_flags
+        }
+    }
 }
 
 crate::protocol::filesystem::filesystem_impl! {
@@ -134,6 +149,7 @@ crate::protocol::filesystem::filesystem_impl! {
             self.mapper.shrinking(inode, 0);
         }
         self.resizing(inode, || self.inner.open(ctx, inode, flags, fuse_flags))
+            .map(|(fh, o)| (fh, self.flush_for(flags, o)))
     }
     fn create(&self, ctx, parent, name, mode, flags, umask, fuse_flags) {
         let r = self
@@ -143,7 +159,12 @@ crate::protocol::filesystem::filesystem_impl! {
             // CREATE of an existing file with O_TRUNC resizes it.
             self.mapper.refresh(e.inode);
         }
-        r
+        r.map(|(e, fh, o)| (e, fh, self.flush_for(flags, o)))
+    }
+    fn tmpfile(&self, ctx, parent, mode, flags, umask) {
+        self.inner
+            .tmpfile(ctx, parent, mode, flags, umask)
+            .map(|(e, fh, o)| (e, fh, self.flush_for(flags, o)))
     }
     fn read(&self, ctx, inode, handle, w, size, offset) {
         self.synced(inode, || {

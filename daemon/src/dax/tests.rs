@@ -884,6 +884,73 @@ fn a_flush_writes_back_while_the_window_maps_the_inode() {
 }
 
 #[test]
+fn a_writers_close_sends_flush_when_there_is_a_window() {
+    // With a window the guest's close of a writer is where it has the server set the times
+    // after stores through the window: NOFLUSH from the file system is dropped for writers
+    // only. Without a window the file system's answer stands.
+    use crate::protocol::abi::fopen;
+    use crate::protocol::filesystem::{Context, Entry, FileSystem, Handle, Inode, OpenFlags};
+    use std::ffi::CStr;
+    struct NoFlushes;
+    impl FileSystem for NoFlushes {
+        fn open(&self, _: &Context, _: Inode, _: u32, _: u32) -> io::Result<(Handle, OpenFlags)> {
+            Ok((1, fopen::NOFLUSH | fopen::KEEP_CACHE))
+        }
+        #[allow(clippy::too_many_arguments)]
+        fn create(
+            &self,
+            _: &Context,
+            _: Inode,
+            _: &CStr,
+            _: u32,
+            _: u32,
+            _: u32,
+            _: u32,
+        ) -> io::Result<(Entry, Handle, OpenFlags)> {
+            Ok((Entry::default(), 1, fopen::NOFLUSH))
+        }
+        fn tmpfile(
+            &self,
+            _: &Context,
+            _: Inode,
+            _: u32,
+            _: u32,
+            _: u32,
+        ) -> io::Result<(Entry, Handle, OpenFlags)> {
+            Ok((Entry::default(), 1, fopen::NOFLUSH))
+        }
+    }
+    let ctx = Context::default();
+    let (w, _rec, _f) = window();
+    let with = coherent::Coherent::new(NoFlushes, Some(Arc::new(w)));
+    let without = coherent::Coherent::new(NoFlushes, None);
+    let name = c"f";
+    for (flags, windowed) in [
+        (libc::O_RDONLY, fopen::NOFLUSH),
+        (libc::O_WRONLY, 0),
+        (libc::O_RDWR, 0),
+        (libc::O_RDWR | libc::O_APPEND, 0),
+    ] {
+        let f = flags as u32;
+        let o = with.open(&ctx, 7, f, 0).unwrap().1;
+        assert_eq!(o, windowed | fopen::KEEP_CACHE, "open {flags:#o}");
+        assert_eq!(
+            with.create(&ctx, 1, name, 0o644, f, 0, 0).unwrap().2,
+            windowed
+        );
+        assert_eq!(with.tmpfile(&ctx, 1, 0o644, f, 0).unwrap().2, windowed);
+        let o = without.open(&ctx, 7, f, 0).unwrap().1;
+        assert_eq!(
+            o,
+            fopen::NOFLUSH | fopen::KEEP_CACHE,
+            "no window {flags:#o}"
+        );
+        let o = without.create(&ctx, 1, name, 0o644, f, 0, 0).unwrap().2;
+        assert_eq!(o, fopen::NOFLUSH);
+    }
+}
+
+#[test]
 fn a_grown_shadow_holds_the_files_bytes() {
     // Issue #20 e: a longer mapping of a shadowed range grows the shadow; the grown part
     // must hold the file's bytes, not zeros.

@@ -146,7 +146,7 @@ impl PassthroughFs {
             self.kill_suidgid(fd.as_fd())?;
         }
         let fh = self.handles.insert(HandleData::file(inode, fd, hflags));
-        Ok((fh, self.file_open_flags(hflags)))
+        Ok((fh, self.file_open_flags(inode, hflags)))
     }
 
     /// Registers a freshly created (and opened) file: its inode and a handle.
@@ -161,7 +161,7 @@ impl PassthroughFs {
         let fh = self
             .handles
             .insert(HandleData::file(entry.inode, fd, hflags));
-        Ok((entry, fh, self.file_open_flags(hflags)))
+        Ok((entry, fh, self.file_open_flags(entry.inode, hflags)))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -215,7 +215,7 @@ impl PassthroughFs {
                 let fh = self
                     .handles
                     .insert(HandleData::file(entry.inode, fd, hflags));
-                return Ok((entry, fh, self.file_open_flags(hflags)));
+                return Ok((entry, fh, self.file_open_flags(entry.inode, hflags)));
             }
             Err(e) => return Err(e),
         };

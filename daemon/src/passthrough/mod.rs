@@ -518,24 +518,32 @@ impl PassthroughFs {
         Ok(data)
     }
 
-    /// `open_flags` for a file handle opened with host flags `hflags`, under the cache policy.
+    /// `open_flags` for a handle of inode `id` opened with host flags `hflags`, under the
+    /// cache policy.
     ///
-    /// A read-only handle also gets `NOFLUSH`: the guest's `close` of it sends no FLUSH, one
-    /// round trip less per file read (`cat`, compilers, `git status`). FLUSH has nothing to do
-    /// there: no data is written through a read-only description, the host `close` of its
-    /// duplicate writes nothing back (NFS flushes writers only), and the RELEASE that follows
-    /// (synchronous on virtio-fs) is a DAX sync point as FLUSH was. Not with `--posix-lock`:
-    /// FLUSH carries the closing owner, whose POSIX locks on the host end there. Not under
-    /// the guest's writeback cache (Linux flushes then anyway). libfuse's `passthrough_hp`
-    /// does the same.
-    fn file_open_flags(&self, hflags: libc::c_int) -> u32 {
+    /// `NOFLUSH` where FLUSH has nothing to do: the guest's `close` then sends none, one
+    /// round trip less per file read (`cat`, compilers, `git status`) or written (`tar x`,
+    /// `cp`). FLUSH's work on the host is the `close` of a duplicate of the handle's
+    /// descriptor. For a read-only handle that writes nothing anywhere (NFS flushes writers
+    /// only). For a writer it writes nothing on a file system without a `flush` operation
+    /// ([`CLOSE_WRITES_NOTHING`]), and every byte of the guest's `write` calls reached the
+    /// host file before their replies; the guest's dirty `mmap` pages still go out on
+    /// `munmap` and on write-back, as a local file system's do, and RELEASE (synchronous on
+    /// virtio-fs) is a DAX sync point as FLUSH was. Not with `--posix-lock`: FLUSH carries
+    /// the closing owner, whose POSIX locks on the host end there. Not under the guest's
+    /// writeback cache (Linux flushes then anyway). libfuse's `passthrough_hp` does the same
+    /// for read-only handles.
+    fn file_open_flags(&self, id: Inode, hflags: libc::c_int) -> u32 {
         let cache = match self.cfg.cache {
             CachePolicy::Never | CachePolicy::Metadata => fopen::DIRECT_IO,
             CachePolicy::Auto => 0,
             CachePolicy::Always => fopen::KEEP_CACHE,
         };
+        if self.cfg.posix_lock || self.negotiated.writeback.load(Ordering::Relaxed) {
+            return cache;
+        }
         let read_only = hflags & libc::O_ACCMODE == libc::O_RDONLY;
-        if read_only && !self.cfg.posix_lock && !self.negotiated.writeback.load(Ordering::Relaxed) {
+        if read_only || !self.do_flush_writes_back(id) {
             cache | fopen::NOFLUSH
         } else {
             cache
@@ -830,5 +838,35 @@ mod flush_tests {
         // procfs is not on the list: taken to write back.
         let (fs, v) = served(std::path::Path::new("/proc"), "version");
         assert!(fs.flush_writes_back(v));
+    }
+
+    /// A writer's close sends FLUSH only where the host close may write back.
+    #[test]
+    fn a_writer_needs_flush_only_where_the_host_close_writes_back() {
+        let ctx = Context::default();
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+        std::fs::write(shm.path().join("f"), b"x").unwrap();
+        let (fs, f) = served(shm.path(), "f");
+        for flags in [libc::O_WRONLY, libc::O_RDWR] {
+            let (fh, o) = fs.open(&ctx, f, flags as u32, 0).unwrap();
+            assert_eq!(o & fopen::NOFLUSH, fopen::NOFLUSH, "tmpfs {flags:#o}");
+            fs.release(&ctx, f, fh, false, 0).unwrap();
+        }
+        // Our own /proc/PID/comm: writable, on procfs, which is not on the list. Opened,
+        // never written.
+        let (fs, pid) = served(
+            std::path::Path::new("/proc"),
+            &std::process::id().to_string(),
+        );
+        let comm = fs
+            .lookup(&ctx, pid, &CString::new("comm").unwrap())
+            .unwrap()
+            .inode;
+        let (fh, o) = fs.open(&ctx, comm, libc::O_WRONLY as u32, 0).unwrap();
+        assert_eq!(o & fopen::NOFLUSH, 0, "procfs writer");
+        fs.release(&ctx, comm, fh, false, 0).unwrap();
+        let (fh, o) = fs.open(&ctx, comm, libc::O_RDONLY as u32, 0).unwrap();
+        assert_eq!(o & fopen::NOFLUSH, fopen::NOFLUSH, "procfs reader");
+        fs.release(&ctx, comm, fh, false, 0).unwrap();
     }
 }
