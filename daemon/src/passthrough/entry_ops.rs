@@ -128,7 +128,17 @@ impl PassthroughFs {
                 _ => return Err(err(libc::EINVAL)),
             }
             let kill = killpriv && valid & fattr::KILL_SUIDGID != 0 && valid & fattr::MODE == 0;
-            match h.as_ref().filter(|h| matches!(h.access(), Some((_, true)))) {
+            // Without a handle (Linux sends an `O_TRUNC` open's truncation so, after its
+            // OPEN; also `truncate(2)`), through a handle of the inode open for writing when
+            // there is one, not a descriptor of its own: ext4, xfs and btrfs write a file
+            // truncated to 0 out early when the truncating open file is closed (ext4's
+            // `auto_da_alloc`: a rewrite by `O_TRUNC` without fsync survives a host crash). A
+            // descriptor closed at once, before the rewrite, would spend that on nothing.
+            let writable = h
+                .clone()
+                .filter(|h| matches!(h.access(), Some((_, true))))
+                .or_else(|| self.handles.writer(inode));
+            match writable.as_ref() {
                 Some(h) => {
                     sys::ftruncate(h.fd(), a.size)?;
                     if kill {

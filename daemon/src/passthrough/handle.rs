@@ -206,6 +206,16 @@ impl HandleStore {
         map.remove(&fh).ok_or_else(ebadf)
     }
 
+    /// The most recent handle of `inode` open for writing, if any (one pass over the table,
+    /// as [`Self::lock_holder`]; asked only by a SETATTR that truncates without a handle).
+    pub fn writer(&self, inode: Inode) -> Option<Arc<HandleData>> {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        map.iter()
+            .filter(|(_, h)| h.inode == inode && matches!(h.access(), Some((_, true))))
+            .max_by_key(|(fh, _)| **fh)
+            .map(|(_, h)| h.clone())
+    }
+
     /// The guest pid that most recently locked `inode` as an owner other than `except`.
     pub fn lock_holder(&self, inode: Inode, except: u64) -> Option<u32> {
         let map = self.map.read().ok()?;

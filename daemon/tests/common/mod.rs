@@ -132,9 +132,21 @@ impl Harness {
         h
     }
 
+    /// [`Harness::new`] with the share in a temporary directory under `base` (for a test
+    /// that needs the host file system of the build directory, not of $TMPDIR).
+    pub fn new_in(base: &Path) -> Self {
+        let h = Self::uninit_in(base, |_| {}, MapperKind::Recording);
+        h.init();
+        h
+    }
+
     /// A server that has not seen INIT yet.
     pub fn uninit(tweak: impl FnOnce(&mut Config), mapper: MapperKind) -> Self {
-        let tmp = tempfile::tempdir().unwrap();
+        Self::uninit_in(&std::env::temp_dir(), tweak, mapper)
+    }
+
+    fn uninit_in(base: &Path, tweak: impl FnOnce(&mut Config), mapper: MapperKind) -> Self {
+        let tmp = tempfile::tempdir_in(base).unwrap();
         let share = tmp.path().join("share");
         let outside = tmp.path().join("outside");
         std::fs::create_dir(&share).unwrap();
