@@ -12,10 +12,11 @@
 //!
 //! An inode with no mappings costs one sharded lookup, never a global lock.
 
+use std::collections::HashMap;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::AsFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::protocol::abi::{Attr, FileLock, Kstatfs, SetattrIn};
@@ -32,6 +33,11 @@ pub trait Coherence: Mapper {
     /// Inode `owner` is about to be read, written or synced through the request queue:
     /// bring the file up to date with what the guest wrote through the window.
     fn sync(&self, _owner: u64) {}
+    /// [`Self::sync`] before a request that reads or writes only file bytes
+    /// `[offset, offset + len)`: pooled ranges mapping none of them are left alone.
+    fn sync_range(&self, owner: u64, _offset: u64, _len: u64) {
+        self.sync(owner)
+    }
     /// Inode `owner` may have changed size through the request queue: update its mappings.
     fn refresh(&self, _owner: u64) {}
     /// Inode `owner`'s file may shrink to `size` through the request queue (SETATTR with a
@@ -51,6 +57,23 @@ pub trait Coherence: Mapper {
     fn holds(&self, _owner: u64) -> bool {
         false
     }
+    /// Write-back errors as Linux's errseq reports them: where a handle opened on `owner`
+    /// now starts ([`Self::err_check`] reports errors after it).
+    fn err_sample(&self, _owner: u64) -> u64 {
+        0
+    }
+    /// The write-back error of `owner` recorded after `*since`, which moves past it.
+    fn err_check(&self, _owner: u64, _since: &mut u64) -> Option<i32> {
+        None
+    }
+    /// [`Self::err_sample`] for the whole share (SYNCFS).
+    fn err_sample_all(&self) -> u64 {
+        0
+    }
+    /// [`Self::err_check`] for the whole share (SYNCFS).
+    fn err_check_all(&self, _since: &mut u64) -> Option<i32> {
+        None
+    }
 }
 
 /// No window: nothing to keep coherent.
@@ -61,13 +84,24 @@ impl Coherence for NoMapper {}
 pub struct Coherent<F> {
     inner: F,
     mapper: Arc<dyn Coherence>,
+    /// Where each open handle stands in its inode's write-back error sequence (only with a
+    /// window): an error is reported once per handle, at its next FSYNC or FLUSH.
+    seen: Mutex<HashMap<Handle, u64>>,
+    /// The same for SYNCFS and FSYNCDIR (one sequence for the share).
+    seen_all: Mutex<u64>,
 }
 
 impl<F: FileSystem> Coherent<F> {
     /// Wraps `inner` around `window`; without one (`None`) the decorator only forwards.
     pub fn new(inner: F, window: Option<Arc<dyn Coherence>>) -> Self {
         let mapper = window.unwrap_or_else(|| Arc::new(NoMapper));
-        Coherent { inner, mapper }
+        let seen_all = Mutex::new(mapper.err_sample_all());
+        Coherent {
+            inner,
+            mapper,
+            seen: Mutex::new(HashMap::new()),
+            seen_all,
+        }
     }
 
     pub fn inner(&self) -> &F {
@@ -90,25 +124,76 @@ impl<F: FileSystem> Coherent<F> {
     /// copies of those bytes are re-read before the reply, whatever the file's timestamps
     /// say, and before the re-placement (which would otherwise re-read every copy of the
     /// file because this very write moved its mtime).
+    /// `len`: the bytes the request may write (only pooled ranges mapping them are merged
+    /// first and refreshed after).
     fn written(
         &self,
         inode: Inode,
         offset: u64,
+        len: u64,
         f: impl FnOnce() -> io::Result<usize>,
     ) -> io::Result<usize> {
-        self.mapper.sync(inode);
+        self.mapper.sync_range(inode, offset, len);
         let r = f();
-        if let Ok(n) = r {
-            self.mapper.written(inode, offset, n as u64);
+        match r {
+            Ok(n) => self.mapper.written(inode, offset, n as u64),
+            // A failed write or fallocate may still have moved the file's end.
+            Err(_) => self.mapper.refresh(inode),
         }
-        // A failed write or fallocate may still have moved the file's end.
-        self.mapper.refresh(inode);
         r
     }
 
     fn synced<T>(&self, inode: Inode, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
         self.mapper.sync(inode);
         f()
+    }
+
+    /// A sync point that reports write-back errors (FSYNC, FLUSH): the inode is written back
+    /// first, then `f` runs, then an error recorded since the handle last looked is
+    /// returned, once per handle, as `fsync(2)` and `close(2)` report one on Linux.
+    fn reported(
+        &self,
+        inode: Inode,
+        handle: Handle,
+        f: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<()> {
+        self.mapper.sync(inode);
+        f()?;
+        if self.mapper.window_size() == 0 {
+            return Ok(());
+        }
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        // A handle opened before the window existed starts from the beginning; nothing is
+        // inserted for one the table does not know (no growth a guest controls).
+        let mut unknown = 0;
+        let since = seen.get_mut(&handle).unwrap_or(&mut unknown);
+        match self.mapper.err_check(inode, since) {
+            Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Self::reported`] for the whole share (SYNCFS, FSYNCDIR).
+    fn reported_all(&self, f: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+        self.mapper.sync_all();
+        f()?;
+        let mut since = self.seen_all.lock().unwrap_or_else(|e| e.into_inner());
+        match self.mapper.err_check_all(&mut since) {
+            Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+            None => Ok(()),
+        }
+    }
+
+    /// A handle was opened on `inode`: it reports write-back errors from now on (and one
+    /// recorded before that nobody reported yet).
+    fn opened(&self, inode: Inode, handle: Handle) {
+        if self.mapper.window_size() > 0 {
+            let at = self.mapper.err_sample(inode);
+            self.seen
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(handle, at);
+        }
     }
 
     /// The `open_flags` of a handle opened with guest `flags`: with a window, a writer's
@@ -148,50 +233,61 @@ crate::protocol::filesystem::filesystem_impl! {
         if flags & libc::O_TRUNC as u32 != 0 {
             self.mapper.shrinking(inode, 0);
         }
-        self.resizing(inode, || self.inner.open(ctx, inode, flags, fuse_flags))
-            .map(|(fh, o)| (fh, self.flush_for(flags, o)))
+        let (fh, o) = self.resizing(inode, || self.inner.open(ctx, inode, flags, fuse_flags))?;
+        self.opened(inode, fh);
+        Ok((fh, self.flush_for(flags, o)))
     }
     fn create(&self, ctx, parent, name, mode, flags, umask, fuse_flags) {
         let r = self
             .inner
             .create(ctx, parent, name, mode, flags, umask, fuse_flags);
-        if let Ok((e, _, _)) = &r {
+        if let Ok((e, fh, _)) = &r {
             // CREATE of an existing file with O_TRUNC resizes it.
             self.mapper.refresh(e.inode);
+            self.opened(e.inode, *fh);
         }
         r.map(|(e, fh, o)| (e, fh, self.flush_for(flags, o)))
     }
     fn tmpfile(&self, ctx, parent, mode, flags, umask) {
-        self.inner
-            .tmpfile(ctx, parent, mode, flags, umask)
-            .map(|(e, fh, o)| (e, fh, self.flush_for(flags, o)))
+        let (e, fh, o) = self.inner.tmpfile(ctx, parent, mode, flags, umask)?;
+        self.opened(e.inode, fh);
+        Ok((e, fh, self.flush_for(flags, o)))
     }
     fn read(&self, ctx, inode, handle, w, size, offset) {
-        self.synced(inode, || {
-            self.inner.read(ctx, inode, handle, w, size, offset)
-        })
+        self.mapper.sync_range(inode, offset, u64::from(size));
+        self.inner.read(ctx, inode, handle, w, size, offset)
     }
     fn write(&self, ctx, inode, handle, r, size, offset, kill_priv) {
-        self.written(inode, offset, || {
+        self.written(inode, offset, u64::from(size), || {
             self.inner
                 .write(ctx, inode, handle, r, size, offset, kill_priv)
         })
     }
     fn release(&self, ctx, inode, handle, flock_release, lock_owner) {
+        if self.mapper.window_size() > 0 {
+            self.seen
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&handle);
+        }
         self.synced(inode, || {
             self.inner
                 .release(ctx, inode, handle, flock_release, lock_owner)
         })
     }
     fn fsync(&self, ctx, inode, datasync, handle) {
-        self.synced(inode, || self.inner.fsync(ctx, inode, datasync, handle))
+        self.reported(inode, handle, || {
+            self.inner.fsync(ctx, inode, datasync, handle)
+        })
     }
     fn flush_writes_back(&self, inode) {
         // FLUSH writes the inode's tails and pooled copies back first.
         self.mapper.holds(inode) || self.inner.flush_writes_back(inode)
     }
     fn flush(&self, ctx, inode, handle, lock_owner) {
-        self.synced(inode, || self.inner.flush(ctx, inode, handle, lock_owner))
+        self.reported(inode, handle, || {
+            self.inner.flush(ctx, inode, handle, lock_owner)
+        })
     }
     fn backing_fd(&self, inode, handle) {
         // With a DAX window every READ and WRITE must pass here (shadow tails, mapped
@@ -203,11 +299,10 @@ crate::protocol::filesystem::filesystem_impl! {
     }
     fn fsyncdir(&self, ctx, inode, datasync, handle) {
         // The guest's `sync` of a directory: every tail of the share reaches its file.
-        self.mapper.sync_all();
-        self.inner.fsyncdir(ctx, inode, datasync, handle)
+        self.reported_all(|| self.inner.fsyncdir(ctx, inode, datasync, handle))
     }
     fn fallocate(&self, ctx, inode, handle, mode, offset, length) {
-        self.written(inode, offset, || {
+        self.written(inode, offset, length, || {
             self.inner
                 .fallocate(ctx, inode, handle, mode, offset, length)
                 .map(|()| usize::try_from(length).unwrap_or(usize::MAX))
@@ -222,16 +317,15 @@ crate::protocol::filesystem::filesystem_impl! {
     fn copy_file_range(
         &self, ctx, inode_in, handle_in, off_in, inode_out, handle_out, off_out, len, flags
     ) {
-        self.mapper.sync(inode_in);
-        self.written(inode_out, off_out, || {
+        self.mapper.sync_range(inode_in, off_in, len);
+        self.written(inode_out, off_out, len, || {
             self.inner.copy_file_range(
                 ctx, inode_in, handle_in, off_in, inode_out, handle_out, off_out, len, flags,
             )
         })
     }
     fn syncfs(&self, ctx, inode) {
-        self.mapper.sync_all();
-        self.inner.syncfs(ctx, inode)
+        self.reported_all(|| self.inner.syncfs(ctx, inode))
     }
 }
 

@@ -207,6 +207,8 @@ impl Slots {
     /// [`Slots::new`] with the memfd named `name` (for `/proc/PID/fd`).
     pub fn named(name: &std::ffi::CStr, size: u64) -> io::Result<Slots> {
         let memfd = super::memfd::memfd(name, size)?;
+        // As large as the window for good: the frontend maps all of it (the pool).
+        super::memfd::add_seals(&memfd, libc::F_SEAL_GROW | libc::F_SEAL_SEAL)?;
         Ok(Slots { memfd, size })
     }
 
@@ -247,6 +249,11 @@ impl Slots {
         self.check(at, len)?;
         let done = super::memfd::copy_range(&other.memfd, at, &self.memfd, at, len, false)?;
         self.zero(at + done, len - done)
+    }
+
+    /// Whether `[start, end)` holds allocated pages.
+    pub fn has_data(&self, start: u64, end: u64) -> bool {
+        super::memfd::has_data(&self.memfd, start, end)
     }
 
     /// Zeros `[at, at + len)`: whole pages by punching them out of the memfd (which also

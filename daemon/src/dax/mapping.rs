@@ -175,6 +175,7 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
         // `unplace` tolerates).
         // While paused, `unplace` keeps them as orphans, unmapped once the device runs.
         let (live, parked, pool) = self.drain(false);
+        self.wait_claims(None, true);
         for (m, p) in live {
             self.unplace(m, &p);
         }
@@ -199,6 +200,8 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
             }
             self.free_slot(s, l);
         }
+        self.wb.clear_owners();
+        self.orphan_stranded();
         if self.running.load(Ordering::SeqCst) {
             let orphans =
                 std::mem::take(&mut self.table.lock().unwrap_or_else(|e| e.into_inner()).orphans);

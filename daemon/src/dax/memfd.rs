@@ -13,17 +13,29 @@ use super::MAP_ALIGNMENT;
 /// the length of the guest's mapping.
 pub(super) const CHUNK: usize = 256 << 10;
 
-/// A new memfd of `size` bytes (nothing allocated until written).
+/// A new memfd of `size` bytes (nothing allocated until written), sealed against shrinking:
+/// the frontend maps it, and a mapping past a shrunken end would be a SIGBUS in QEMU.
 pub(super) fn memfd(name: &std::ffi::CStr, size: u64) -> io::Result<File> {
     // SAFETY: `name` is NUL-terminated; memfd_create takes no other pointers.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: `fd` was just returned by memfd_create and nothing else owns it.
     let memfd = unsafe { File::from_raw_fd(fd) };
     memfd.set_len(size)?;
+    add_seals(&memfd, libc::F_SEAL_SHRINK)?;
     Ok(memfd)
+}
+
+/// Adds `seals` (`F_SEAL_*`) to a memfd made by [`memfd`].
+pub(super) fn add_seals(memfd: &File, seals: libc::c_int) -> io::Result<()> {
+    // SAFETY: F_ADD_SEALS takes an integer; `memfd` is a valid descriptor for the call.
+    if unsafe { libc::fcntl(memfd.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Copies `len` bytes of `src` from `from` to `dst` at `to`, a chunk at a time; stops early
@@ -194,6 +206,12 @@ fn seek(f: &File, at: u64, whence: libc::c_int) -> Option<u64> {
         return None;
     }
     Some(r as u64)
+}
+
+/// Whether `[start, end)` of `f` holds an allocated page (`SEEK_DATA`; true when the file
+/// system cannot tell).
+pub(super) fn has_data(f: &File, start: u64, end: u64) -> bool {
+    seek(f, start, libc::SEEK_DATA).map_or(true, |at| at < end)
 }
 
 /// Zeros `[at, at + len)` of `f`: whole pages by punching them out (which also frees them),

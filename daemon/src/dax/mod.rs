@@ -53,11 +53,13 @@ mod placement;
 mod pool;
 mod sink;
 mod stats;
+mod stranded;
 mod sync;
 mod table;
 pub mod tail;
 #[cfg(test)]
 mod tests;
+mod wberr;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -127,7 +129,8 @@ pub const WRITEBACK_PERIOD: Duration = Duration::from_secs(5);
 /// 3. `table` (`idle` waits on it) -> an `owners` shard;
 /// 4. `sink` (a read lock for one request to the frontend, its commit wait included) ->
 ///    `shmem_lock` -> `committed` (`committed_cv` waits on it);
-/// 5. leaves: `logged`, and [`host_watch`]'s registries (files sent to the frontend, owner
+/// 5. leaves: `logged`, `stranded` (a shadow of it is locked only after it is let go),
+///    the write-back errors, and [`host_watch`]'s registries (files sent to the frontend, owner
 ///    keys, a watch's expected ranges).
 ///
 /// Groups 2 and 3 are never held together either: code that needs a shadow and the table
@@ -175,6 +178,10 @@ pub struct DaxWindow<S: WindowSink = Backend> {
     committed: Mutex<TableUpdates>,
     /// Signalled at each memory-table update.
     committed_cv: Condvar,
+    /// Write-back errors, for FSYNC, FLUSH and SYNCFS to report.
+    wb: wberr::WbErrors,
+    /// Guest bytes whose write-back failed after their range left the window (leaf lock).
+    stranded: Mutex<Vec<stranded::Stranded>>,
 }
 
 fn einval(why: &str) -> io::Error {
@@ -233,6 +240,8 @@ impl<S: WindowSink> DaxWindow<S> {
             shmem_lock: Mutex::new(()),
             committed: Mutex::new(TableUpdates::default()),
             committed_cv: Condvar::new(),
+            wb: wberr::WbErrors::default(),
+            stranded: Mutex::new(Vec::new()),
         })
     }
 }

@@ -311,12 +311,18 @@ impl<S: WindowSink> DaxWindow<S> {
     }
 
     /// Writes a placement's shadow (or its pooled bytes) back: it is leaving the frontend.
+    /// Bytes that cannot be written now are kept ([`Self::strand`]), never dropped.
     pub(super) fn settle(&self, m: u64, p: &Placed) {
         if let Some(s) = &p.shadow {
-            self.sync_shadow(s);
+            if self.sync_shadow(s, Some(p.owner)).is_err() {
+                let writable = s.lock().unwrap_or_else(|e| e.into_inner()).writable();
+                if writable {
+                    self.strand(p.owner, (0, 0), p.foffset, p.len - p.file_len, s.clone());
+                }
+            }
         }
-        if p.pool_agreed.is_some() {
-            self.merge_pooled(m, p);
+        if p.pool_agreed.is_some() && self.merge_pooled(m, p).is_err() {
+            self.strand_pooled(m, p);
         }
     }
 

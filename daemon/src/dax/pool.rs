@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 
 use super::copy::{CopySig, Slots};
 use super::placement::Source;
+use super::stranded::errno_of;
 use super::table::Placed;
 use super::tail;
 use super::{eio, DaxWindow, WindowSink};
@@ -80,25 +81,44 @@ impl<S: WindowSink> DaxWindow<S> {
         if !self.ensure_pool(gen)? {
             return Ok(None);
         }
-        let sig = CopySig::of(src.file)?;
-        let slots = self.slots()?;
-        let copied = slots
-            .fill(moffset, len, src.file, req.foffset)
-            .map_err(|e| {
-                log::error!("copying a file range into the DAX pool at {moffset:#x}: {e}");
-                eio()
-            })?;
-        let pool_agreed = if writable {
-            self.agreed()
-                .and_then(|a| a.copy_from(slots, moffset, len))
-                .map_err(|e| {
-                    log::error!("keeping the agreed bytes of pooled range {moffset:#x}: {e}");
-                    eio()
-                })?;
-            Some(copied)
+        // Guest stores of this file range that an earlier write-back could not write are
+        // the guest's view of it, not the file's bytes.
+        let mut stranded = if writable {
+            self.unstrand(src.key, req.foffset, len)
         } else {
             None
         };
+        let filled = (|| {
+            let sig = CopySig::of(src.file)?;
+            let slots = self.slots()?;
+            let copied = slots
+                .fill(moffset, len, src.file, req.foffset)
+                .inspect_err(|e| {
+                    log::error!("copying a file range into the DAX pool at {moffset:#x}: {e}")
+                })?;
+            if !writable {
+                return Ok((sig, None, Some(sig)));
+            }
+            self.agreed()
+                .and_then(|a| a.copy_from(slots, moffset, len))
+                .inspect_err(|e| {
+                    log::error!("keeping the agreed bytes of pooled range {moffset:#x}: {e}")
+                })?;
+            match stranded.take() {
+                Some(s) => self
+                    .overlay_stranded(s, moffset)
+                    .map(|valid| (sig, Some(valid), None))
+                    .inspect_err(|e| {
+                        log::error!("taking stranded bytes into pooled range {moffset:#x}: {e}")
+                    }),
+                None => Ok((sig, Some(copied), Some(sig))),
+            }
+        })();
+        if let Some(s) = stranded {
+            // Not taken over: they stay stranded.
+            self.strand(s.owner, s.key, s.foffset, s.len, s.shadow);
+        }
+        let (sig, pool_agreed, pool_sig) = filled.map_err(|_| eio())?;
         self.counters.pooled.fetch_add(1, Ordering::Relaxed);
         Ok(Some(Placed {
             owner: req.owner,
@@ -113,7 +133,7 @@ impl<S: WindowSink> DaxWindow<S> {
             copy: if writable { None } else { Some(sig) },
             pooled: true,
             pool_agreed,
-            pool_sig: Some(sig),
+            pool_sig,
         }))
     }
 
@@ -129,11 +149,19 @@ impl<S: WindowSink> DaxWindow<S> {
 
     /// Merges a writable pooled range with its file (three ways, as a shadow); returns the
     /// new agreed length and the file's signature for the next merge to trust (if any),
-    /// `None` when there is nothing to merge or it failed (logged).
-    pub(super) fn merge_pooled(&self, m: u64, p: &Placed) -> Option<(u64, Option<CopySig>)> {
-        let old = p.pool_agreed?;
-        let f = p.file.as_ref()?;
-        let (slots, agreed) = (self.slots.get()?, self.agreed.get()?);
+    /// `None` when there is nothing to merge. A failure is logged and recorded against the
+    /// range's inode (the next FSYNC, FLUSH and SYNCFS report it); the range keeps its bytes.
+    pub(super) fn merge_pooled(
+        &self,
+        m: u64,
+        p: &Placed,
+    ) -> io::Result<Option<(u64, Option<CopySig>)>> {
+        let (Some(old), Some(f)) = (p.pool_agreed, p.file.as_ref()) else {
+            return Ok(None);
+        };
+        let (Some(slots), Some(agreed)) = (self.slots.get(), self.agreed.get()) else {
+            return Ok(None);
+        };
         let r = tail::merge(
             tail::Span {
                 file: slots.file(),
@@ -158,11 +186,16 @@ impl<S: WindowSink> DaxWindow<S> {
                     .written_back
                     .fetch_add(r.written, Ordering::Relaxed);
                 self.counters.pulled.fetch_add(r.pulled, Ordering::Relaxed);
-                Some((valid, sig))
+                Ok(Some((valid, sig)))
             }
             Err(e) => {
-                log::error!("merging pooled DAX range {m:#x} with its file failed: {e}");
-                None
+                log::error!(
+                    "writing pooled DAX range {m:#x} (inode {}) back to its file failed: {e}",
+                    p.owner
+                );
+                self.counters.wb_failures.fetch_add(1, Ordering::Relaxed);
+                self.wb.record(p.owner, errno_of(&e));
+                Err(e)
             }
         }
     }
@@ -179,13 +212,19 @@ impl<S: WindowSink> DaxWindow<S> {
         }
     }
 
-    /// Merges `owner`'s writable pooled ranges (or every one) with their files.
-    pub(super) fn sync_pooled(&self, owner: Option<u64>) {
-        let cands: Vec<(u64, u64)> = {
+    /// Merges `owner`'s writable pooled ranges (or every one) with their files; with
+    /// `range`, only those mapping part of file bytes `[start, end)`. A range the guest
+    /// remapped meanwhile is left as it is (its removal settled it).
+    pub(super) fn sync_pooled(&self, owner: Option<u64>, range: Option<(u64, u64)>) {
+        let cands: Vec<u64> = {
             let Ok(t) = self.table.lock() else { return };
             let pick = |m: &u64| {
                 let p = t.live.get(m)?;
-                p.pool_agreed.map(|_| (*m, p.len))
+                p.pool_agreed?;
+                let hit = range.map_or(true, |(s, e)| {
+                    p.foffset < e && s < p.foffset.saturating_add(p.len)
+                });
+                hit.then_some(*m)
             };
             match owner {
                 Some(o) => match t.by_owner.get(&o) {
@@ -195,24 +234,69 @@ impl<S: WindowSink> DaxWindow<S> {
                 None => t.live.keys().filter_map(pick).collect(),
             }
         };
-        for (m, len) in cands {
-            let Ok((gen, taken)) = self.claim(m, m + len) else {
+        for m in cands {
+            self.merge_at(m, owner);
+        }
+    }
+
+    /// Merges the writable pooled range mapped at `m` now (`owner`'s only, if given) with its
+    /// file. What the guest mapped at `m` may differ from what the caller saw: only the
+    /// placement at `m` is claimed, whatever its length, and no neighbour is touched.
+    pub(super) fn merge_at(&self, m: u64, owner: Option<u64>) {
+        let Some((gen, mut p)) = self.claim_one(m) else {
+            return;
+        };
+        if owner.map_or(true, |o| o == p.owner) {
+            if let Ok(Some((v, sig))) = self.merge_pooled(m, &p) {
+                p.pool_agreed = Some(v);
+                p.pool_sig = sig;
+            }
+        }
+        self.release(gen, m, Some(p), 0);
+    }
+
+    /// Returns the pool's pages outside every guest mapping to the host: a guest may store
+    /// anywhere in the window it maps (the pool is one frontend mapping of all of it), and
+    /// pages of ranges it never mapped, or that were freed, would otherwise stay allocated.
+    pub(super) fn trim_pool(&self) {
+        let Some(slots) = self.slots.get() else {
+            return;
+        };
+        let gaps: Vec<(u64, u64)> = {
+            let Ok(t) = self.table.lock() else { return };
+            if t.pool != Some(t.gen) {
+                return;
+            }
+            let mut gaps = Vec::new();
+            let mut at = 0;
+            let mut taken: Vec<(u64, u64)> = t.live.iter().map(|(&m, p)| (m, m + p.len)).collect();
+            taken.extend(t.busy.iter().map(|b| (b.start, b.end)));
+            taken.sort_unstable();
+            for (s, e) in taken {
+                if s > at {
+                    gaps.push((at, s));
+                }
+                at = at.max(e);
+            }
+            if at < self.size {
+                gaps.push((at, self.size));
+            }
+            gaps
+        };
+        for (s, e) in gaps {
+            if !slots.has_data(s, e) {
+                continue;
+            }
+            let Some(gen) = self.claim_empty(s, e) else {
                 continue;
             };
-            let mut placed = None;
-            for (s, mut p) in taken {
-                if s == m && placed.is_none() {
-                    if let Some((v, sig)) = self.merge_pooled(m, &p) {
-                        p.pool_agreed = Some(v);
-                        p.pool_sig = sig;
-                    }
-                    placed = Some(p);
-                } else {
-                    self.unplace(s, &p);
-                    self.unreserve(gen, p.regions);
-                }
+            if let Err(err) = slots.zero(s, e - s) {
+                log::debug!(
+                    "returning unmapped DAX pool pages {s:#x}+{:#x}: {err}",
+                    e - s
+                );
             }
-            self.release(gen, m, placed, 0);
+            self.release(gen, s, None, 0);
         }
     }
 }

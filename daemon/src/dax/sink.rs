@@ -107,6 +107,10 @@ impl<S: WindowSink> DaxWindow<S> {
         self.running.store(false, Ordering::SeqCst);
         self.wake_commit_waiters();
         let (live, parked, _pool) = self.drain(true);
+        // A merge in progress (the periodic write-back, a request's sync point) ends first:
+        // it never waits for the frontend, and a clean exit must not cut it short. Across
+        // the new generation its release settles the range again.
+        self.wait_claims(None, true);
         for (m, p) in live {
             self.settle(m, &p);
             if p.pooled {
@@ -116,6 +120,10 @@ impl<S: WindowSink> DaxWindow<S> {
         for (s, l) in parked {
             self.free_slot(s, l);
         }
+        // Inode numbers name other files in the next session: their errors go, stranded
+        // bytes stay (retried by the periodic write-back) under no inode.
+        self.wb.clear_owners();
+        self.orphan_stranded();
     }
 
     /// Ends the waits of [`Self::with_sink`] for a memory-table update (the device stopped).

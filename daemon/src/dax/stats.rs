@@ -112,6 +112,11 @@ window_stats! {
     /// SHMEM requests whose memory-table update had not reached the daemon yet when the
     /// frontend acknowledged them (each waited for it before the guest got its reply).
     commit_waits: Counted,
+    /// Write-backs of guest stores (shadows, pooled ranges) that failed: each recorded
+    /// against its inode and reported by the next FSYNC, FLUSH and SYNCFS.
+    wb_failures: Counted,
+    /// Ranges of guest stores kept after a failed write-back, waiting for the next one.
+    stranded: Counted,
 }
 
 impl std::fmt::Display for DaxStats {

@@ -4,14 +4,16 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::io;
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::coherent::Coherence;
 use super::copy::CopySig;
 use super::placement::{Plan, Source};
+use super::stranded::errno_of;
 use super::table::SharedShadow;
 use super::tail;
 use super::{file_size, DaxWindow, WindowSink};
@@ -52,8 +54,10 @@ impl<S: WindowSink> DaxWindow<S> {
         }
     }
 
-    /// Merges a shadow with its file, counting what moved.
-    pub(super) fn sync_shadow(&self, s: &SharedShadow) {
+    /// Merges a shadow with its file, counting what moved. A failure of a writable shadow
+    /// is a write-back error of `owner` (recorded, so its next FSYNC, FLUSH and SYNCFS report
+    /// it); the shadow keeps the guest's bytes for the next sync.
+    pub(super) fn sync_shadow(&self, s: &SharedShadow, owner: Option<u64>) -> io::Result<()> {
         let mut g = s.lock().unwrap_or_else(|e| e.into_inner());
         match g.sync() {
             Ok(r) => {
@@ -61,8 +65,18 @@ impl<S: WindowSink> DaxWindow<S> {
                     .written_back
                     .fetch_add(r.written, Ordering::Relaxed);
                 self.counters.pulled.fetch_add(r.pulled, Ordering::Relaxed);
+                Ok(())
             }
-            Err(e) => log::error!("syncing a DAX shadow with its file failed: {e}"),
+            Err(e) => {
+                log::error!("syncing a DAX shadow with its file failed: {e}");
+                if g.writable() {
+                    self.counters.wb_failures.fetch_add(1, Ordering::Relaxed);
+                    if let Some(o) = owner {
+                        self.wb.record(o, errno_of(&e));
+                    }
+                }
+                Err(e)
+            }
         }
     }
 
@@ -181,51 +195,77 @@ impl<S: WindowSink> DaxWindow<S> {
                 }
                 continue;
             }
-            let Ok((gen, taken)) = self.claim(m, m + len) else {
+            let Some((gen, mut p)) = self.claim_one(m) else {
                 continue;
             };
-            let mut placed = None;
-            for (s, mut p) in taken {
-                let same = s == m
-                    && p.copy.is_some()
-                    && p.file.as_ref().is_some_and(|x| Arc::ptr_eq(x, &f));
-                if same && placed.is_none() {
-                    match self.fill_slot(m, p.len, &f, p.foffset) {
-                        Ok(sig) => {
-                            p.copy = Some(sig);
-                            self.counters.recopied.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(e) => log::error!("refreshing DAX copy slot {m:#x}: {e}"),
+            // Re-placed meanwhile (another file, no longer a copy): put back as it is.
+            let same = p.copy.is_some() && p.file.as_ref().is_some_and(|x| Arc::ptr_eq(x, &f));
+            if same {
+                match self.fill_slot(m, p.len, &f, p.foffset) {
+                    Ok(sig) => {
+                        p.copy = Some(sig);
+                        self.counters.recopied.fetch_add(1, Ordering::Relaxed);
                     }
-                    placed = Some(p);
-                } else if s == m && placed.is_none() {
-                    // Re-placed meanwhile: put it back as it is.
-                    placed = Some(p);
-                } else {
-                    self.unplace(s, &p);
-                    self.unreserve(gen, p.regions);
+                    Err(e) => log::error!("refreshing DAX copy slot {m:#x}: {e}"),
                 }
             }
-            self.release(gen, m, placed, 0);
+            self.release(gen, m, Some(p), 0);
         }
+    }
+
+    /// Every shadow the table's placements use, each with the owner of one of them.
+    fn all_shadows(&self) -> Vec<(SharedShadow, Option<u64>)> {
+        let Ok(t) = self.table.lock() else {
+            return Vec::new();
+        };
+        let mut out: Vec<(SharedShadow, Option<u64>)> = Vec::new();
+        for p in t.live.values() {
+            if let Some(s) = &p.shadow {
+                if !out.iter().any(|(o, _)| Arc::ptr_eq(o, s)) {
+                    out.push((s.clone(), Some(p.owner)));
+                }
+            }
+        }
+        out
+    }
+}
+
+impl<S: WindowSink> DaxWindow<S> {
+    /// Whether a sync point of `owner` has work: mappings (or a claim holding them), or a
+    /// write-back error or stranded bytes of its own.
+    fn has_work(&self, owner: u64) -> bool {
+        self.owners.has(owner) || self.wb.has(owner)
+    }
+
+    /// [`Coherence::sync`], limited for pooled ranges to those mapping part of `range`.
+    fn sync_owner(&self, owner: u64, range: Option<(u64, u64)>) {
+        if !self.has_work(owner) {
+            return;
+        }
+        // A merge or a round trip holding the inode's placements ends first: its bytes
+        // count for this sync point.
+        self.wait_claims(Some(owner), false);
+        for s in self.shadows_of(owner) {
+            let _ = self.sync_shadow(&s, Some(owner));
+        }
+        self.retry_stranded(Some(owner));
+        self.sync_pooled(Some(owner), range);
+        self.relayout(owner);
+        self.recopy(Some(owner), None);
     }
 }
 
 impl<S: WindowSink> Coherence for DaxWindow<S> {
     fn holds(&self, owner: u64) -> bool {
-        self.owners.has(owner)
+        self.has_work(owner)
     }
 
     fn sync(&self, owner: u64) {
-        if !self.owners.has(owner) {
-            return;
-        }
-        for s in self.shadows_of(owner) {
-            self.sync_shadow(&s);
-        }
-        self.sync_pooled(Some(owner));
-        self.relayout(owner);
-        self.recopy(Some(owner), None);
+        self.sync_owner(owner, None);
+    }
+
+    fn sync_range(&self, owner: u64, offset: u64, len: u64) {
+        self.sync_owner(owner, Some((offset, offset.saturating_add(len))));
     }
 
     fn refresh(&self, owner: u64) {
@@ -234,9 +274,9 @@ impl<S: WindowSink> Coherence for DaxWindow<S> {
         }
         self.relayout(owner);
         for s in self.shadows_of(owner) {
-            self.sync_shadow(&s);
+            let _ = self.sync_shadow(&s, Some(owner));
         }
-        self.sync_pooled(Some(owner));
+        self.sync_pooled(Some(owner), None);
         self.recopy(Some(owner), None);
     }
 
@@ -251,21 +291,45 @@ impl<S: WindowSink> Coherence for DaxWindow<S> {
     }
 
     fn written(&self, owner: u64, offset: u64, len: u64) {
-        if self.owners.has(owner) {
-            self.sync_pooled(Some(owner));
-            self.recopy(Some(owner), Some((offset, offset.saturating_add(len))));
+        if !self.owners.has(owner) {
+            return;
         }
+        // What `refresh` does, with pooled ranges limited to the bytes written: a write
+        // changes no other byte of the file, and may only have moved its end (relayout,
+        // shadow tails).
+        let range = (offset, offset.saturating_add(len));
+        self.relayout(owner);
+        for s in self.shadows_of(owner) {
+            let _ = self.sync_shadow(&s, Some(owner));
+        }
+        self.sync_pooled(Some(owner), Some(range));
+        self.recopy(Some(owner), Some(range));
     }
 
     fn sync_all(&self) {
-        let all: Vec<SharedShadow> = {
-            let reg = self.shadows.lock().unwrap_or_else(|e| e.into_inner());
-            reg.values().filter_map(Weak::upgrade).collect()
-        };
-        for s in all {
-            self.sync_shadow(&s);
+        self.wait_claims(None, false);
+        for (s, owner) in self.all_shadows() {
+            let _ = self.sync_shadow(&s, owner);
         }
-        self.sync_pooled(None);
+        self.retry_stranded(None);
+        self.sync_pooled(None, None);
         self.recopy(None, None);
+        self.trim_pool();
+    }
+
+    fn err_sample(&self, owner: u64) -> u64 {
+        self.wb.sample(owner)
+    }
+
+    fn err_check(&self, owner: u64, since: &mut u64) -> Option<i32> {
+        self.wb.check(owner, since)
+    }
+
+    fn err_sample_all(&self) -> u64 {
+        self.wb.sample_all()
+    }
+
+    fn err_check_all(&self, since: &mut u64) -> Option<i32> {
+        self.wb.check_all(since)
     }
 }

@@ -85,6 +85,19 @@ impl Placed {
     }
 }
 
+/// A window range claimed by a request or a merge (see [`DaxWindow::claim`]).
+pub(super) struct Busy {
+    pub(super) start: u64,
+    pub(super) end: u64,
+    /// Owners of the placements the claim took out of `live`. They stay counted in
+    /// `owners` until the claim ends, so that a sync point of theirs sees them and waits
+    /// ([`DaxWindow::wait_claims`]) instead of reporting durable before the claim's merge.
+    pub(super) owners: Vec<u64>,
+    /// The claim only merges bytes with their files (no frontend round trip): a reset or a
+    /// clean exit waits for it to end.
+    pub(super) merging: bool,
+}
+
 /// A copy slot the guest removed: still mapped in the frontend, no guest mapping.
 pub(super) struct Parked {
     pub(super) len: u64,
@@ -95,8 +108,8 @@ pub(super) struct Parked {
 #[derive(Default)]
 pub(super) struct Table {
     pub(super) live: BTreeMap<u64, Placed>,
-    /// Window ranges with a frontend round trip in progress.
-    pub(super) busy: Vec<(u64, u64)>,
+    /// Window ranges with a frontend round trip or a merge in progress.
+    pub(super) busy: Vec<Busy>,
     pub(super) by_owner: HashMap<u64, BTreeSet<u64>>,
     /// Frontend mappings live or reserved for a round trip in progress.
     pub(super) regions: usize,
@@ -136,14 +149,26 @@ impl Table {
     }
 
     pub(super) fn is_busy(&self, start: u64, end: u64) -> bool {
-        self.busy.iter().any(|&(s, e)| s < end && start < e)
+        self.busy.iter().any(|b| b.start < end && start < b.end)
+    }
+
+    /// Marks `[start, end)` busy (see [`Busy`]).
+    pub(super) fn mark_busy(&mut self, start: u64, end: u64, owners: Vec<u64>, merging: bool) {
+        self.busy.push(Busy {
+            start,
+            end,
+            owners,
+            merging,
+        });
     }
 
     /// Releases the busy range holding `start` (busy ranges never overlap).
-    pub(super) fn unbusy(&mut self, start: u64) {
-        if let Some(i) = self.busy.iter().position(|&(s, e)| s <= start && start < e) {
-            self.busy.swap_remove(i);
-        }
+    pub(super) fn unbusy(&mut self, start: u64) -> Option<Busy> {
+        let i = self
+            .busy
+            .iter()
+            .position(|b| b.start <= start && start < b.end)?;
+        Some(self.busy.swap_remove(i))
     }
 
     pub(super) fn park(&mut self, moffset: u64, len: u64) {
@@ -299,11 +324,11 @@ impl<S: WindowSink> DaxWindow<S> {
         let mut taken = Vec::with_capacity(old.len());
         for s in old {
             if let Some(p) = t.remove(s) {
-                self.owners.sub(p.owner);
                 taken.push((s, p));
             }
         }
-        t.busy.push((bstart, bend));
+        let owners = taken.iter().map(|(_, p)| p.owner).collect();
+        t.mark_busy(bstart, bend, owners, false);
         let mut orphans = Vec::new();
         t.orphans.retain(|&(s, l)| {
             let hit = s < end && moffset < s + l;
@@ -324,33 +349,66 @@ impl<S: WindowSink> DaxWindow<S> {
 
     /// Ends a claim: publishes `placed` if the frontend still has it (same generation).
     pub(super) fn release(&self, gen: u64, moffset: u64, placed: Option<Placed>, freed: usize) {
+        self.release_all(gen, moffset, placed.map(|p| (moffset, p)), freed);
+    }
+
+    /// Ends the claim holding `moffset`: publishes `placed` (each at its window offset) if
+    /// the frontend still has them (same generation), and ends the claim's hold on the owners
+    /// it took out. Across a reset, pooled bytes are settled (written back, or kept when
+    /// that fails) and freed, anything else left for the frontend to have dropped.
+    pub(super) fn release_all(
+        &self,
+        gen: u64,
+        moffset: u64,
+        placed: impl IntoIterator<Item = (u64, Placed)>,
+        freed: usize,
+    ) {
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stale = Vec::new();
         if t.gen == gen {
             t.regions = t.regions.saturating_sub(freed);
-            if let Some(p) = placed {
+            for (m, p) in placed {
                 self.owners.add(p.owner);
-                t.insert(moffset, p);
+                t.insert(m, p);
             }
-        } else if let Some(p) = placed {
-            log::warn!("DAX mapping {moffset:#x} completed across a device reset: dropped");
-            if p.pooled {
-                // Nothing of its own in the frontend; its bytes are freed below.
-                drop(t);
-                self.free_pooled(moffset, &p);
-                t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-                t.unbusy(moffset);
-                drop(t);
-                self.idle.notify_all();
-                return;
-            }
-            if p.file_len > 0 {
-                t.orphans.push((moffset, p.file_len));
-            }
-            if p.file_len < p.len {
-                t.orphans.push((moffset + p.file_len, p.len - p.file_len));
+        } else {
+            for (m, p) in placed {
+                log::warn!("DAX mapping {m:#x} completed across a device reset: dropped");
+                if p.pooled {
+                    // Nothing of its own in the frontend; its bytes are settled below.
+                    stale.push((m, p));
+                    continue;
+                }
+                if p.file_len > 0 {
+                    t.orphans.push((m, p.file_len));
+                }
+                if p.file_len < p.len {
+                    t.orphans.push((m + p.file_len, p.len - p.file_len));
+                }
             }
         }
-        t.unbusy(moffset);
+        if !stale.is_empty() {
+            drop(t);
+            for (m, p) in stale {
+                self.settle(m, &p);
+                self.free_pooled(m, &p);
+            }
+            t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        }
+        self.end_claim(t, gen, moffset);
+    }
+
+    /// Unmarks the busy range holding `moffset` and, in the same generation, ends its hold on
+    /// the owners it took out (added back first by the caller where republished); wakes the
+    /// waiters.
+    fn end_claim(&self, mut t: MutexGuard<'_, Table>, gen: u64, moffset: u64) {
+        if let Some(b) = t.unbusy(moffset) {
+            if t.gen == gen {
+                for o in b.owners {
+                    self.owners.sub(o);
+                }
+            }
+        }
         drop(t);
         self.idle.notify_all();
     }
@@ -371,9 +429,61 @@ impl<S: WindowSink> DaxWindow<S> {
                 t.park(s, l);
             }
         }
-        t.unbusy(moffset);
-        drop(t);
-        self.idle.notify_all();
+        self.end_claim(t, gen, moffset);
+    }
+
+    /// Claims the live placement at `m` alone, however long it is now, for a merge or a
+    /// refresh that puts it back ([`Self::release`]): `None` when nothing is mapped at `m`.
+    /// Unlike [`Self::claim`] it never takes out a neighbour the guest mapped since the
+    /// caller looked.
+    pub(super) fn claim_one(&self, m: u64) -> Option<(u64, Placed)> {
+        let mut t = self.table.lock().ok()?;
+        let len = loop {
+            let len = t.live.get(&m)?.len;
+            if !t.is_busy(m, m + len) {
+                break len;
+            }
+            t = self.idle.wait(t).ok()?;
+        };
+        let p = t.remove(m)?;
+        t.mark_busy(m, m + len, vec![p.owner], true);
+        Some((t.gen, p))
+    }
+
+    /// Claims `[s, e)` only if nothing is live or busy there: `None` otherwise.
+    pub(super) fn claim_empty(&self, s: u64, e: u64) -> Option<u64> {
+        let mut t = self.table.lock().ok()?;
+        let live = t
+            .live
+            .range(..e)
+            .next_back()
+            .is_some_and(|(&m, p)| m + p.len > s);
+        if live || t.is_busy(s, e) {
+            return None;
+        }
+        t.mark_busy(s, e, Vec::new(), true);
+        Some(t.gen)
+    }
+
+    /// Waits until no claim holds a placement of `owner` (of any owner: `None`) out of the
+    /// table, or, with `merges_only`, until no merge is in progress at all.
+    pub(super) fn wait_claims(&self, owner: Option<u64>, merges_only: bool) {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let held = |t: &Table| {
+            t.busy.iter().any(|b| {
+                if merges_only {
+                    b.merging
+                } else {
+                    match owner {
+                        Some(o) => b.owners.contains(&o),
+                        None => !b.owners.is_empty(),
+                    }
+                }
+            })
+        };
+        while held(&t) {
+            t = self.idle.wait(t).unwrap_or_else(|e| e.into_inner());
+        }
     }
 
     /// Reserves `n` frontend mappings for a new guest mapping. More than one is granted only
@@ -406,7 +516,7 @@ impl<S: WindowSink> DaxWindow<S> {
                 return false;
             };
             t.parked.remove(&s);
-            t.busy.push((s, s + l));
+            t.mark_busy(s, s + l, Vec::new(), false);
             drop(t);
             self.unmap_parked(gen, s, l);
             self.counters.evicted.fetch_add(1, Ordering::Relaxed);
@@ -424,10 +534,8 @@ impl<S: WindowSink> DaxWindow<S> {
     /// caller) and gives its frontend mapping back to the budget.
     pub(super) fn unmap_parked(&self, gen: u64, s: u64, l: u64) {
         self.drop_parked(gen, s, l);
-        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-        t.unbusy(s);
-        drop(t);
-        self.idle.notify_all();
+        let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        self.end_claim(t, gen, s);
     }
 
     /// Takes a parked slot out of the frontend (or leaves it as an orphan while paused) and

@@ -291,6 +291,42 @@ impl Shadow {
         self.memfd.as_fd()
     }
 
+    /// A writable shadow of file range `[at, at + size)` that takes over the guest's bytes
+    /// and the agreed bytes of a pooled range (`size` bytes of `now` at `now_at`, `valid` of
+    /// `agreed` at `agreed_at`) whose stores could not be written back: the range leaves the
+    /// window, its bytes must not.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn adopt(
+        now: &File,
+        now_at: u64,
+        agreed: &File,
+        agreed_at: u64,
+        size: u64,
+        valid: u64,
+        file: Arc<File>,
+        at: u64,
+    ) -> io::Result<Shadow> {
+        let guest = memfd(c"daxfsd-stranded", size)?;
+        copy_range(now, now_at, &guest, 0, size, true)?;
+        let a = memfd(c"daxfsd-stranded-agreed", size)?;
+        copy_range(agreed, agreed_at, &a, 0, valid, true)?;
+        Ok(Shadow {
+            memfd: guest,
+            size,
+            agreed: Some(a),
+            valid,
+            at,
+            file: Some(file),
+            writable: true,
+            seen: None,
+        })
+    }
+
+    /// The guest's bytes, the agreed ones (if writable) and how many of those are valid.
+    pub(crate) fn parts(&self) -> (&File, Option<&File>, u64) {
+        (&self.memfd, self.agreed.as_ref(), self.valid)
+    }
+
     pub fn size(&self) -> u64 {
         self.size
     }

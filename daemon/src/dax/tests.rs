@@ -1309,3 +1309,252 @@ fn auto_copies_only_while_the_window_churns() {
         CopyMode::Off
     );
 }
+
+/// A host file that can be made to refuse writes: a memfd that takes `F_SEAL_WRITE` (pwrite
+/// then fails with EPERM, as on an immutable file).
+fn sealable_file(fill: u8, len: usize) -> File {
+    // SAFETY: the name is NUL-terminated; memfd_create takes no other pointers.
+    let fd = unsafe { libc::memfd_create(c"host".as_ptr(), libc::MFD_ALLOW_SEALING) };
+    assert!(fd >= 0, "memfd_create: {}", io::Error::last_os_error());
+    // SAFETY: a new descriptor nothing else owns.
+    let f = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    f.write_all_at(&vec![fill; len], 0).unwrap();
+    f
+}
+
+fn refuse_writes(f: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: F_ADD_SEALS takes an integer; `f` is a valid descriptor.
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_WRITE) };
+    assert_eq!(r, 0, "F_SEAL_WRITE: {}", io::Error::last_os_error());
+}
+
+/// A file system whose own calls succeed, with a new handle per open.
+#[derive(Default)]
+struct Opens(AtomicU64);
+
+impl crate::protocol::filesystem::FileSystem for Opens {
+    fn open(
+        &self,
+        _: &crate::protocol::filesystem::Context,
+        _: u64,
+        _: u32,
+        _: u32,
+    ) -> io::Result<(u64, crate::protocol::filesystem::OpenFlags)> {
+        Ok((self.0.fetch_add(1, Ordering::SeqCst) + 1, 0))
+    }
+    fn fsync(
+        &self,
+        _: &crate::protocol::filesystem::Context,
+        _: u64,
+        _: bool,
+        _: u64,
+    ) -> io::Result<()> {
+        Ok(())
+    }
+    fn flush(
+        &self,
+        _: &crate::protocol::filesystem::Context,
+        _: u64,
+        _: u64,
+        _: u64,
+    ) -> io::Result<()> {
+        Ok(())
+    }
+    fn syncfs(&self, _: &crate::protocol::filesystem::Context, _: u64) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn errno(r: io::Result<()>) -> Option<i32> {
+    r.err().map(|e| e.raw_os_error().unwrap_or(-1))
+}
+
+#[test]
+fn a_failed_pooled_write_back_is_reported_and_its_bytes_are_kept() {
+    // Issue #36, 1: the guest stores through a writable pooled range of a file the host no
+    // longer lets anyone write. FSYNC, FLUSH and SYNCFS fail with the error (never 0 while the
+    // bytes are not in the file); REMOVEMAPPING keeps them (stranded), and the next pooled
+    // mapping of the range shows them to the guest again.
+    use crate::protocol::filesystem::{Context, FileSystem};
+    let (w, rec) = running(8 * MB2, DEFAULT_MAP_BUDGET);
+    w.set_map_mode(super::mode::MapMode::Pooled);
+    let w = Arc::new(w);
+    let fs = coherent::Coherent::new(Opens::default(), Some(w.clone()));
+    let ctx = Context::default();
+    let host = sealable_file(7, 3 * MB2 as usize);
+    let (h1, _) = fs.open(&ctx, 5, libc::O_RDWR as u32, 0).unwrap();
+    map_at(&*w, 5, MB2, MB2, host.as_fd(), MB2, true).unwrap();
+    let pool = rec.fds.lock().unwrap()[&0].try_clone().unwrap();
+    pool.write_all_at(b"GUEST", MB2 + 10).unwrap();
+    assert_eq!(
+        errno(fs.fsync(&ctx, 5, false, h1)),
+        None,
+        "a write-back that works"
+    );
+    let mut got = [0u8; 5];
+    host.read_exact_at(&mut got, MB2 + 10).unwrap();
+    assert_eq!(&got, b"GUEST");
+
+    pool.write_all_at(b"LOST?", MB2 + 100).unwrap();
+    refuse_writes(&host);
+    let (h2, _) = fs.open(&ctx, 5, libc::O_RDWR as u32, 0).unwrap();
+    assert_eq!(errno(fs.fsync(&ctx, 5, false, h1)), Some(libc::EPERM));
+    assert_eq!(errno(fs.flush(&ctx, 5, h2, 0)), Some(libc::EPERM));
+    assert_eq!(errno(fs.syncfs(&ctx, 1)), Some(libc::EPERM));
+    assert_eq!(errno(fs.fsync(&ctx, 6, false, h1)), None, "another inode");
+    assert!(w.stats().wb_failures >= 3, "{}", w.stats());
+
+    // The guest removes the range: its bytes leave the pool but are kept.
+    w.unmap(MB2, MB2).unwrap();
+    assert_eq!(
+        pool_read(&rec, MB2 + 100, 5),
+        vec![0u8; 5],
+        "the pool is freed"
+    );
+    assert_eq!(w.stats().stranded, 1, "{}", w.stats());
+    assert_eq!(
+        errno(fs.fsync(&ctx, 5, false, h2)),
+        Some(libc::EPERM),
+        "still not written"
+    );
+    // Mapped again (another window offset): the guest sees its own bytes, not the file's.
+    map_at(&*w, 5, 3 * MB2, MB2, host.as_fd(), MB2, true).unwrap();
+    assert_eq!(w.stats().stranded, 0, "taken over");
+    assert_eq!(&pool_read(&rec, 3 * MB2 + 100, 5), b"LOST?");
+    assert_eq!(&pool_read(&rec, 3 * MB2 + 10, 5), b"GUEST");
+    // A reset cannot write them either: they stay stranded, not freed.
+    w.reset();
+    assert_eq!(w.stats().stranded, 1, "{}", w.stats());
+    host.read_exact_at(&mut got, MB2 + 100).unwrap();
+    assert_eq!(got, [7u8; 5], "the host file was never written");
+}
+
+#[test]
+fn a_sync_point_waits_for_a_merge_in_progress() {
+    // Issue #36, 2: a range claimed by another merge (the periodic write-back) is out of the
+    // table meanwhile; an FSYNC of its inode must wait for that merge, not report at once.
+    let (w, rec) = running(8 * MB2, DEFAULT_MAP_BUDGET);
+    w.set_map_mode(super::mode::MapMode::Pooled);
+    let w = Arc::new(w);
+    let host = data_file(7, MB2 as usize);
+    map_at(&*w, 5, 0, MB2, host.as_fd(), 0, true).unwrap();
+    let (gen, taken) = w.claim(0, MB2).unwrap();
+    let synced = Arc::new(AtomicBool::new(false));
+    let t = {
+        let (w, synced) = (w.clone(), synced.clone());
+        std::thread::spawn(move || {
+            w.sync(5);
+            synced.store(true, Ordering::SeqCst);
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !synced.load(Ordering::SeqCst),
+        "the sync point did not wait for the merge"
+    );
+    let pool = rec.fds.lock().unwrap()[&0].try_clone().unwrap();
+    pool.write_all_at(b"late", 64).unwrap();
+    let (m, p) = taken.into_iter().next().unwrap();
+    w.release(gen, m, Some(p), 0);
+    t.join().unwrap();
+    let mut got = [0u8; 4];
+    host.read_exact_at(&mut got, 64).unwrap();
+    assert_eq!(&got, b"late", "the sync point merged after the claim ended");
+}
+
+#[test]
+fn a_merge_of_a_stale_candidate_never_touches_its_neighbours() {
+    // Issue #36, 5: a sync point looks at the table, then claims. If the guest remapped
+    // meanwhile with other lengths, only what is mapped at that offset now may be claimed:
+    // a neighbour taken out and not put back would be freed (zeroed) while the guest maps it.
+    let (w, rec) = running(8 * MB2, DEFAULT_MAP_BUDGET);
+    w.set_map_mode(super::mode::MapMode::Pooled);
+    let f = data_file(7, 4 * MB2 as usize);
+    map_at(&w, 5, 0, 2 * MB2, f.as_fd(), 0, true).unwrap();
+    // What a sync point saw: (0, 4 MiB). The guest then remaps with 1 MiB ranges.
+    w.unmap(0, 2 * MB2).unwrap();
+    map_at(&w, 5, 0, MB2, f.as_fd(), 0, true).unwrap();
+    map_at(&w, 6, MB2, MB2, f.as_fd(), MB2, true).unwrap();
+    let pool = rec.fds.lock().unwrap()[&0].try_clone().unwrap();
+    pool.write_all_at(b"neighbour", MB2 + 8).unwrap();
+    w.merge_at(0, Some(5));
+    assert_eq!(
+        &pool_read(&rec, MB2 + 8, 9),
+        b"neighbour",
+        "still mapped, not zeroed"
+    );
+    assert_eq!(w.stats().mapped_bytes, 2 * MB2);
+    w.sync(6);
+    let mut got = [0u8; 9];
+    f.read_exact_at(&mut got, MB2 + 8).unwrap();
+    assert_eq!(&got, b"neighbour");
+}
+
+#[test]
+fn requests_merge_only_the_pooled_ranges_they_touch() {
+    // Issue #36, 4: a READ or WRITE of some bytes of an inode merges the writable pooled
+    // ranges mapping those bytes, not every range of the inode.
+    let (w, rec) = running(16 * MB2, DEFAULT_MAP_BUDGET);
+    w.set_map_mode(super::mode::MapMode::Pooled);
+    let f = data_file(7, 16 * MB2 as usize);
+    for i in 0..8u64 {
+        map_at(&w, 5, 2 * i * MB2, 2 * MB2, f.as_fd(), 2 * i * MB2, true).unwrap();
+    }
+    let pool = rec.fds.lock().unwrap()[&0].try_clone().unwrap();
+    for i in 0..8u64 {
+        pool.write_all_at(b"G", 2 * i * MB2).unwrap();
+    }
+    let before = w.stats().written_back;
+    w.sync_range(5, 32 * MB2, 4096);
+    assert_eq!(
+        w.stats().written_back,
+        before,
+        "past every mapped range: nothing merged"
+    );
+    w.sync_range(5, 6 * MB2 + 4096, 4096);
+    assert_eq!(
+        w.stats().written_back,
+        before + 1,
+        "the one range holding those bytes"
+    );
+    w.sync(5);
+    assert_eq!(w.stats().written_back, before + 8);
+}
+
+#[test]
+fn pool_pages_outside_guest_mappings_go_back_to_the_host() {
+    // Issue #36, 3: the pool is one frontend mapping of the whole window, so a guest can
+    // store into every page of it. After the periodic pass, the pool's memfd holds no more
+    // than the ranges the guest maps (st_blocks), however much it touched.
+    const GB: u64 = 1 << 30;
+    let (w, rec) = running(GB, DEFAULT_MAP_BUDGET);
+    w.set_map_mode(super::mode::MapMode::Pooled);
+    let f = data_file(7, 8 * MB2 as usize);
+    for i in 0..4u64 {
+        map_at(&w, 5, i * 64 * MB2, MB2, f.as_fd(), i * MB2, i % 2 == 0).unwrap();
+    }
+    let pool = rec.fds.lock().unwrap()[&0].try_clone().unwrap();
+    let chunk = vec![0x5au8; 8 << 20];
+    let mut at = 0;
+    while at < GB {
+        pool.write_all_at(&chunk, at).unwrap();
+        at += chunk.len() as u64;
+    }
+    let blocks = |f: &File| crate::sys::fstat(f.as_fd()).unwrap().st_blocks as u64 * 512;
+    assert!(blocks(&pool) >= GB, "the guest touched every page");
+    // Two of the four ranges go, then the periodic pass.
+    w.unmap(0, MB2).unwrap();
+    w.unmap(64 * MB2, MB2).unwrap();
+    w.sync_all();
+    assert!(
+        blocks(&pool) <= 2 * MB2,
+        "{} bytes held for 2 MiB mapped",
+        blocks(&pool)
+    );
+    assert_eq!(
+        &pool_read(&rec, 128 * MB2, 1),
+        &[0x5a],
+        "mapped ranges are kept"
+    );
+}
