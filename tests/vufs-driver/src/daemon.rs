@@ -186,19 +186,20 @@ impl DaemonBuilder {
             std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))?;
             std::os::unix::fs::chown(&log, Some(uid), Some(gid))?;
         }
-        // The driver's DAX tests count the SHMEM requests each guest mapping makes, which is
-        // what `--dax-mapping=direct` does; the daemon's default (pooled: one request per
-        // session) is asked for by name where a test means it.
+        // A test with a window that names no mapping mode runs in the mode of
+        // `VUFS_DAX_MAPPING` (`direct` when unset; `make test-unit` runs the DAX tests once
+        // more with `pooled`, the daemon's default). Tests of a mechanism one mode has (copy
+        // slots, the budget, shadow tails: direct; the pool) name it.
         let has = |p: &str| self.args.iter().any(|a| a.to_string_lossy().starts_with(p));
-        let direct =
-            (has("--dax-window") && !has("--dax-mapping")).then_some("--dax-mapping=direct");
+        let mapping = (has("--dax-window") && !has("--dax-mapping"))
+            .then(|| format!("--dax-mapping={}", crate::dax::mapping_mode()));
         let mut cmd = Command::new(&self.binary);
         cmd.arg(format!("--socket-path={}", socket.display()))
             .arg(format!("--shared-dir={}", shared.display()))
             .arg(format!("--cache={}", self.cache))
             .arg(format!("--sandbox={}", self.sandbox))
             .args(&self.args)
-            .args(direct)
+            .args(mapping)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(logf.try_clone()?)

@@ -23,6 +23,21 @@ const PAGE: u64 = 4096;
 /// is one region. The driver refuses a map past the limit and records a violation.
 pub const QEMU_SLOT_LIMIT: usize = 512 - 1;
 
+/// The DAX mapping mode a test with a window runs in when it names none: `VUFS_DAX_MAPPING`
+/// (`pooled` or `direct`), `direct` when unset.
+pub fn mapping_mode() -> &'static str {
+    match std::env::var("VUFS_DAX_MAPPING").as_deref() {
+        Ok("pooled") => "pooled",
+        Ok("direct") | Err(_) => "direct",
+        Ok(other) => panic!("VUFS_DAX_MAPPING={other}: use pooled or direct"),
+    }
+}
+
+/// Whether this run's DAX tests are pooled ([`mapping_mode`]).
+pub fn pooled() -> bool {
+    mapping_mode() == "pooled"
+}
+
 /// One live mapping in the window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mapping {

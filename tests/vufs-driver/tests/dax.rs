@@ -84,11 +84,21 @@ fn maps_file_ranges_into_the_window() {
     let e = r.s.lookup(abi::ROOT_ID, "dax.bin").unwrap();
     let o = r.s.open(e.nodeid, libc::O_RDWR as u32).unwrap();
 
+    // Pooled (VUFS_DAX_MAPPING=pooled, the daemon's default): the frontend holds one mapping
+    // of the whole window, made at the first SETUPMAPPING; the guest sees the same bytes.
+    let pooled = vufs_driver::dax::pooled();
     // Read-only range 0 at window offset 0.
     r.s.setupmapping(e.nodeid, o.fh, 0, MIB2, READ, 0).unwrap();
     let m = w.mappings();
     assert_eq!(m.len(), 1, "{m:?}");
-    assert_eq!((m[0].shm_offset, m[0].len, m[0].writable), (0, MIB2, false));
+    if pooled {
+        assert_eq!(
+            (m[0].shm_offset, m[0].len, m[0].writable),
+            (0, w.len(), true)
+        );
+    } else {
+        assert_eq!((m[0].shm_offset, m[0].len, m[0].writable), (0, MIB2, false));
+    }
     let mut buf = vec![0u8; 8192];
     w.read(0, &mut buf).unwrap();
     assert_eq!(buf, data[..8192]);
@@ -102,11 +112,19 @@ fn maps_file_ranges_into_the_window() {
     let m = w.mappings();
     assert_eq!(m.len(), 1, "{m:?}");
     assert!(m[0].writable);
-    assert!(
-        w.stats().unmap_requests > before.unmap_requests,
-        "upgrade without SHMEM_UNMAP"
-    );
+    if pooled {
+        assert_eq!(w.stats(), before, "a pooled upgrade sends nothing");
+    } else {
+        assert!(
+            w.stats().unmap_requests > before.unmap_requests,
+            "upgrade without SHMEM_UNMAP"
+        );
+    }
     w.write(100, b"written-through-dax").unwrap();
+    if pooled {
+        // Pooled stores reach the file at the sync points.
+        r.s.fsync(e.nodeid, o.fh, false).unwrap();
+    }
     assert_eq!(
         &fs::read(r.host("dax.bin")).unwrap()[100..119],
         b"written-through-dax"
@@ -117,7 +135,7 @@ fn maps_file_ranges_into_the_window() {
         .unwrap();
     w.read(MIB2, &mut buf).unwrap();
     assert_eq!(buf, data[MIB2 as usize..MIB2 as usize + 8192]);
-    assert_eq!(w.mappings().len(), 2);
+    assert_eq!(w.mappings().len(), if pooled { 1 } else { 2 });
 
     let ranges = [
         RemovemappingOne {
@@ -130,8 +148,14 @@ fn maps_file_ranges_into_the_window() {
         },
     ];
     r.s.removemapping(e.nodeid, &ranges).unwrap();
-    assert!(w.mappings().is_empty(), "{:?}", w.mappings());
-    assert!(w.read(0, &mut buf).is_err());
+    if pooled {
+        assert_eq!(w.mappings().len(), 1, "the pool stays");
+        w.read(0, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 0), "a removed range is freed");
+    } else {
+        assert!(w.mappings().is_empty(), "{:?}", w.mappings());
+        assert!(w.read(0, &mut buf).is_err());
+    }
     let st = w.stats();
     assert_eq!((st.maps_rejected, st.unmaps_rejected), (0, 0), "{st:?}");
     r.s.release(e.nodeid, o.fh, libc::O_RDWR as u32).unwrap();

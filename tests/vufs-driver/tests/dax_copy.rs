@@ -2,7 +2,9 @@
 //! like QEMU 11.1: read-only ranges served from a copy, parked on REMOVEMAPPING and refilled
 //! in place with no SHMEM request, upgraded to the file on a writable SETUPMAPPING, refreshed
 //! at the request path's sync points, zero past EOF, parked slots evicted for the budget, and
-//! `--dax-copy=off` exactly as without copy slots. Only daxfsd has a window.
+//! `--dax-copy=off` exactly as without copy slots. Only daxfsd has a window. Copy slots are
+//! how direct windows copy (a pooled window copies every mapping), so these name
+//! `--dax-mapping=direct` whatever `VUFS_DAX_MAPPING` says.
 
 mod common;
 
@@ -47,7 +49,11 @@ fn a_parked_slot_is_refilled_with_no_shmem_request() {
     let (a, b) = (bytes(6 << 20, 1), bytes(5000, 2));
     let (a2, b2) = (a.clone(), b.clone());
     let mut r = common::start_with(
-        &["--dax-window=64M", "--dax-copy=always"],
+        &[
+            "--dax-window=64M",
+            "--dax-copy=always",
+            "--dax-mapping=direct",
+        ],
         &DriverConfig::default(),
         |d| {
             fs::write(d.join("a"), &a2).unwrap();
@@ -121,7 +127,11 @@ fn an_upgrade_turns_a_copy_into_a_direct_mapping() {
     let data = bytes(4 << 20, 3);
     let d2 = data.clone();
     let mut r = common::start_with(
-        &["--dax-window=64M", "--dax-copy=always"],
+        &[
+            "--dax-window=64M",
+            "--dax-copy=always",
+            "--dax-mapping=direct",
+        ],
         &DriverConfig::default(),
         |d| fs::write(d.join("f"), &d2).unwrap(),
     );
@@ -172,7 +182,11 @@ fn host_writes_reach_a_copy_at_the_refresh_points() {
         return;
     }
     let mut r = common::start_with(
-        &["--dax-window=64M", "--dax-copy=always"],
+        &[
+            "--dax-window=64M",
+            "--dax-copy=always",
+            "--dax-mapping=direct",
+        ],
         &DriverConfig::default(),
         |d| fs::write(d.join("f"), bytes(100_000, 4)).unwrap(),
     );
@@ -240,7 +254,11 @@ fn parked_slots_are_evicted_for_the_budget() {
     // to leave room for 2 mappings and one per free range: (N - 1) - (budget - 2 - (N - 1)).
     let evict = 2 * N - DEFAULT_MAP_BUDGET as u64;
     let mut r = common::start_with(
-        &["--dax-window=512M", "--dax-copy=always"],
+        &[
+            "--dax-window=512M",
+            "--dax-copy=always",
+            "--dax-mapping=direct",
+        ],
         &DriverConfig::default(),
         |d| {
             fs::write(d.join("small"), bytes(4096, 5)).unwrap();
@@ -308,10 +326,11 @@ fn off_and_a_calm_auto_window_map_the_file() {
     for mode in ["--dax-copy=off", "--dax-copy=auto"] {
         let data = bytes(4 << 20, 7);
         let d2 = data.clone();
-        let mut r =
-            common::start_with(&["--dax-window=64M", mode], &DriverConfig::default(), |d| {
-                fs::write(d.join("f"), &d2).unwrap()
-            });
+        let mut r = common::start_with(
+            &["--dax-window=64M", "--dax-mapping=direct", mode],
+            &DriverConfig::default(),
+            |d| fs::write(d.join("f"), &d2).unwrap(),
+        );
         let w = r.s.dax().cloned().expect("no window");
         let e = r.s.lookup(abi::ROOT_ID, "f").unwrap();
         let o = r.s.open(e.nodeid, libc::O_RDONLY as u32).unwrap();

@@ -32,7 +32,11 @@ fn a_descriptor_into_a_shrunk_mapped_file_fails_only_its_request() {
     let p = dir.path();
     fs::write(p.join("f"), vec![0x5a; 4 << 20]).unwrap();
     fs::write(p.join("g"), b"untouched").unwrap();
-    let mut d = host::spawn(&host::daxfsd(), p, &["--dax-window=64M", "--dax-copy=off"]);
+    let mut d = host::spawn(
+        &host::daxfsd(),
+        p,
+        &["--dax-window=64M", "--dax-copy=off", "--dax-mapping=direct"],
+    );
     let cfg = DriverConfig::default();
     let s = host::connect(&d, &cfg);
     let w = s.dax().cloned().expect("a DAX window");
