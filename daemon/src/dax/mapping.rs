@@ -175,7 +175,7 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
         // `unplace` tolerates).
         // While paused, `unplace` keeps them as orphans, unmapped once the device runs.
         let (live, parked, pool) = self.drain(false);
-        self.wait_claims(None, true);
+        self.wait_claims(None, None, true);
         for (m, p) in live {
             self.unplace(m, &p);
         }

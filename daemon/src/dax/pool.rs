@@ -4,14 +4,26 @@
 
 use std::io;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use super::copy::{CopySig, Slots};
 use super::placement::Source;
 use super::stranded::errno_of;
 use super::table::Placed;
 use super::tail;
-use super::{eio, DaxWindow, WindowSink};
+use super::{eio, DaxWindow, WindowSink, MAP_ALIGNMENT};
 use crate::protocol::mapper::MapRequest;
+
+/// The bytes of a pooled range one claim merges at a time in a whole pass.
+pub(super) const MERGE_PART: u64 = 2 << 20;
+
+/// What [`DaxWindow::merge_pooled_part`] did: the range's agreed length, the file's signature
+/// from before it when it wrote nothing, and whether it merged the whole range.
+pub(super) struct Merged {
+    pub(super) agreed: u64,
+    pub(super) sig: Option<CopySig>,
+    pub(super) whole: bool,
+}
 
 impl<S: WindowSink> DaxWindow<S> {
     /// Whether a new guest mapping goes to the pool (see [`DaxWindow::pooled`]).
@@ -156,26 +168,51 @@ impl<S: WindowSink> DaxWindow<S> {
         m: u64,
         p: &Placed,
     ) -> io::Result<Option<(u64, Option<CopySig>)>> {
+        Ok(self
+            .merge_pooled_part(m, p, 0, p.len)?
+            .map(|r| (r.agreed, r.sig)))
+    }
+
+    /// [`Self::merge_pooled`] of bytes `[a, b)` of the range only (page aligned): the rest of
+    /// the range is not read. A part is merged only while the file's size leaves the range's
+    /// agreed length as it is; otherwise the whole range is (`Merged::whole`). The file's
+    /// signature from the last whole merge (`pool_sig`) still vouches for the bytes of a part
+    /// (any change of the file since, the merge's own writes included, moves it), so a part
+    /// whose file is unchanged is merged without reading the file; only a whole merge or a
+    /// whole pass ([`Self::merge_at`]) may set a new one.
+    pub(super) fn merge_pooled_part(
+        &self,
+        m: u64,
+        p: &Placed,
+        a: u64,
+        b: u64,
+    ) -> io::Result<Option<Merged>> {
         let (Some(old), Some(f)) = (p.pool_agreed, p.file.as_ref()) else {
             return Ok(None);
         };
         let (Some(slots), Some(agreed)) = (self.slots.get(), self.agreed.get()) else {
             return Ok(None);
         };
+        let b = b.min(p.len);
+        let part = (a > 0 || b < p.len)
+            && a < b
+            && super::file_size(f)
+                .is_ok_and(|size| size.saturating_sub(p.foffset).min(p.len) == old);
+        let (a, b) = if part { (a, b) } else { (0, p.len) };
         let r = tail::merge(
             tail::Span {
                 file: slots.file(),
-                at: m,
+                at: m + a,
             },
             Some(tail::Span {
                 file: agreed.file(),
-                at: m,
+                at: m + a,
             }),
-            old,
-            p.len,
+            old.saturating_sub(a).min(b - a),
+            b - a,
             tail::Span {
                 file: f,
-                at: p.foffset,
+                at: p.foffset + a,
             },
             true,
             p.pool_sig,
@@ -186,7 +223,11 @@ impl<S: WindowSink> DaxWindow<S> {
                     .written_back
                     .fetch_add(r.written, Ordering::Relaxed);
                 self.counters.pulled.fetch_add(r.pulled, Ordering::Relaxed);
-                Ok(Some((valid, sig)))
+                Ok(Some(Merged {
+                    agreed: if part { old } else { valid },
+                    sig,
+                    whole: !part,
+                }))
             }
             Err(e) => {
                 log::error!(
@@ -235,24 +276,93 @@ impl<S: WindowSink> DaxWindow<S> {
             }
         };
         for m in cands {
-            self.merge_at(m, owner);
+            self.merge_at(m, owner, range);
         }
     }
 
     /// Merges the writable pooled range mapped at `m` now (`owner`'s only, if given) with its
-    /// file. What the guest mapped at `m` may differ from what the caller saw: only the
-    /// placement at `m` is claimed, whatever its length, and no neighbour is touched.
-    pub(super) fn merge_at(&self, m: u64, owner: Option<u64>) {
+    /// file; with `range`, only its pages holding file bytes `[start, end)`. What the guest
+    /// mapped at `m` may differ from what the caller saw: only the placement at `m` is
+    /// claimed, whatever its length, and no neighbour is touched. A whole range longer than
+    /// [`MERGE_PART`] is merged a part at a time, each under a claim of its own, so a request
+    /// for the inode waits for one part at most, not for a 64 MiB range.
+    pub(super) fn merge_at(&self, m: u64, owner: Option<u64>, range: Option<(u64, u64)>) {
         let Some((gen, mut p)) = self.claim_one(m) else {
             return;
         };
-        if owner.map_or(true, |o| o == p.owner) {
-            if let Ok(Some((v, sig))) = self.merge_pooled(m, &p) {
-                p.pool_agreed = Some(v);
-                p.pool_sig = sig;
-            }
+        let mine = owner.map_or(true, |o| o == p.owner) && p.pool_agreed.is_some();
+        let (a, b) = match range {
+            None => (0, p.len),
+            Some((s, e)) => (
+                s.saturating_sub(p.foffset) / MAP_ALIGNMENT * MAP_ALIGNMENT,
+                e.saturating_sub(p.foffset).next_multiple_of(MAP_ALIGNMENT),
+            ),
+        };
+        if !mine || a >= b.min(p.len) {
+            self.release(gen, m, Some(p), 0);
+            return;
         }
-        self.release(gen, m, Some(p), 0);
+        if range.is_some() || p.len <= MERGE_PART {
+            if let Ok(Some(r)) = self.merge_pooled_part(m, &p, a, b) {
+                if r.whole {
+                    p.pool_agreed = Some(r.agreed);
+                    p.pool_sig = r.sig;
+                }
+            }
+            self.release(gen, m, Some(p), 0);
+            return;
+        }
+        // The whole range, part by part. Taken before any part reads the file: when no part
+        // wrote, the agreed bytes are the file's as of this signature.
+        let (Some(f), foffset, len) = (p.file.clone(), p.foffset, p.len) else {
+            self.release(gen, m, Some(p), 0);
+            return;
+        };
+        let start_sig = CopySig::of(&f).ok();
+        let mut clean = true;
+        let mut held = Some((gen, p));
+        let mut a = 0;
+        loop {
+            let (gen, mut p) = match held.take() {
+                Some(h) => h,
+                None => match self.claim_one(m) {
+                    Some(h) => h,
+                    None => return,
+                },
+            };
+            let same = p.pool_agreed.is_some()
+                && p.foffset == foffset
+                && p.len == len
+                && p.file.as_ref().is_some_and(|x| Arc::ptr_eq(x, &f));
+            if !same {
+                // Remapped meanwhile: its removal settled it.
+                self.release(gen, m, Some(p), 0);
+                return;
+            }
+            let b = (a + MERGE_PART).min(len);
+            match self.merge_pooled_part(m, &p, a, b) {
+                Ok(Some(r)) if r.whole => {
+                    // The file's size moved: the whole range was merged at once.
+                    p.pool_agreed = Some(r.agreed);
+                    p.pool_sig = r.sig;
+                    self.release(gen, m, Some(p), 0);
+                    return;
+                }
+                Ok(Some(r)) => clean &= r.sig.is_some(),
+                Ok(None) => {}
+                Err(_) => {
+                    self.release(gen, m, Some(p), 0);
+                    return;
+                }
+            }
+            a = b;
+            if a >= len {
+                p.pool_sig = if clean { start_sig } else { None };
+                self.release(gen, m, Some(p), 0);
+                return;
+            }
+            self.release(gen, m, Some(p), 0);
+        }
     }
 
     /// Returns the pool's pages outside every guest mapping to the host: a guest may store

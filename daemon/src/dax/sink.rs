@@ -110,7 +110,7 @@ impl<S: WindowSink> DaxWindow<S> {
         // A merge in progress (the periodic write-back, a request's sync point) ends first:
         // it never waits for the frontend, and a clean exit must not cut it short. Across
         // the new generation its release settles the range again.
-        self.wait_claims(None, true);
+        self.wait_claims(None, None, true);
         for (m, p) in live {
             self.settle(m, &p);
             if p.pooled {

@@ -244,7 +244,7 @@ impl<S: WindowSink> DaxWindow<S> {
         }
         // A merge or a round trip holding the inode's placements ends first: its bytes
         // count for this sync point.
-        self.wait_claims(Some(owner), false);
+        self.wait_claims(Some(owner), range, false);
         for s in self.shadows_of(owner) {
             let _ = self.sync_shadow(&s, Some(owner));
         }
@@ -307,7 +307,7 @@ impl<S: WindowSink> Coherence for DaxWindow<S> {
     }
 
     fn sync_all(&self) {
-        self.wait_claims(None, false);
+        self.wait_claims(None, None, false);
         for (s, owner) in self.all_shadows() {
             let _ = self.sync_shadow(&s, owner);
         }

@@ -92,10 +92,38 @@ pub(super) struct Busy {
     /// Owners of the placements the claim took out of `live`. They stay counted in
     /// `owners` until the claim ends, so that a sync point of theirs sees them and waits
     /// ([`DaxWindow::wait_claims`]) instead of reporting durable before the claim's merge.
-    pub(super) owners: Vec<u64>,
+    /// Each with the file range its placement maps (`foffset`, `len`).
+    pub(super) owners: Vec<Held>,
     /// The claim only merges bytes with their files (no frontend round trip): a reset or a
     /// clean exit waits for it to end.
     pub(super) merging: bool,
+}
+
+/// A placement a claim holds out of the table: its inode and the file bytes it maps.
+#[derive(Clone, Copy)]
+pub(super) struct Held {
+    pub(super) owner: u64,
+    pub(super) foffset: u64,
+    pub(super) len: u64,
+}
+
+impl Held {
+    pub(super) fn of(p: &Placed) -> Held {
+        Held {
+            owner: p.owner,
+            foffset: p.foffset,
+            len: p.len,
+        }
+    }
+
+    /// Whether it is `owner`'s (any owner's: `None`) and maps part of file bytes `range`
+    /// (all: `None`).
+    fn matches(&self, owner: Option<u64>, range: Option<(u64, u64)>) -> bool {
+        owner.map_or(true, |o| o == self.owner)
+            && range.map_or(true, |(s, e)| {
+                self.foffset < e && s < self.foffset.saturating_add(self.len)
+            })
+    }
 }
 
 /// A copy slot the guest removed: still mapped in the frontend, no guest mapping.
@@ -153,7 +181,7 @@ impl Table {
     }
 
     /// Marks `[start, end)` busy (see [`Busy`]).
-    pub(super) fn mark_busy(&mut self, start: u64, end: u64, owners: Vec<u64>, merging: bool) {
+    pub(super) fn mark_busy(&mut self, start: u64, end: u64, owners: Vec<Held>, merging: bool) {
         self.busy.push(Busy {
             start,
             end,
@@ -327,7 +355,7 @@ impl<S: WindowSink> DaxWindow<S> {
                 taken.push((s, p));
             }
         }
-        let owners = taken.iter().map(|(_, p)| p.owner).collect();
+        let owners = taken.iter().map(|(_, p)| Held::of(p)).collect();
         t.mark_busy(bstart, bend, owners, false);
         let mut orphans = Vec::new();
         t.orphans.retain(|&(s, l)| {
@@ -404,8 +432,8 @@ impl<S: WindowSink> DaxWindow<S> {
     fn end_claim(&self, mut t: MutexGuard<'_, Table>, gen: u64, moffset: u64) {
         if let Some(b) = t.unbusy(moffset) {
             if t.gen == gen {
-                for o in b.owners {
-                    self.owners.sub(o);
+                for h in b.owners {
+                    self.owners.sub(h.owner);
                 }
             }
         }
@@ -446,7 +474,7 @@ impl<S: WindowSink> DaxWindow<S> {
             t = self.idle.wait(t).ok()?;
         };
         let p = t.remove(m)?;
-        t.mark_busy(m, m + len, vec![p.owner], true);
+        t.mark_busy(m, m + len, vec![Held::of(&p)], true);
         Some((t.gen, p))
     }
 
@@ -465,19 +493,22 @@ impl<S: WindowSink> DaxWindow<S> {
         Some(t.gen)
     }
 
-    /// Waits until no claim holds a placement of `owner` (of any owner: `None`) out of the
-    /// table, or, with `merges_only`, until no merge is in progress at all.
-    pub(super) fn wait_claims(&self, owner: Option<u64>, merges_only: bool) {
+    /// Waits until no claim holds a placement of `owner` (of any owner: `None`) mapping part
+    /// of file bytes `range` (any: `None`) out of the table, or, with `merges_only`, until no
+    /// merge is in progress at all.
+    pub(super) fn wait_claims(
+        &self,
+        owner: Option<u64>,
+        range: Option<(u64, u64)>,
+        merges_only: bool,
+    ) {
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         let held = |t: &Table| {
             t.busy.iter().any(|b| {
                 if merges_only {
                     b.merging
                 } else {
-                    match owner {
-                        Some(o) => b.owners.contains(&o),
-                        None => !b.owners.is_empty(),
-                    }
+                    b.owners.iter().any(|h| h.matches(owner, range))
                 }
             })
         };

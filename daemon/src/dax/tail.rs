@@ -111,9 +111,12 @@ pub(crate) fn merge(
         return Ok((o, old, next(&o)));
     }
     let end = old.max(in_file);
-    let mut nowb = vec![0u8; CHUNK];
-    let mut agb = vec![0u8; CHUNK];
-    let mut hostb = vec![0u8; CHUNK];
+    // A chunk at most, and no more than the merge covers: a merge of one page (a request's
+    // part of a pooled range) must not zero three chunks first.
+    let buf = CHUNK.min(usize::try_from(end).unwrap_or(CHUNK));
+    let mut nowb = vec![0u8; buf];
+    let mut agb = vec![0u8; buf];
+    let mut hostb = vec![0u8; buf];
     let mut c = 0u64;
     while c < end {
         let n = (end - c).min(CHUNK as u64) as usize;
@@ -207,8 +210,9 @@ fn merge_guest_only(
     if !writable {
         return Ok(out);
     }
-    let mut nowb = vec![0u8; CHUNK];
-    let mut agb = vec![0u8; CHUNK];
+    let buf = CHUNK.min(usize::try_from(old).unwrap_or(CHUNK));
+    let mut nowb = vec![0u8; buf];
+    let mut agb = vec![0u8; buf];
     let mut c = 0u64;
     while c < old {
         let n = (old - c).min(CHUNK as u64) as usize;

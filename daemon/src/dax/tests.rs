@@ -1478,7 +1478,7 @@ fn a_merge_of_a_stale_candidate_never_touches_its_neighbours() {
     map_at(&w, 6, MB2, MB2, f.as_fd(), MB2, true).unwrap();
     let pool = rec.fds.lock().unwrap()[&0].try_clone().unwrap();
     pool.write_all_at(b"neighbour", MB2 + 8).unwrap();
-    w.merge_at(0, Some(5));
+    w.merge_at(0, Some(5), None);
     assert_eq!(
         &pool_read(&rec, MB2 + 8, 9),
         b"neighbour",
@@ -1513,13 +1513,22 @@ fn requests_merge_only_the_pooled_ranges_they_touch() {
         "past every mapped range: nothing merged"
     );
     w.sync_range(5, 6 * MB2 + 4096, 4096);
+    assert_eq!(w.stats().written_back, before, "its page holding no store");
+    w.sync_range(5, 6 * MB2, 4096);
     assert_eq!(
         w.stats().written_back,
         before + 1,
-        "the one range holding those bytes"
+        "the one page holding those bytes"
+    );
+    pool.write_all_at(b"H", 6 * MB2 + 8192).unwrap();
+    w.sync_range(5, 6 * MB2 + 3, 2);
+    assert_eq!(
+        w.stats().written_back,
+        before + 1,
+        "another page of the range stays"
     );
     w.sync(5);
-    assert_eq!(w.stats().written_back, before + 8);
+    assert_eq!(w.stats().written_back, before + 9);
 }
 
 #[test]

@@ -5,7 +5,12 @@
 //! cargo run --release -p vufs-driver --example protobench -- [options]
 //!   --daemon D[,ARG]  daxfsd | virtiofsd | PATH, with extra daemon arguments after commas
 //!                     (e.g. daxfsd,--thread-pool-size=4); repeatable; default: daxfsd and
-//!                     virtiofsd
+//!                     virtiofsd. `@dax-ranges=N` among them is protobench's: before the
+//!                     run, map N writable 64 MiB DAX ranges of the file the requests use
+//!                     (window offsets 0, 64M, ...; the daemon needs a window that large) and
+//!                     store a byte into each, as a guest writing through DAX would;
+//!                     `@dax-from=MIB` maps them from that file offset on (default 0: over
+//!                     the bytes the requests read; past 64 the file's end, beside them)
 //!   --op OP           read (4 KiB READ) | write (4 KiB WRITE over the same file) | getattr |
 //!                     lookup (of one name) | readdirplus (4 KiB of a 64-entry directory) |
 //!                     cat (what `cat FILE` costs a `--cache=never` mount, one file at a
@@ -156,14 +161,55 @@ fn kind(name: &str) -> DaemonKind {
     }
 }
 
-/// `NAME[,ARG...]`: the daemon's binary and its extra arguments.
-fn daemon_spec(spec: &str) -> io::Result<(PathBuf, Vec<String>)> {
+/// `NAME[,ARG...]`: the daemon's binary, its extra arguments, and the DAX ranges to map
+/// first (`@dax-ranges=N`).
+fn daemon_spec(spec: &str) -> io::Result<(PathBuf, Vec<String>, (u64, u64))> {
     let mut parts = spec.split(',');
     let name = parts.next().unwrap_or_default();
     let bin = kind(name)
         .binary()
         .map_err(|e| io::Error::other(format!("{name}: {e}")))?;
-    Ok((bin, parts.map(String::from).collect()))
+    let (mut ranges, mut from) = (0, 0);
+    let mut args = Vec::new();
+    for a in parts {
+        let num = |v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| io::Error::other(format!("{spec}: bad {a}")))
+        };
+        if let Some(n) = a.strip_prefix("@dax-ranges=") {
+            ranges = num(n)?;
+        } else if let Some(n) = a.strip_prefix("@dax-from=") {
+            from = num(n)? << 20;
+        } else {
+            args.push(a.to_string());
+        }
+    }
+    Ok((bin, args, (ranges, from)))
+}
+
+/// Maps `n` writable 64 MiB DAX ranges of the target's file (see `@dax-ranges`) and stores a
+/// byte into each through the window.
+fn map_ranges(t: &Target, (n, from): (u64, u64)) -> io::Result<()> {
+    const RANGE: u64 = 64 << 20;
+    if n == 0 {
+        return Ok(());
+    }
+    let w =
+        t.s.dax()
+            .cloned()
+            .ok_or_else(|| io::Error::other("@dax-ranges: the daemon offers no DAX window"))?;
+    for k in 0..n {
+        t.s.setupmapping(
+            t.nodeid,
+            t.fh,
+            from + k * RANGE,
+            RANGE,
+            abi::SETUPMAPPING_FLAG_READ | abi::SETUPMAPPING_FLAG_WRITE,
+            k * RANGE,
+        )?;
+        w.write(k * RANGE + 4096, &[k as u8 + 1])?;
+    }
+    Ok(())
 }
 
 /// A share with one 64 MiB file of non-zero bytes and a directory of 64 files of 4 KiB.
@@ -436,7 +482,7 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
 
 fn rate(o: &Opts, name: &str, share: &Path, op: Op, out: &mut Out) -> io::Result<()> {
     let seccomp = o.seccomp.as_deref().unwrap_or("kill");
-    let (bin, args) = daemon_spec(name)?;
+    let (bin, args, ranges) = daemon_spec(name)?;
     let t = start(
         &bin,
         &args,
@@ -445,6 +491,7 @@ fn rate(o: &Opts, name: &str, share: &Path, op: Op, out: &mut Out) -> io::Result
         o.queues,
         Duration::from_secs(10),
     )?;
+    map_ranges(&t, ranges)?;
     let lock = if o.blocked_lock {
         Some(blocked_lock(&t, share)?)
     } else {
@@ -548,7 +595,7 @@ fn callgrind_run(
 
 fn callgrind(o: &Opts, name: &str, share: &Path, n: u64, out: &mut Out) -> io::Result<()> {
     let seccomp = o.seccomp.as_deref().unwrap_or("none");
-    let (bin, args) = daemon_spec(name)?;
+    let (bin, args, _) = daemon_spec(name)?;
     let base = callgrind_run(&bin, &args, share, seccomp, Op::Read, 0)?;
     for &op in &o.ops {
         let total = callgrind_run(&bin, &args, share, seccomp, op, n)?;
