@@ -16,7 +16,8 @@
 #   alive            QEMU and the daemon lived through every step and the guest finished
 #   full_write       with 6 MiB free, `write` into a sparse 16 MiB file fails with ENOSPC (at
 #                    a write or at fsync), in both modes
-#   full_mmap        the same with `mmap`: direct, the writer dies of SIGBUS (status 135: the
+#   full_mmap        the same with `mmap` (after the guest truncated the first file back to
+#                    a hole, so 6 MiB are free again): direct, the writer dies of SIGBUS (status 135: the
 #                    page fault's SETUPMAPPING is refused with ENOSPC, as a local file system
 #                    that cannot allocate at a fault does); pooled, msync or fsync fails with
 #                    ENOSPC (or SIGBUS, should the pool refuse the mapping)
@@ -86,6 +87,8 @@ st() { echo "STATUS $1 $2 $(tail -n 1 /tmp/$1.out 2>/dev/null)"; }
 waitfor() { i=0; while [ ! -e "$1" ] && [ $i -lt 1500 ]; do sleep 0.2; i=$((i + 1)); done; [ -e "$1" ]; }
 grep -q ' /mnt virtiofs .*dax=always' /proc/mounts || echo "GUEST not a dax=always mount: $(grep /mnt /proc/mounts)"
 $W write /mnt/pat /mnt/w_sp >/tmp/full_write.out 2>&1; st full_write $?
+# The space the write took back (a guest truncate), so the mmap writer also stops part way.
+truncate -s 0 /mnt/w_sp && truncate -s 16777216 /mnt/w_sp
 $W mmap /mnt/pat /mnt/m_sp >/tmp/full_mmap.out 2>&1; st full_mmap $?
 echo "@@DAX-FULL-FULL@@"
 waitfor /mnt/freed || echo "GUEST the host did not free space"
