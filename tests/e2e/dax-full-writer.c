@@ -3,7 +3,8 @@
  *
  *   dax-full-writer write|mmap SRC DST [GO]
  *
- * Opens DST read-write; with GO, says "opened" and waits until the file GO exists (the host
+ * Opens DST read-write; with GO, loads its first byte through a shared mapping (the guest
+ * maps that range read-only), says "opened" and waits until the file GO exists (the host
  * acts between the open and the first store). Then copies SRC over the start of DST:
  *   write  pwrite(2) in 1 MiB pieces, then fsync(2) (what `dd conv=notrunc,fsync` does);
  *   mmap   stores through a MAP_SHARED mapping, then msync(MS_SYNC), munmap, fsync(2).
@@ -73,6 +74,15 @@ int main(int argc, char **argv)
     if (d < 0)
         return fail("open", errno);
     if (argc == 5) {
+        /* A load through a mapping first: the guest maps the range (read-only), so the
+         * daemon holds the file open for DAX before the host acts. */
+        const char *r = mmap(NULL, 4096, PROT_READ, MAP_SHARED, d, 0);
+        if (r == MAP_FAILED)
+            return fail("mmap to read", errno);
+        volatile char c = r[0];
+        (void)c;
+        if (munmap((void *)r, 4096) < 0)
+            return fail("munmap after reading", errno);
         printf("dax-full-writer: opened\n");
         fflush(stdout);
         for (int i = 0; access(argv[4], F_OK) != 0; i++) {

@@ -4,10 +4,13 @@
 # hybrid policy's 512 KiB ranges), --cache auto. Needs root (mounts).
 #
 #   tests/e2e/dax-full.sh [-v] [-d DAEMON] [--mapping pooled|direct]... [--fs tmpfs|ext4]...
+#                         [--case full|immutable]...
 #
 # For each file system (default: tmpfs, then ext4) and each mapping mode (default: pooled,
 # daxfsd's default, then direct) one boot on a fresh file system mounted for it as the share:
-# tmpfs size=64m, or a 128 MiB ext4 image (mkfs -m 0) on a loop device. Mounts, loop
+# tmpfs size=64m, or a 128 MiB ext4 image (mkfs -m 0 -b 4096: 1 KiB blocks, mkfs's default for
+# so small a file system, make the guest's msync of a DAX mapping fail with EIO, see README)
+# on a loop device. Mounts, loop
 # devices and immutable flags are undone on every exit (lib.sh's RIG_CLEANUP).
 # The guest's writer is tests/e2e/dax-full-writer.c, built static on the host and run from
 # the share: it copies a 16 MiB host file (`pat`) over a file with pwrite + fsync (`write`)
@@ -23,8 +26,9 @@
 #                    ENOSPC (or SIGBUS, should the pool refuse the mapping)
 #   rewrite_write, rewrite_mmap   the host frees the space; the same writer again exits 0 and
 #                    the host file's md5 is `pat`'s
-# ext4 only (its file made immutable with chattr +i after the guest opened it read-write,
-# before the writer's first store; nothing of it is mapped yet):
+# ext4 only (its file made immutable with chattr +i after the guest opened it read-write and
+# loaded its first page through a mapping, so the daemon holds it open for DAX and the
+# guest has its first range mapped read-only; before the writer's first store):
 #   imm_write        `write` fails with EPERM, both modes
 #   imm_mmap         `mmap`: direct, SIGBUS (SETUPMAPPING refused with EPERM); pooled, msync
 #                    or fsync fails with EPERM (or SIGBUS)
@@ -39,18 +43,22 @@ RIG_TAG=e2e-dax-full
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 cd "$RIG_ROOT"
 
-verbose=() daemon=() modes=() fss=()
+verbose=() daemon=() modes=() fss=() cases=()
 while (($#)); do
     case $1 in
         -v) verbose=(-v); shift ;;
         -d) [[ -n ${2:-} ]] || die "-d needs a daemon path"; daemon=(-d "$2"); shift 2 ;;
         --mapping) [[ ${2:-} =~ ^(pooled|direct)$ ]] || die "--mapping needs pooled or direct"; modes+=("$2"); shift 2 ;;
         --fs) [[ ${2:-} =~ ^(tmpfs|ext4)$ ]] || die "--fs needs tmpfs or ext4"; fss+=("$2"); shift 2 ;;
-        *) die "unknown argument '$1' (use -v, -d DAEMON, --mapping pooled|direct, --fs tmpfs|ext4)" ;;
+        --case) [[ ${2:-} =~ ^(full|immutable)$ ]] || die "--case needs full or immutable"; cases+=("$2"); shift 2 ;;
+        *) die "unknown argument '$1' (use -v, -d DAEMON, --mapping pooled|direct, --fs tmpfs|ext4, --case full|immutable)" ;;
     esac
 done
 ((${#modes[@]})) || modes=(pooled direct)
 ((${#fss[@]})) || fss=(tmpfs ext4)
+((${#cases[@]})) || cases=(full immutable)
+full=0 imm=0
+for c in "${cases[@]}"; do [[ $c == full ]] && full=1; [[ $c == immutable ]] && imm=1; done
 ((EUID == 0)) || die "needs root: it mounts a tmpfs and an ext4 image on a loop device"
 need_cmd gcc gcc
 need_cmd mkfs.ext4 e2fsprogs
@@ -73,7 +81,15 @@ teardown() {
     if [[ -n $loopdev ]]; then losetup -d "$loopdev" || true; fi
     loopdev=""
 }
-RIG_CLEANUP+=(teardown "rm -rf -- $(printf %q "$work")")
+# A VM still running (the script interrupted): stopped first (vm.sh stops QEMU and the daemon),
+# so nothing holds the file system when it is unmounted.
+vmpid=""
+stop_vm() {
+    [[ -n $vmpid ]] && kill -0 "$vmpid" 2>/dev/null || return 0
+    kill -TERM "$vmpid" 2>/dev/null || true
+    wait "$vmpid" 2>/dev/null || true
+}
+RIG_CLEANUP+=(stop_vm teardown "rm -rf -- $(printf %q "$work")")
 logs="$DAXFSD_CACHE/logs"
 mkdir -p "$logs"
 
@@ -86,14 +102,16 @@ W=/mnt/dax-full-writer
 st() { echo "STATUS $1 $2 $(tail -n 1 /tmp/$1.out 2>/dev/null)"; }
 waitfor() { i=0; while [ ! -e "$1" ] && [ $i -lt 1500 ]; do sleep 0.2; i=$((i + 1)); done; [ -e "$1" ]; }
 grep -q ' /mnt virtiofs .*dax=always' /proc/mounts || echo "GUEST not a dax=always mount: $(grep /mnt /proc/mounts)"
-$W write /mnt/pat /mnt/w_sp >/tmp/full_write.out 2>&1; st full_write $?
-# The space the write took back (a guest truncate), so the mmap writer also stops part way.
-truncate -s 0 /mnt/w_sp && truncate -s 16777216 /mnt/w_sp
-$W mmap /mnt/pat /mnt/m_sp >/tmp/full_mmap.out 2>&1; st full_mmap $?
-echo "@@DAX-FULL-FULL@@"
-waitfor /mnt/freed || echo "GUEST the host did not free space"
-$W write /mnt/pat /mnt/w_sp >/tmp/rewrite_write.out 2>&1; st rewrite_write $?
-$W mmap /mnt/pat /mnt/m_sp >/tmp/rewrite_mmap.out 2>&1; st rewrite_mmap $?
+if [ -e /mnt/w_sp ]; then
+    $W write /mnt/pat /mnt/w_sp >/tmp/full_write.out 2>&1; st full_write $?
+    # The space the write took back (a guest truncate): the mmap writer also stops part way.
+    truncate -s 0 /mnt/w_sp && truncate -s 16777216 /mnt/w_sp
+    $W mmap /mnt/pat /mnt/m_sp >/tmp/full_mmap.out 2>&1; st full_mmap $?
+    echo "@@DAX-FULL-FULL@@"
+    waitfor /mnt/freed || echo "GUEST the host did not free space"
+    $W write /mnt/pat /mnt/w_sp >/tmp/rewrite_write.out 2>&1; st rewrite_write $?
+    $W mmap /mnt/pat /mnt/m_sp >/tmp/rewrite_mmap.out 2>&1; st rewrite_mmap $?
+fi
 if [ -e /mnt/imm_w ]; then
     $W write /mnt/pat /mnt/imm_w /mnt/imm.go >/tmp/imm_write.out 2>&1 &
     p1=$!
@@ -133,17 +151,19 @@ for fs in "${fss[@]}"; do
             mount -t tmpfs -o size=64m,mode=0755 daxfsd-full "$mnt"
         else
             truncate -s 128M "$work/ext4-$t.img"
-            mkfs.ext4 -q -F -m 0 "$work/ext4-$t.img"
+            mkfs.ext4 -q -F -m 0 -b 4096 "$work/ext4-$t.img"
             loopdev=$(losetup -f --show "$work/ext4-$t.img")
             mount -t ext4 "$loopdev" "$mnt"
         fi
         cp "$work/dax-full-writer" "$work/pat" "$mnt/"
-        files=(w_sp m_sp)
-        [[ $fs == ext4 ]] && files+=(imm_w imm_m)
+        files=()
+        ((full)) && files+=(w_sp m_sp)
+        [[ $fs == ext4 ]] && ((imm)) && files+=(imm_w imm_m)
+        ((${#files[@]})) || { log "$t: no case runs on $fs"; teardown; continue; }
         for f in "${files[@]}"; do truncate -s 16M "$mnt/$f"; done
         # Leave 6 MiB free: the writers stop a third of the way in.
         avail=$(($(stat -f -c '%a * %S' "$mnt")))
-        fallocate -l $((avail - (6 << 20))) "$mnt/filler"
+        ((full)) && fallocate -l $((avail - (6 << 20))) "$mnt/filler"
         log "$t: $(($(stat -f -c '%a * %S' "$mnt") >> 20)) MiB free on $fs; --dax-mapping=$mode, the guest writes 16 MiB files"
         logf="$logs/e2e-dax-full-$t-$(date +%Y%m%d-%H%M%S)-$$.log"
         rc=0
@@ -151,12 +171,12 @@ for fs in "${fss[@]}"; do
             -o dax=always -s "$mnt" --script "$work/guest.sh" -m 1G -T 600 -l "$logf" \
             >"$work/out-$t.txt" 2>"$work/err-$t.txt" &
         vmpid=$!
-        if wait_marker "$logf" "$vmpid" '@@DAX-FULL-FULL@@'; then
+        if ((full)) && wait_marker "$logf" "$vmpid" '@@DAX-FULL-FULL@@'; then
             rm -f "$mnt/filler"
             touch "$mnt/freed"
             log "$t: the host freed the space"
         fi
-        if [[ $fs == ext4 ]] && wait_marker "$logf" "$vmpid" '@@DAX-FULL-OPENED@@'; then
+        if [[ $fs == ext4 ]] && ((imm)) && wait_marker "$logf" "$vmpid" '@@DAX-FULL-OPENED@@'; then
             immutable=("$mnt/imm_w" "$mnt/imm_m")
             chattr +i "${immutable[@]}"
             touch "$mnt/imm.go"
@@ -168,6 +188,7 @@ for fs in "${fss[@]}"; do
             fi
         fi
         wait "$vmpid" || rc=$?
+        vmpid=""
         out=$work/out-$t.txt
         grep -E '^(STATUS|GUEST) ' "$out" || true
         grep -ao 'dax: maps=.*' "${logf%.log}.daemon.log" | tail -n 1 || true
@@ -191,8 +212,9 @@ for fs in "${fss[@]}"; do
             fi
         }
         landed() { [[ $(status "$1") == 0 && $(md5 "$mnt/$2") == "$want" && $(stat -c %s "$mnt/$2") == $((16 << 20)) ]]; }
-        checks=(full_write:ENOSPC full_mmap:ENOSPC)
-        [[ $fs == ext4 ]] && checks+=(imm_write:EPERM imm_mmap:EPERM)
+        checks=() lands=()
+        ((full)) && checks+=(full_write:ENOSPC full_mmap:ENOSPC) lands+=(rewrite_write:w_sp rewrite_mmap:m_sp)
+        [[ $fs == ext4 ]] && ((imm)) && checks+=(imm_write:EPERM imm_mmap:EPERM) lands+=(imm_rewrite_write:imm_w imm_rewrite_mmap:imm_m)
         for c in "${checks[@]}"; do
             n=${c%%:*} e=${c#*:}
             if failed "$n" "$e"; then
@@ -201,8 +223,6 @@ for fs in "${fss[@]}"; do
                 bad "${n}_$t" "writer status '$(status "$n")' ($(said "$n")); want $([[ $n == *mmap && $mode == direct ]] && echo "135 (SIGBUS)" || echo "1 naming $e")"
             fi
         done
-        lands=(rewrite_write:w_sp rewrite_mmap:m_sp)
-        [[ $fs == ext4 ]] && lands+=(imm_rewrite_write:imm_w imm_rewrite_mmap:imm_m)
         for c in "${lands[@]}"; do
             n=${c%%:*} f=${c#*:}
             if landed "$n" "$f"; then
