@@ -24,6 +24,11 @@
 #                    page fault's SETUPMAPPING is refused with ENOSPC, as a local file system
 #                    that cannot allocate at a fault does); pooled, msync or fsync fails with
 #                    ENOSPC (or SIGBUS, should the pool refuse the mapping)
+#   upgrade_read     last (the host fills the file system again) a 4 KiB `write` into the allocated first page
+#                    of a file whose first range the guest mapped read-only (a load through
+#                    mmap) and whose other pages are holes: exits 0 or fails with ENOSPC, and
+#                    the guest then reads that page as the host file has it at the end, never
+#                    as zeros (a refused read-only -> writable upgrade must not leave a hole)
 #   rewrite_write, rewrite_mmap   the host frees the space; the same writer again exits 0 and
 #                    the host file's md5 is `pat`'s
 # ext4 only (its file made immutable with chattr +i after the guest opened it read-write and
@@ -129,6 +134,15 @@ if [ -e /mnt/imm_w ]; then
     $W write /mnt/pat /mnt/imm_w >/tmp/imm_rewrite_write.out 2>&1; st imm_rewrite_write $?
     $W mmap /mnt/pat /mnt/imm_m >/tmp/imm_rewrite_mmap.out 2>&1; st imm_rewrite_mmap $?
 fi
+if [ -e /mnt/u ]; then
+    # Last (QEMU died here on ext4 with direct mappings): the host fills the file system
+    # again; a 4 KiB store into the allocated first page of a range the guest has mapped
+    # read-only (the writer loads it first), whose other pages are holes.
+    echo "@@DAX-FULL-REFILL@@"
+    waitfor /mnt/refilled || echo "GUEST the host did not fill the file system again"
+    $W write /mnt/pat4k /mnt/u /mnt/u.go >/tmp/upgrade_write.out 2>&1; st upgrade_write $?
+    echo "UPGRADE $(head -c 4096 /mnt/u | md5sum | cut -d' ' -f1)"
+fi
 echo "@@DAX-FULL-END@@"
 EOF
 
@@ -157,10 +171,15 @@ for fs in "${fss[@]}"; do
         fi
         cp "$work/dax-full-writer" "$work/pat" "$mnt/"
         files=()
-        ((full)) && files+=(w_sp m_sp)
+        ((full)) && files+=(w_sp m_sp u)
         [[ $fs == ext4 ]] && ((imm)) && files+=(imm_w imm_m)
         ((${#files[@]})) || { log "$t: no case runs on $fs"; teardown; continue; }
         for f in "${files[@]}"; do truncate -s 16M "$mnt/$f"; done
+        if ((full)); then
+            head -c 4096 /dev/zero | tr '\0' A | dd of="$mnt/u" conv=notrunc status=none
+            head -c 4096 /dev/zero | tr '\0' B >"$mnt/pat4k"
+            touch "$mnt/u.go"
+        fi
         # Leave 6 MiB free: the writers stop a third of the way in.
         avail=$(($(stat -f -c '%a * %S' "$mnt")))
         ((full)) && fallocate -l $((avail - (6 << 20))) "$mnt/filler"
@@ -186,6 +205,12 @@ for fs in "${fss[@]}"; do
                 immutable=()
                 touch "$mnt/imm.off"
             fi
+        fi
+        if ((full)) && wait_marker "$logf" "$vmpid" '@@DAX-FULL-REFILL@@'; then
+            avail=$(($(stat -f -c '%a * %S' "$mnt")))
+            ((avail == 0)) || fallocate -l "$avail" "$mnt/filler" || true
+            touch "$mnt/refilled"
+            log "$t: the host filled the file system again ($(($(stat -f -c '%a * %S' "$mnt") >> 10)) KiB free)"
         fi
         wait "$vmpid" || rc=$?
         vmpid=""
@@ -223,6 +248,19 @@ for fs in "${fss[@]}"; do
                 bad "${n}_$t" "writer status '$(status "$n")' ($(said "$n")); want $([[ $n == *mmap && $mode == direct ]] && echo "135 (SIGBUS)" || echo "1 naming $e")"
             fi
         done
+        if ((full)); then
+            # The guest's view of that page then equals the host file's at the end: the
+            # store's bytes (it landed, or stays to be written back), or the old ones (it
+            # failed), never a hole of the window (zeros).
+            got=$(sed -n 's/^UPGRADE \([0-9a-f]*\)$/\1/p' "$out" | tail -n 1)
+            host=$(head -c 4096 "$mnt/u" | md5)
+            s=$(status upgrade_write)
+            if [[ -n $got && $got == "$host" ]] && { [[ $s == 0 ]] || failed upgrade_write ENOSPC; }; then
+                ok "upgrade_read_$t"
+            else
+                bad "upgrade_read_$t" "writer status '$s' ($(said upgrade_write)); the guest read page 0 as ${got:-nothing}, the host file has $host (A*4096 $(head -c 4096 /dev/zero | tr '\0' A | md5), B*4096 $(head -c 4096 /dev/zero | tr '\0' B | md5), zeros $(head -c 4096 /dev/zero | md5))"
+            fi
+        fi
         for c in "${lands[@]}"; do
             n=${c%%:*} f=${c#*:}
             if landed "$n" "$f"; then
