@@ -19,6 +19,7 @@
 #   test-fuzz     each fuzz target for FUZZ_SECONDS
 #   test-e2e, test-e2e-virtiofsd   the guest suite (pci, mmio) against daxfsd, virtiofsd
 #   test-dax, test-dax-policy, test-dax-copy   DAX end to end on QEMU 11.1
+#   test-dax-host, test-dax-full   host truncates of mapped files; a full or immutable share
 #   test-escape, test-lifecycle, test-migrate  escapes, stop/cont/SIGTERM, live migration
 #   test-launchers, test-lima      libvirt, virtme-ng, Kata, podman, lima
 #   test-acl, test-fhandles        POSIX ACLs/xattrmap, file-handle descriptors
@@ -127,6 +128,14 @@ test-dax-copy: kernel initramfs qemu build
 test-dax-host: kernel initramfs qemu build
 	tests/e2e/dax-host.sh
 
+# A DAX guest writing (write+fsync, mmap+msync) while the share's host file system is full (a
+# small tmpfs, an ext4 image on a loop device) or its file immutable, pooled and direct: the
+# guest gets the errno (or SIGBUS for mmap stores, direct), QEMU and the daemon live, and once
+# the host frees space the rewrite lands byte for byte. Root (mounts); about 4 boots.
+.PHONY: test-dax-full
+test-dax-full: kernel initramfs qemu build
+	tests/e2e/dax-full.sh
+
 # One hour of a DAX guest under pressure (fio verify over 4x the window, psync and mmap) while
 # the host edits, truncates and replaces shared files and the VM is paused and resumed: not in
 # `make test`. SOAK_SECONDS=600 for a shorter run; SOAK_ARGS="--mapping direct --pause-every 0"
@@ -172,7 +181,7 @@ test-io-uring: build
 space:
 	@scripts/check-space.sh 6 target $${XDG_CACHE_HOME:-$$HOME/.cache}/daxfsd
 
-test: space deps-test lint test-rig test-unit test-uidmap test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-dax-copy test-dax-host test-escape test-lifecycle test-migrate test-launchers test-acl test-fhandles test-lima test-host test-io-uring
+test: space deps-test lint test-rig test-unit test-uidmap test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-dax-copy test-dax-host test-dax-full test-escape test-lifecycle test-migrate test-launchers test-acl test-fhandles test-lima test-host test-io-uring
 	@echo "make test: all suites passed"
 
 demo: kernel initramfs qemu release

@@ -33,6 +33,8 @@ RIG=(
 TEST=(
     # make lint: shellcheck over every script
     shellcheck
+    # tests/e2e/dax-full.sh: losetup and mount for its ext4 image
+    mount
     # tests/host: the traditional FUSE peer and fusermount3 for the non-root mount
     bindfs fuse3
     # tests/launchers: libvirt 9.0, virtme-ng's udev and venv, lima's qemu-img and ssh keys

@@ -29,7 +29,8 @@
 //!
 //! Files: `mapping` has the [`Mapper`](crate::protocol::mapper::Mapper) side
 //! (SETUPMAPPING, REMOVEMAPPING, end of session); `placement` and `pool` decide and make
-//! placements; `table` keeps the bookkeeping (claims, budget, parked copy slots, generations);
+//! placements (`prealloc` allocates a writable direct range's blocks before it is mapped, so a
+//! full host file system refuses the SETUPMAPPING instead of faulting in QEMU); `table` keeps the bookkeeping (claims, budget, parked copy slots, generations);
 //! `sink` sends SHMEM requests and waits for their commit; `sync` keeps placements coherent
 //! with their files ([`coherent::Coherence`]); `config` and `stats` are settings and
 //! counters; [`tail`], [`copy`] and `memfd` are the memfds behind shadows and copy slots;
@@ -51,6 +52,7 @@ mod memfd;
 pub mod mode;
 mod placement;
 mod pool;
+mod prealloc;
 mod sink;
 mod stats;
 mod stranded;

@@ -216,6 +216,17 @@ impl<S: WindowSink> DaxWindow<S> {
         };
         if file_len > 0 {
             let f = file.as_ref().ok_or_else(eio)?;
+            if writable {
+                // The blocks first: a store into a hole the host file system cannot fill
+                // would be a SIGBUS in QEMU; refused here, the guest gets the errno.
+                super::prealloc::allocate(f, foffset, file_len).map_err(|e| {
+                    log::warn!(
+                        "DAX: writable SETUPMAPPING {moffset:#x}+{file_len:#x} refused: \
+                         allocating file bytes {foffset:#x}+{file_len:#x} failed: {e}"
+                    );
+                    e
+                })?;
+            }
             let _watched = host_watch::watch(f, owner, moffset, foffset, file_len);
             self.with_sink(|s| s.map(moffset, file_len, f.as_fd(), foffset, writable))
                 .map_err(|e| {
