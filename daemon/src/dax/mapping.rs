@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::placement::{Plan, Source};
 use super::table::Placed;
-use super::{einval, fd_writable, DaxWindow, WindowSink, MAP_ALIGNMENT};
+use super::{einval, fd_writable, file_size, DaxWindow, WindowSink, MAP_ALIGNMENT};
 use crate::protocol::mapper::{MapRequest, Mapper};
 
 impl<S: WindowSink> Mapper for DaxWindow<S> {
@@ -64,6 +64,14 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
                 key: (st.st_dev, st.st_ino),
             };
             let pooled = self.use_pool();
+            if req.writable && !pooled {
+                // A writable direct range needs its blocks (see `prealloc`). Asked before the
+                // range's present placement leaves the window: Linux keeps its read-only
+                // mapping when an upgrade fails, so the frontend must keep it too (the guest
+                // would read zeros there otherwise).
+                let (file_len, _) = super::tail::layout(file_size(&source)?, req.foffset, len);
+                super::prealloc::allocate(&source, req.foffset, file_len)?;
+            }
             // Not pooled, a copy slot already in the frontend at exactly this range (parked,
             // or a live copy the guest maps again) is refilled in place: no frontend round
             // trip.
