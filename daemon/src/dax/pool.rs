@@ -223,6 +223,7 @@ impl<S: WindowSink> DaxWindow<S> {
                     .written_back
                     .fetch_add(r.written, Ordering::Relaxed);
                 self.counters.pulled.fetch_add(r.pulled, Ordering::Relaxed);
+                self.written_back(p.owner);
                 Ok(Some(Merged {
                     agreed: if part { old } else { valid },
                     sig,

@@ -156,6 +156,23 @@ impl<S: WindowSink> DaxWindow<S> {
         }
     }
 
+    /// A write-back of `owner`'s bytes succeeded: with nothing of it stranded, its pending
+    /// error is resolved ([`super::wberr::WbErrors::resolved`]).
+    pub(super) fn written_back(&self, owner: u64) {
+        if !self.wb.has(owner) {
+            return;
+        }
+        let stranded = self
+            .stranded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|s| s.owner == owner);
+        if !stranded {
+            self.wb.resolved(owner);
+        }
+    }
+
     /// The stranded shadow of exactly file range `[foffset, foffset + len)` of host file
     /// `key`, taken out (a new pooled mapping of the range takes its bytes over).
     pub(super) fn take_stranded(

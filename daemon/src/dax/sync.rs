@@ -65,6 +65,11 @@ impl<S: WindowSink> DaxWindow<S> {
                     .written_back
                     .fetch_add(r.written, Ordering::Relaxed);
                 self.counters.pulled.fetch_add(r.pulled, Ordering::Relaxed);
+                let wrote = g.writable();
+                drop(g);
+                if let (true, Some(o)) = (wrote, owner) {
+                    self.written_back(o);
+                }
                 Ok(())
             }
             Err(e) => {

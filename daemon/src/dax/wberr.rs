@@ -23,8 +23,12 @@ struct Seq {
 }
 
 impl Seq {
+    /// As `errseq_set`: a new error counts only once the last one was seen (retries of the
+    /// same bytes failing again while nobody looked are one error, with the latest errno).
     fn record(&mut self, errno: i32) {
-        self.count += 1;
+        if self.seen || self.count == 0 {
+            self.count += 1;
+        }
         self.errno = errno;
         self.seen = false;
     }
@@ -105,6 +109,20 @@ impl WbErrors {
             .check(since)
     }
 
+    /// Every byte of `owner` that had failed to write is in its file now: an error nobody
+    /// reported yet no longer concerns a handle opened from now on (one opened before still
+    /// reports it).
+    pub(super) fn resolved(&self, owner: u64) {
+        if let Some(s) = self
+            .by_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&owner)
+        {
+            s.seen = true;
+        }
+    }
+
     /// Whether `owner` has an error sequence (a sync point must look even when the window
     /// holds no mapping of it any more).
     pub(super) fn has(&self, owner: u64) -> bool {
@@ -146,6 +164,21 @@ mod tests {
         w.record(1, libc::EIO);
         assert_eq!(w.check(1, &mut c), Some(libc::EIO));
         assert_eq!(w.check(2, &mut 0), None, "other inodes are unaffected");
+        // Failing again before anyone looked: one error, the latest errno.
+        w.record(1, libc::ENOSPC);
+        let mut d = w.sample(1);
+        w.record(1, libc::EDQUOT);
+        w.record(1, libc::EDQUOT);
+        assert_eq!(w.check(1, &mut c), Some(libc::EDQUOT));
+        assert_eq!(w.check(1, &mut c), None);
+        assert_eq!(w.check(1, &mut d), Some(libc::EDQUOT));
+        // Written since: handles opened from now on do not inherit it; older ones report it.
+        w.record(1, libc::EIO);
+        let mut old = w.sample(1);
+        w.resolved(1);
+        let mut new = w.sample(1);
+        assert_eq!(w.check(1, &mut new), None);
+        assert_eq!(w.check(1, &mut old), Some(libc::EIO));
         let mut s = 0;
         assert_eq!(w.check_all(&mut s), Some(libc::EIO));
         assert_eq!(w.check_all(&mut s), None);
