@@ -24,7 +24,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::os::unix::fs::FileExt;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use super::host_watch::{key_of, Key};
@@ -33,6 +33,29 @@ use super::{eio, DaxWindow, WindowSink};
 
 /// How long a request waits for a round trip in flight on the range its buffer is in.
 const BUSY_WAIT: Duration = Duration::from_secs(5);
+
+/// Stores into a direct placement's file hold this shared, from their check of the file's
+/// size to the end of the `pwrite`; an evacuation that moved mappings takes it exclusively
+/// and bumps the generation before it lets the host's shrink go on ([`evacuated`]). A store
+/// whose look-up is older than the generation looks again (the range is a shadow now): so a
+/// store never lands after a host truncate that pre-content events announced, where it would
+/// extend the file again.
+fn gate() -> &'static RwLock<u64> {
+    static GATE: RwLock<u64> = RwLock::new(0);
+    &GATE
+}
+
+/// Called by an evacuation after it moved direct mappings to shadows, before the shrink.
+pub(super) fn evacuated() {
+    *gate().write().unwrap_or_else(|e| e.into_inner()) += 1;
+}
+
+fn generation() -> u64 {
+    *gate().read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How often a store looks its range up again after evacuations moved it.
+const STORE_RETRIES: usize = 4;
 
 /// Frontend mappings sent, by window offset: (file, file offset, length).
 type Sent = BTreeMap<u64, (Key, u64, u64)>;
@@ -85,11 +108,18 @@ enum Backing {
     Slots,
 }
 
-/// `len` bytes of the window from some offset, backed by `backing` from `at`.
+/// `len` bytes of the window from some offset, backed by `backing` from `at`, as the table
+/// said at evacuation generation `gen`.
 struct Piece {
     backing: Backing,
     at: u64,
     len: u64,
+    gen: u64,
+}
+
+/// A store found its range moved by an evacuation since its look-up.
+fn moved() -> io::Error {
+    io::Error::from(io::ErrorKind::Interrupted)
 }
 
 fn pread_exact(f: &File, buf: &mut [u8], at: u64) -> io::Result<()> {
@@ -112,6 +142,8 @@ fn with_file<T>(fd: BorrowedFd<'_>, f: impl FnOnce(&File) -> T) -> T {
 impl<S: WindowSink> DaxWindow<S> {
     /// What backs window offset `moffset`, for a load (`store` false) or a store.
     fn piece(&self, moffset: u64, store: bool) -> io::Result<Piece> {
+        // Before the look-up: an evacuation after it shows as a newer generation.
+        let gen = generation();
         let deadline = Instant::now() + BUSY_WAIT;
         let mut t = self.lock()?;
         while t.is_busy(moffset, moffset + 1) {
@@ -145,12 +177,14 @@ impl<S: WindowSink> DaxWindow<S> {
                 backing: Backing::Slots,
                 at: moffset,
                 len: p.len - rel,
+                gen,
             }
         } else if !p.whole && rel < p.file_len {
             Piece {
                 backing: Backing::File(p.file.clone().ok_or_else(eio)?),
                 at: p.foffset + rel,
                 len: p.file_len - rel,
+                gen,
             }
         } else {
             let from = if p.whole { 0 } else { p.file_len };
@@ -158,6 +192,7 @@ impl<S: WindowSink> DaxWindow<S> {
                 backing: Backing::Shadow(p.shadow.clone().ok_or_else(eio)?),
                 at: rel - from,
                 len: p.len - rel,
+                gen,
             }
         };
         Ok(piece)
@@ -171,13 +206,19 @@ impl<S: WindowSink> DaxWindow<S> {
             Backing::File(f) => match buf {
                 Buf::Load(b) => pread_exact(&f, b, piece.at),
                 Buf::Store(d) => {
+                    let g = gate().read().unwrap_or_else(|e| e.into_inner());
+                    if *g != piece.gen {
+                        return Err(moved());
+                    }
                     // Never past the end of the file: the guest's mapping of what a host
                     // shrink cut off is gone (QEMU's would fault), and a store must not
                     // extend the file behind the host's back.
                     if end > super::file_size(&f)? {
                         return Err(eio());
                     }
-                    f.write_all_at(d, piece.at)
+                    let r = f.write_all_at(d, piece.at);
+                    drop(g);
+                    r
                 }
             },
             Backing::Shadow(sh) => {
@@ -227,15 +268,20 @@ impl<S: WindowSink> DaxWindow<S> {
     /// covers the range.
     pub fn write_window(&self, moffset: u64, data: &[u8]) -> io::Result<()> {
         let mut done = 0usize;
+        let mut retries = 0;
         while done < data.len() {
             let m = moffset.checked_add(done as u64).ok_or_else(eio)?;
             let piece = self.piece(m, true)?;
             let n = usize::try_from(piece.len)
                 .unwrap_or(usize::MAX)
                 .min(data.len() - done);
-            self.move_piece(piece, Buf::Store(&data[done..done + n]))
-                .map_err(|e| io_failed(m, e))?;
-            done += n;
+            match self.move_piece(piece, Buf::Store(&data[done..done + n])) {
+                Ok(()) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted && retries < STORE_RETRIES => {
+                    retries += 1;
+                }
+                Err(e) => return Err(io_failed(m, e)),
+            }
         }
         Ok(())
     }

@@ -368,3 +368,67 @@ fn a_buffer_outside_memory_is_answered_with_eio() {
     s.getattr(ROOT, None).unwrap();
     r.assert_clean();
 }
+
+/// A host truncate while requests store into the truncated file's range through the window
+/// (READs into a direct mapping, as fast as they complete): every request completes or fails
+/// with EIO, and once the truncate returned the file keeps its new size (a store never lands
+/// after the shrink and extends the file again; ext4 announces the shrink, the mapping moves
+/// to a shadow first). Rounds with the truncate at varying moments.
+#[test]
+fn host_truncate_while_requests_store_into_the_file() {
+    for mode in MODES {
+        let Some(mut r) = rig(mode, |d| {
+            fs::write(d.join("data"), common::bytes(4096, 1)).unwrap();
+        }) else {
+            return;
+        };
+        let s = r.s.with_timeout(Duration::from_secs(20));
+        let path = r.root.path().join("t");
+        let c = s.lookup(ROOT, "data").unwrap().nodeid;
+        let cfh = s.open(c, libc::O_RDONLY as u32).unwrap().fh;
+        let (mut eio, mut done) = (0, 0);
+        for round in 0..20u64 {
+            fs::write(&path, common::bytes(MIB2 as usize, round as u8)).unwrap();
+            let t = s.lookup(ROOT, "t").unwrap().nodeid;
+            let tfh = s.open(t, libc::O_RDWR as u32).unwrap().fh;
+            s.setupmapping(t, tfh, 0, MIB2, READ | WRITE, 0).unwrap();
+            let p2 = path.clone();
+            let host = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_micros(200 * (round % 7)));
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(&p2)
+                    .unwrap()
+                    .set_len(4096)
+                    .unwrap();
+            });
+            while !host.is_finished() {
+                let rd = read_into_window(&s, c, cfh, 0, 65536, 4096);
+                match outcome(mode, &rd, "") {
+                    (0, 4096) => done += 1,
+                    (e, _) if e == -libc::EIO => eio += 1,
+                    other => panic!("{mode}: READ into the window: {other:?}"),
+                }
+            }
+            host.join().unwrap();
+            assert_eq!(
+                fs::metadata(&path).unwrap().len(),
+                4096,
+                "{mode}, round {round}: a store extended the file after the host's truncate"
+            );
+            let one = abi::RemovemappingOne {
+                moffset: 0,
+                len: MIB2,
+            };
+            s.removemapping(t, &[one]).unwrap();
+            s.release(t, tfh, 0).unwrap();
+            assert_eq!(
+                fs::metadata(&path).unwrap().len(),
+                4096,
+                "{mode}, round {round}: after the unmap"
+            );
+        }
+        eprintln!("{mode}: {done} READs into the window completed, {eio} got EIO");
+        r.assert_clean();
+    }
+}
