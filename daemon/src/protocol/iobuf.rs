@@ -57,6 +57,19 @@ impl<'a> Seg<'a> {
         self.len() == 0
     }
 
+    /// The segment without its first `n` (< len) bytes.
+    #[inline]
+    fn skip(self, n: usize) -> Seg<'a> {
+        match self {
+            // `n < len`, so the offset is in bounds.
+            Seg::Mem(s) => Seg::Mem(s.offset(n).unwrap_or(s)),
+            Seg::Far { at, len } => Seg::Far {
+                at: at.wrapping_add(n as u64),
+                len: len.saturating_sub(n),
+            },
+        }
+    }
+
     /// The first `n` bytes (at most all of them) and the rest.
     fn split(self, n: usize) -> (Seg<'a>, Seg<'a>) {
         match self {
@@ -90,7 +103,7 @@ fn advance(bufs: &mut VecDeque<Seg<'_>>, mut count: usize) {
             return;
         };
         if count < front.len() {
-            *front = front.split(count).1;
+            *front = front.skip(count);
             return;
         }
         count -= front.len();
@@ -334,6 +347,18 @@ impl<'a> Reader<'a> {
         if count == 0 {
             return Ok(0);
         }
+        if self.far.is_none() {
+            // Guest-RAM buffers only: one pwritev, as before far segments existed.
+            let iov = iovecs(&self.bufs, count);
+            if iov.as_slice().is_empty() {
+                return Err(eio()); // a far segment without a transport to move it
+            }
+            let n = rw(fd, iov.as_slice(), off, true)?;
+            advance(&mut self.bufs, n);
+            self.left -= n;
+            self.consumed += n;
+            return Ok(n);
+        }
         let mut done = 0;
         while done < count {
             let want = count - done;
@@ -371,9 +396,8 @@ impl<'a> Reader<'a> {
             self.left -= n;
             self.consumed += n;
             done += n;
-            // Short (or nothing to do: only empty segments left), or one call was all there
-            // is (no far segment: the path before far segments existed).
-            if n < asked || asked == 0 || self.far.is_none() {
+            // Short, or nothing to do (only empty segments left).
+            if n < asked || asked == 0 {
                 break;
             }
         }
@@ -500,6 +524,18 @@ impl<'a> Writer<'a> {
         if count == 0 {
             return Ok(0);
         }
+        if self.far.is_none() {
+            // Guest-RAM buffers only: one preadv, as before far segments existed.
+            let iov = iovecs(&self.bufs, count);
+            if iov.as_slice().is_empty() {
+                return Err(eio()); // a far segment without a transport to move it
+            }
+            let n = rw(fd, iov.as_slice(), off, false)?;
+            advance(&mut self.bufs, n);
+            self.left -= n;
+            self.written += n;
+            return Ok(n);
+        }
         let mut done = 0;
         while done < count {
             let want = count - done;
@@ -535,7 +571,7 @@ impl<'a> Writer<'a> {
             self.left -= n;
             self.written += n;
             done += n;
-            if n < asked || asked == 0 || self.far.is_none() {
+            if n < asked || asked == 0 {
                 break;
             }
         }
