@@ -100,9 +100,11 @@ fuzz-long:
 	FUZZ_SECONDS=$(FUZZ_LONG_SECONDS) scripts/fuzz.sh --grow
 .PHONY: fuzz-long
 
-# DAX end to end on QEMU 11.1: the DAX checks, then the whole guest suite on a dax=always mount.
+# DAX end to end on QEMU 11.1: the DAX checks, I/O whose buffer is a DAX mapping (pooled and
+# direct), then the whole guest suite on a dax=always mount.
 test-dax: kernel initramfs qemu build
 	tests/e2e/dax.sh
+	tests/e2e/dax-buffers.sh
 	tests/e2e/run.sh -p dax -o dax=always -a --dax-window=256M
 
 # The VM lifecycle: stop/cont through QEMU's monitor (pci: daxfsd and upstream virtiofsd; dax:

@@ -36,7 +36,8 @@
 //! counters; [`tail`], [`copy`] and `memfd` are the memfds behind shadows and copy slots;
 //! [`host_watch`] follows host processes that may shrink a mapped file and `evacuate` moves
 //! the mappings of such a file to shadows; [`coherent`] is the filesystem decorator that
-//! calls the coherence hooks around requests.
+//! calls the coherence hooks around requests; [`window_io`] moves the bytes of request
+//! buffers that lie in the window.
 //!
 //! Budget. Every frontend mapping is a memory region in QEMU (a KVM memory slot on KVM hosts,
 //! an entry in each vhost-user backend's memory table). The window never has more than
@@ -62,6 +63,7 @@ pub mod tail;
 #[cfg(test)]
 mod tests;
 mod wberr;
+pub mod window_io;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;

@@ -49,6 +49,7 @@ impl WindowSink for Backend {
             len,
             flags: flags.bits(),
         };
+        super::window_io::note_map(moffset, len, fd, foffset);
         let raw = fd.as_raw_fd();
         self.shmem_map(&req, &raw).map(|_| ())
     }
@@ -59,6 +60,7 @@ impl WindowSink for Backend {
             len,
             ..Default::default()
         };
+        super::window_io::note_unmap(moffset);
         self.shmem_unmap(&req).map(|_| ())
     }
 }
@@ -105,6 +107,7 @@ impl<S: WindowSink> DaxWindow<S> {
     /// (those see the new generation and publish nothing).
     pub fn reset(&self) {
         self.running.store(false, Ordering::SeqCst);
+        super::window_io::note_reset();
         self.wake_commit_waiters();
         let (live, parked, _pool) = self.drain(true);
         // A merge in progress (the periodic write-back, a request's sync point) ends first:

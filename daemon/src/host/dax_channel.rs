@@ -37,4 +37,16 @@ impl BackendChannel for DaxWindow<Backend> {
     fn memory_regions(&self, n: usize, window_regions: usize) {
         self.note_table_regions(n, window_regions);
     }
+
+    fn window_offset(&self, file: &std::fs::File, foffset: u64, len: u64) -> Option<u64> {
+        crate::dax::window_io::sent_offset(file, foffset, len)
+    }
+
+    fn read_window(&self, moffset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        DaxWindow::read_window(self, moffset, buf)
+    }
+
+    fn write_window(&self, moffset: u64, data: &[u8]) -> std::io::Result<()> {
+        DaxWindow::write_window(self, moffset, data)
+    }
 }

@@ -6,6 +6,13 @@
 //! (guest memory for virtio, a plain buffer for tests and `/dev/fuse`). Every access here is
 //! bounds-checked against those slices; file data moves straight between a file and the
 //! slices with `preadv`/`pwritev`, without a bounce buffer.
+//!
+//! A transport may also hand over *far* segments ([`Seg::Far`]): bytes it does not map
+//! for the daemon to touch (a virtio-fs guest buffer inside the DAX window, whose memory is
+//! a host file that a host process may shrink under it). Those are moved by the transport's
+//! [`FarIo`] with `pread`/`pwrite` on whatever backs them, through a bounce buffer of at most
+//! [`FAR_CHUNK`] bytes; a far segment that fails fails the operation that reached it (EIO),
+//! as a bad user buffer does a local read or write. This layer never learns what they are.
 
 use std::collections::VecDeque;
 use std::io;
@@ -16,17 +23,87 @@ use vm_memory::{ByteValued, VolatileSlice};
 /// Most iovecs handed to one `preadv`/`pwritev` (Linux `UIO_MAXIOV`).
 const MAX_IOVECS: usize = 1024;
 
-/// Consumes `count` bytes from the front of a slice list.
-fn advance(bufs: &mut VecDeque<VolatileSlice<'_>>, mut count: usize) {
+/// Most bytes of a far segment moved through one bounce buffer.
+pub const FAR_CHUNK: usize = 128 << 10;
+
+/// Moves the bytes of far segments for a transport (see the module doc). `at` is the
+/// transport's own address of the first byte; a call never reaches past the segment it was
+/// given.
+pub trait FarIo: Sync {
+    /// Fills all of `buf` with the bytes at `at`, or fails.
+    fn read_far(&self, at: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Stores all of `data` at `at`, or fails.
+    fn write_far(&self, at: u64, data: &[u8]) -> io::Result<()>;
+}
+
+/// One buffer of a request.
+#[derive(Clone, Copy, Debug)]
+pub enum Seg<'a> {
+    /// Memory the transport checked and maps for as long as `'a`.
+    Mem(VolatileSlice<'a>),
+    /// `len` bytes at the transport's address `at`, moved by its [`FarIo`].
+    Far { at: u64, len: usize },
+}
+
+impl<'a> Seg<'a> {
+    pub fn len(&self) -> usize {
+        match self {
+            Seg::Mem(s) => s.len(),
+            Seg::Far { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The segment without its first `n` (< len) bytes.
+    #[inline]
+    fn skip(self, n: usize) -> Seg<'a> {
+        match self {
+            // `n < len`, so the offset is in bounds.
+            Seg::Mem(s) => Seg::Mem(s.offset(n).unwrap_or(s)),
+            Seg::Far { at, len } => Seg::Far {
+                at: at.wrapping_add(n as u64),
+                len: len.saturating_sub(n),
+            },
+        }
+    }
+
+    /// The first `n` bytes (at most all of them) and the rest.
+    fn split(self, n: usize) -> (Seg<'a>, Seg<'a>) {
+        match self {
+            Seg::Mem(s) => match s.split_at(n.min(s.len())) {
+                Ok((a, b)) => (Seg::Mem(a), Seg::Mem(b)),
+                // Unreachable (`n <= len`); an empty rest either way.
+                Err(_) => (Seg::Mem(s), Seg::Far { at: 0, len: 0 }),
+            },
+            Seg::Far { at, len } => {
+                let n = n.min(len);
+                (
+                    Seg::Far { at, len: n },
+                    Seg::Far {
+                        at: at.wrapping_add(n as u64),
+                        len: len - n,
+                    },
+                )
+            }
+        }
+    }
+}
+
+fn eio() -> io::Error {
+    io::Error::from_raw_os_error(libc::EIO)
+}
+
+/// Consumes `count` bytes from the front of a segment list.
+fn advance(bufs: &mut VecDeque<Seg<'_>>, mut count: usize) {
     while count > 0 {
         let Some(front) = bufs.front_mut() else {
             return;
         };
         if count < front.len() {
-            // `count < len`, so the offset is in bounds.
-            if let Ok(rest) = front.offset(count) {
-                *front = rest;
-            }
+            *front = front.skip(count);
             return;
         }
         count -= front.len();
@@ -53,8 +130,9 @@ impl Iovecs {
     }
 }
 
-/// Builds at most `MAX_IOVECS` iovecs covering at most `count` bytes of `bufs`.
-fn iovecs(bufs: &VecDeque<VolatileSlice<'_>>, count: usize) -> Iovecs {
+/// Builds at most `MAX_IOVECS` iovecs covering at most `count` bytes of the memory segments
+/// at the front of `bufs` (up to the first far one).
+fn iovecs(bufs: &VecDeque<Seg<'_>>, count: usize) -> Iovecs {
     let mut left = count;
     let empty = libc::iovec {
         iov_base: std::ptr::null_mut(),
@@ -65,6 +143,9 @@ fn iovecs(bufs: &VecDeque<VolatileSlice<'_>>, count: usize) -> Iovecs {
         if left == 0 || out.as_slice().len() == MAX_IOVECS {
             break;
         }
+        let Seg::Mem(b) = b else {
+            break;
+        };
         let len = b.len().min(left);
         let iov = libc::iovec {
             iov_base: b.ptr_guard_mut().as_ptr().cast(),
@@ -97,28 +178,81 @@ fn raw_offset(off: Option<u64>) -> io::Result<i64> {
     }
 }
 
-fn total_len(bufs: &VecDeque<VolatileSlice<'_>>) -> usize {
+/// `off` moved on by `done` bytes (the file position stays the file position).
+fn offset_after(off: Option<u64>, done: usize) -> Option<u64> {
+    off.map(|o| o.saturating_add(done as u64))
+}
+
+/// One `preadv` (`write` false) or `pwritev` of `iov` at `off`.
+fn rw(fd: RawFd, iov: &[libc::iovec], off: Option<u64>, write: bool) -> io::Result<usize> {
+    let off = raw_offset(off)?;
+    let cnt = libc::c_int::try_from(iov.len()).unwrap_or(libc::c_int::MAX);
+    let n = if write {
+        // SAFETY: every iovec points into memory the caller guarantees valid for its whole
+        // length (a segment the transport checked, or a live bounce buffer); the kernel only
+        // reads them.
+        unsafe { libc::pwritev(fd, iov.as_ptr(), cnt, off) }
+    } else {
+        // SAFETY: as above, and that memory is writable (a writer's segment, or a bounce
+        // buffer owned by the caller).
+        unsafe { libc::preadv(fd, iov.as_ptr(), cnt, off) }
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+fn total_len(bufs: &VecDeque<Seg<'_>>) -> usize {
     bufs.iter()
         .fold(0usize, |acc, b| acc.saturating_add(b.len()))
+}
+
+fn mem_segs(bufs: Vec<VolatileSlice<'_>>) -> VecDeque<Seg<'_>> {
+    bufs.into_iter().map(Seg::Mem).collect()
+}
+
+/// The first non-empty segment, if it is far: `(at, len)`.
+fn far_front(bufs: &VecDeque<Seg<'_>>) -> Option<(u64, usize)> {
+    match bufs.iter().find(|b| !b.is_empty()) {
+        Some(Seg::Far { at, len }) => Some((*at, *len)),
+        _ => None,
+    }
 }
 
 /// The readable part of a request.
 #[derive(Clone)]
 pub struct Reader<'a> {
-    bufs: VecDeque<VolatileSlice<'a>>,
+    bufs: VecDeque<Seg<'a>>,
     consumed: usize,
     /// Bytes left in `bufs` (kept, not summed per call: a chain may hold 65,535 buffers).
     left: usize,
+    /// Moves far segments; `Some` only when the request has one.
+    far: Option<&'a dyn FarIo>,
 }
 
 impl<'a> Reader<'a> {
     /// A reader over `bufs`, which the caller has bounds-checked.
     pub fn new(bufs: Vec<VolatileSlice<'a>>) -> Self {
-        let bufs: VecDeque<_> = bufs.into();
+        let bufs = mem_segs(bufs);
         Reader {
             left: total_len(&bufs),
             bufs,
             consumed: 0,
+            far: None,
+        }
+    }
+
+    /// A reader over `bufs`: memory segments the caller has bounds-checked, far segments
+    /// `far` moves (a far segment without `far` fails with EIO where it is reached).
+    pub fn with_far(bufs: Vec<Seg<'a>>, far: Option<&'a dyn FarIo>) -> Self {
+        let bufs: VecDeque<_> = bufs.into();
+        let far = far.filter(|_| bufs.iter().any(|b| matches!(b, Seg::Far { .. })));
+        Reader {
+            left: total_len(&bufs),
+            bufs,
+            consumed: 0,
+            far,
         }
     }
 
@@ -141,9 +275,7 @@ impl<'a> Reader<'a> {
                 break;
             }
             let n = b.len().min(left);
-            if let Ok(s) = b.subslice(0, n) {
-                keep.push_back(s);
-            }
+            keep.push_back(b.split(n).0);
             left -= n;
         }
         self.bufs = keep;
@@ -161,7 +293,8 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    /// Fills `buf` completely, or fails with `UnexpectedEof` and consumes nothing.
+    /// Fills `buf` completely, or fails (`UnexpectedEof`; EIO from a far segment) and
+    /// consumes nothing.
     pub fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
         if self.available() < buf.len() {
             return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
@@ -171,7 +304,16 @@ impl<'a> Reader<'a> {
             if done == buf.len() {
                 break;
             }
-            done += b.copy_to(&mut buf[done..]);
+            match b {
+                Seg::Mem(b) => done += b.copy_to(&mut buf[done..]),
+                Seg::Far { at, len } => {
+                    let n = (*len).min(buf.len() - done);
+                    self.far
+                        .ok_or_else(eio)?
+                        .read_far(*at, &mut buf[done..done + n])?;
+                    done += n;
+                }
+            }
         }
         advance(&mut self.bufs, done);
         self.left -= done;
@@ -197,46 +339,104 @@ impl<'a> Reader<'a> {
     }
 
     /// Writes up to `count` bytes of the request to `fd` at `off` (the file position when
-    /// `None`) with one `pwritev`. Returns the bytes written.
+    /// `None`) with one `pwritev` (far segments: one `pwrite` per bounce buffer more).
+    /// Returns the bytes written: a far segment that cannot be read ends the write there
+    /// (EIO if it is the first byte).
     pub fn write_to_fd(&mut self, fd: RawFd, count: usize, off: Option<u64>) -> io::Result<usize> {
         let count = count.min(self.available());
         if count == 0 {
             return Ok(0);
         }
-        let iov = iovecs(&self.bufs, count);
-        let iov = iov.as_slice();
-        let off = raw_offset(off)?;
-        let cnt = libc::c_int::try_from(iov.len()).unwrap_or(libc::c_int::MAX);
-        // SAFETY: every iovec points into a `VolatileSlice` of this reader, which the transport
-        // guaranteed to be valid memory for its whole length; the kernel only reads them.
-        let n = unsafe { libc::pwritev(fd, iov.as_ptr(), cnt, off) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
+        if self.far.is_none() {
+            // Guest-RAM buffers only: one pwritev, as before far segments existed.
+            let iov = iovecs(&self.bufs, count);
+            if iov.as_slice().is_empty() {
+                return Err(eio()); // a far segment without a transport to move it
+            }
+            let n = rw(fd, iov.as_slice(), off, true)?;
+            advance(&mut self.bufs, n);
+            self.left -= n;
+            self.consumed += n;
+            return Ok(n);
         }
-        let n = n as usize;
-        advance(&mut self.bufs, n);
-        self.left -= n;
-        self.consumed += n;
-        Ok(n)
+        let mut done = 0;
+        while done < count {
+            let want = count - done;
+            let at = offset_after(off, done);
+            let (res, asked) = match far_front(&self.bufs) {
+                Some((far_at, len)) => {
+                    let n = len.min(want).min(FAR_CHUNK);
+                    let mut bounce = vec![0u8; n];
+                    let res = self
+                        .far
+                        .ok_or_else(eio)
+                        .and_then(|f| f.read_far(far_at, &mut bounce))
+                        .and_then(|()| {
+                            let iov = [libc::iovec {
+                                iov_base: bounce.as_mut_ptr().cast(),
+                                iov_len: n,
+                            }];
+                            rw(fd, &iov, at, true)
+                        });
+                    (res, n)
+                }
+                None => {
+                    let iov = iovecs(&self.bufs, want);
+                    let iov = iov.as_slice();
+                    let asked = iov.iter().map(|v| v.iov_len).sum::<usize>();
+                    (rw(fd, iov, at, true), asked)
+                }
+            };
+            let n = match res {
+                Ok(n) => n,
+                Err(e) if done == 0 => return Err(e),
+                Err(_) => break,
+            };
+            advance(&mut self.bufs, n);
+            self.left -= n;
+            self.consumed += n;
+            done += n;
+            // Short, or nothing to do (only empty segments left).
+            if n < asked || asked == 0 {
+                break;
+            }
+        }
+        Ok(done)
     }
 }
 
 /// The writable part of a request: where the reply goes.
 pub struct Writer<'a> {
-    bufs: VecDeque<VolatileSlice<'a>>,
+    bufs: VecDeque<Seg<'a>>,
     written: usize,
     /// Room left in `bufs` (kept, not summed per call).
     left: usize,
+    /// Moves far segments; `Some` only when the reply has one.
+    far: Option<&'a dyn FarIo>,
 }
 
 impl<'a> Writer<'a> {
     /// A writer over `bufs`, which the caller has bounds-checked.
     pub fn new(bufs: Vec<VolatileSlice<'a>>) -> Self {
-        let bufs: VecDeque<_> = bufs.into();
+        let bufs = mem_segs(bufs);
         Writer {
             left: total_len(&bufs),
             bufs,
             written: 0,
+            far: None,
+        }
+    }
+
+    /// A writer over `bufs`: memory segments the caller has bounds-checked, far segments
+    /// `far` moves (see [`Reader::with_far`]).
+    pub fn with_far(bufs: Vec<Seg<'a>>, far: Option<&'a dyn FarIo>) -> Self {
+        let bufs: VecDeque<_> = bufs.into();
+        let far = far.filter(|_| bufs.iter().any(|b| matches!(b, Seg::Far { .. })));
+        Writer {
+            left: total_len(&bufs),
+            bufs,
+            written: 0,
+            far,
         }
     }
 
@@ -266,9 +466,7 @@ impl<'a> Writer<'a> {
                 left -= b.len();
                 head.push_back(b);
             } else {
-                let (a, rest) = b
-                    .split_at(left)
-                    .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+                let (a, rest) = b.split(left);
                 head.push_back(a);
                 self.bufs.push_front(rest);
                 left = 0;
@@ -281,10 +479,12 @@ impl<'a> Writer<'a> {
             bufs: tail,
             written: 0,
             left: rest,
+            far: self.far,
         })
     }
 
-    /// Writes all of `data`, or fails with `ENOBUFS` and writes nothing.
+    /// Writes all of `data`, or fails (`ENOBUFS`; EIO from a far segment) and consumes
+    /// nothing.
     pub fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
         if self.available() < data.len() {
             return Err(io::Error::from_raw_os_error(libc::ENOBUFS));
@@ -295,7 +495,13 @@ impl<'a> Writer<'a> {
                 break;
             }
             let n = b.len().min(data.len() - done);
-            b.copy_from(&data[done..done + n]);
+            match b {
+                Seg::Mem(b) => b.copy_from(&data[done..done + n]),
+                Seg::Far { at, .. } => self
+                    .far
+                    .ok_or_else(eio)?
+                    .write_far(*at, &data[done..done + n])?,
+            }
             done += n;
         }
         advance(&mut self.bufs, done);
@@ -310,27 +516,66 @@ impl<'a> Writer<'a> {
     }
 
     /// Reads up to `count` bytes from `fd` at `off` (the file position when `None`) straight
-    /// into the reply with one `preadv`. Returns the bytes read.
+    /// into the reply with one `preadv` (far segments: one `pread` per bounce buffer more).
+    /// Returns the bytes read: a far segment that cannot be stored ends the read there (EIO
+    /// if it is the first byte).
     pub fn read_from_fd(&mut self, fd: RawFd, count: usize, off: Option<u64>) -> io::Result<usize> {
         let count = count.min(self.available());
         if count == 0 {
             return Ok(0);
         }
-        let iov = iovecs(&self.bufs, count);
-        let iov = iov.as_slice();
-        let off = raw_offset(off)?;
-        let cnt = libc::c_int::try_from(iov.len()).unwrap_or(libc::c_int::MAX);
-        // SAFETY: every iovec points into a `VolatileSlice` of this writer, which the transport
-        // guaranteed to be valid, writable memory for its whole length.
-        let n = unsafe { libc::preadv(fd, iov.as_ptr(), cnt, off) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
+        if self.far.is_none() {
+            // Guest-RAM buffers only: one preadv, as before far segments existed.
+            let iov = iovecs(&self.bufs, count);
+            if iov.as_slice().is_empty() {
+                return Err(eio()); // a far segment without a transport to move it
+            }
+            let n = rw(fd, iov.as_slice(), off, false)?;
+            advance(&mut self.bufs, n);
+            self.left -= n;
+            self.written += n;
+            return Ok(n);
         }
-        let n = n as usize;
-        advance(&mut self.bufs, n);
-        self.left -= n;
-        self.written += n;
-        Ok(n)
+        let mut done = 0;
+        while done < count {
+            let want = count - done;
+            let at = offset_after(off, done);
+            let (res, asked) = match far_front(&self.bufs) {
+                Some((far_at, len)) => {
+                    let n = len.min(want).min(FAR_CHUNK);
+                    let mut bounce = vec![0u8; n];
+                    let iov = [libc::iovec {
+                        iov_base: bounce.as_mut_ptr().cast(),
+                        iov_len: n,
+                    }];
+                    let res = self.far.ok_or_else(eio).and_then(|f| {
+                        let got = rw(fd, &iov, at, false)?;
+                        f.write_far(far_at, &bounce[..got])?;
+                        Ok(got)
+                    });
+                    (res, n)
+                }
+                None => {
+                    let iov = iovecs(&self.bufs, want);
+                    let iov = iov.as_slice();
+                    let asked = iov.iter().map(|v| v.iov_len).sum::<usize>();
+                    (rw(fd, iov, at, false), asked)
+                }
+            };
+            let n = match res {
+                Ok(n) => n,
+                Err(e) if done == 0 => return Err(e),
+                Err(_) => break,
+            };
+            advance(&mut self.bufs, n);
+            self.left -= n;
+            self.written += n;
+            done += n;
+            if n < asked || asked == 0 {
+                break;
+            }
+        }
+        Ok(done)
     }
 }
 
@@ -412,6 +657,72 @@ mod tests {
             assert!(body.write_all(&[7, 7, 7]).is_err(), "all or nothing");
         }
         assert_eq!(bufs, vec![vec![1, 2, 3], vec![4, 9, 9, 0, 0]]);
+    }
+
+    /// A far memory of 64 bytes at transport address 1000; fails past them.
+    struct Far(std::sync::Mutex<Vec<u8>>);
+
+    impl FarIo for Far {
+        fn read_far(&self, at: u64, buf: &mut [u8]) -> io::Result<()> {
+            let m = self.0.lock().unwrap();
+            let o = at.checked_sub(1000).ok_or_else(eio)? as usize;
+            buf.copy_from_slice(m.get(o..o + buf.len()).ok_or_else(eio)?);
+            Ok(())
+        }
+        fn write_far(&self, at: u64, data: &[u8]) -> io::Result<()> {
+            let mut m = self.0.lock().unwrap();
+            let o = at.checked_sub(1000).ok_or_else(eio)? as usize;
+            m.get_mut(o..o + data.len())
+                .ok_or_else(eio)?
+                .copy_from_slice(data);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn far_segments_move_through_the_transport() {
+        let far = Far(std::sync::Mutex::new((0..64).collect()));
+        let f = tempfile::tempfile().unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+        let mut a = b"AB".to_vec();
+        let mut c = b"CD".to_vec();
+        let segs = vec![
+            Seg::Mem(VolatileSlice::from(a.as_mut_slice())),
+            Seg::Far { at: 1010, len: 3 },
+            Seg::Mem(VolatileSlice::from(c.as_mut_slice())),
+        ];
+        let mut r = Reader::with_far(segs.clone(), Some(&far));
+        assert_eq!(r.available(), 7);
+        assert_eq!(r.write_to_fd(fd, 100, Some(0)).unwrap(), 7);
+        assert_eq!(
+            std::fs::read(format!("/proc/self/fd/{fd}")).unwrap(),
+            [b'A', b'B', 10, 11, 12, b'C', b'D']
+        );
+        let mut r = Reader::with_far(segs.clone(), Some(&far));
+        r.skip(3).unwrap();
+        assert_eq!(r.read_vec(3).unwrap(), vec![11, 12, b'C']);
+        // Into a writer: the far segment gets the file's bytes.
+        let mut w = Writer::with_far(segs.clone(), Some(&far));
+        assert_eq!(w.read_from_fd(fd, 7, Some(0)).unwrap(), 7);
+        assert_eq!(&far.0.lock().unwrap()[10..13], &[10, 11, 12]);
+        let mut w = Writer::with_far(segs, Some(&far));
+        let mut body = w.split_at(3).unwrap();
+        body.write_all(b"xyzw").unwrap();
+        assert_eq!(&far.0.lock().unwrap()[11..13], b"xy");
+        assert_eq!(c, b"zw");
+        // A far segment that fails: EIO at the first byte, a short count after others.
+        let bad = vec![Seg::Far { at: 1062, len: 8 }];
+        let mut r = Reader::with_far(bad.clone(), Some(&far));
+        let e = r.write_to_fd(fd, 8, Some(0)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+        assert_eq!(r.available(), 8, "nothing consumed");
+        let mut x = b"xx".to_vec();
+        let mixed = vec![Seg::Mem(VolatileSlice::from(x.as_mut_slice())), bad[0]];
+        let mut r = Reader::with_far(mixed, Some(&far));
+        assert_eq!(r.write_to_fd(fd, 10, Some(0)).unwrap(), 2);
+        // Without a transport to move it, a far segment is an EIO too.
+        let mut r = Reader::with_far(vec![Seg::Far { at: 1000, len: 4 }], None);
+        assert!(r.read_vec(4).is_err());
     }
 
     #[test]

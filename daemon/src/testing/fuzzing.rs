@@ -234,15 +234,20 @@ pub fn run_chain(data: &[u8]) -> Option<usize> {
     };
     let spans = |r: &Result<crate::transport::vring_chain::Split<'_>, String>| {
         r.as_ref().ok().map(|(r, w)| {
-            let f = |v: &Vec<vm_memory::VolatileSlice<'_>>| {
+            let f = |v: &Vec<crate::protocol::iobuf::Seg<'_>>| {
                 v.iter()
-                    .map(|s| (s.ptr_guard().as_ptr() as usize, s.len()))
+                    .map(|s| match s {
+                        crate::protocol::iobuf::Seg::Mem(s) => {
+                            (s.ptr_guard().as_ptr() as usize, s.len())
+                        }
+                        crate::protocol::iobuf::Seg::Far { at, len } => (*at as usize, *len),
+                    })
                     .collect::<Vec<_>>()
             };
             (f(r), f(w))
         })
     };
-    let fast = walk_chain(&mem, at);
+    let fast = walk_chain(&mem, at, None);
     assert_eq!(
         spans(&fast),
         spans(&split_chain(&mem, chain)),
@@ -250,8 +255,10 @@ pub fn run_chain(data: &[u8]) -> Option<usize> {
     );
     let (r, w) = fast.ok()?;
     let s = server(crate::testing::memfs::MemFs::new().ok()?);
-    let w = (!w.is_empty()).then(|| Writer::new(w));
-    s.handle(Reader::new(r), w).ok().map(|h| h.written)
+    let w = (!w.is_empty()).then(|| Writer::with_far(w, None));
+    s.handle(Reader::with_far(r, None), w)
+        .ok()
+        .map(|h| h.written)
 }
 
 /// A [`run_chain`] input carrying `req` in two readable descriptors (cut in the middle)

@@ -25,7 +25,7 @@ use std::thread::JoinHandle;
 use vm_memory::VolatileSlice;
 
 use crate::protocol::filesystem::FileSystem;
-use crate::protocol::iobuf::{Reader, Writer};
+use crate::protocol::iobuf::{Reader, Seg, Writer};
 use crate::protocol::policy::{self, Wait};
 use crate::protocol::server::Server;
 
@@ -528,8 +528,8 @@ fn answer<F: FileSystem>(
     out: &mut [u8],
     counters: &Counters,
 ) -> Result<(), Ended> {
-    let r = Reader::new(vec![VolatileSlice::from(&mut *req)]);
-    let w = Writer::new(vec![VolatileSlice::from(&mut *out)]);
+    let r = Reader::with_far(vec![Seg::Mem(VolatileSlice::from(&mut *req))], None);
+    let w = Writer::with_far(vec![Seg::Mem(VolatileSlice::from(&mut *out))], None);
     let handled = match server.handle(r, Some(w)) {
         Ok(h) => h,
         // Already logged by the server; an unreadable request gets no reply.

@@ -41,7 +41,7 @@ use vm_memory::VolatileSlice;
 
 use crate::protocol::abi::{opcode as op, InHeader, OutHeader};
 use crate::protocol::filesystem::FileSystem;
-use crate::protocol::iobuf::{Reader, Writer};
+use crate::protocol::iobuf::{Reader, Seg, Writer};
 use crate::protocol::policy::{self, Wait};
 use crate::protocol::server::Server;
 
@@ -563,15 +563,21 @@ impl EntryMem {
             payload.copy_to(&mut scratch[..]);
             VolatileSlice::from(&mut scratch[..])
         };
-        let r = Reader::new(vec![
-            VolatileSlice::from(&mut inh[..]),
-            self.header_slice(IN_OUT_HEADER_SZ, op_len),
-            body_in,
-        ]);
-        let w = Writer::new(vec![
-            self.header_slice(0, OUT_HEADER_LEN),
-            self.payload_slice(self.payload_len),
-        ]);
+        let r = Reader::with_far(
+            vec![
+                Seg::Mem(VolatileSlice::from(&mut inh[..])),
+                Seg::Mem(self.header_slice(IN_OUT_HEADER_SZ, op_len)),
+                Seg::Mem(body_in),
+            ],
+            None,
+        );
+        let w = Writer::with_far(
+            vec![
+                Seg::Mem(self.header_slice(0, OUT_HEADER_LEN)),
+                Seg::Mem(self.payload_slice(self.payload_len)),
+            ],
+            None,
+        );
         let body = match server.handle(r, Some(w)) {
             Ok(h) if h.written >= OUT_HEADER_LEN => h.written - OUT_HEADER_LEN,
             Ok(h) => {

@@ -25,19 +25,17 @@ use virtio_bindings::bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 use virtio_queue::QueueT;
-use vm_memory::{
-    ByteValued, Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap, VolatileSlice,
-};
+use vm_memory::{ByteValued, Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::protocol::abi::{InHeader, VirtioFsConfig};
+use crate::protocol::abi::{InHeader, OutHeader, VirtioFsConfig};
 use crate::protocol::filesystem::FileSystem;
-use crate::protocol::iobuf::{Reader, Writer};
+use crate::protocol::iobuf::{FarIo, Reader, Seg, Writer};
 use crate::protocol::server::Server;
-use crate::transport::vring_chain::{walk_chain, ChainAt, Split};
+use crate::transport::vring_chain::{walk, ChainAt, Malformed, Split, WindowAt};
 
 /// Bytes of a FUSE request header.
 const IN_HEADER_LEN: usize = std::mem::size_of::<InHeader>();
@@ -92,6 +90,54 @@ pub trait BackendChannel: Send + Sync {
     /// The frontend's memory table now holds `n` regions, `window_regions` of them host
     /// files the window mapped (a SHMEM mapping the frontend reports in the table).
     fn memory_regions(&self, _n: usize, _window_regions: usize) {}
+    /// The window offset at which the window sent the frontend a mapping of `len` bytes of
+    /// `file` from `foffset`, if it did (how a memory-table region is known to be the
+    /// window's, and where the window is in guest-physical space).
+    fn window_offset(&self, _file: &std::fs::File, _foffset: u64, _len: u64) -> Option<u64> {
+        None
+    }
+    /// Fills `buf` with the window's bytes at `moffset`, read from what backs them (never
+    /// through a mapping); EIO where nothing live is mapped.
+    fn read_window(&self, _moffset: u64, _buf: &mut [u8]) -> io::Result<()> {
+        Err(io::Error::from_raw_os_error(libc::EIO))
+    }
+    /// Stores `data` at window offset `moffset` into what backs it, as a guest store there
+    /// would; EIO where nothing live and writable is mapped.
+    fn write_window(&self, _moffset: u64, _data: &[u8]) -> io::Result<()> {
+        Err(io::Error::from_raw_os_error(libc::EIO))
+    }
+}
+
+/// No guest-physical base known yet.
+const NO_BASE: u64 = u64::MAX;
+
+/// The DAX window as the request path sees it: where it lies in guest-physical space (learnt
+/// from the memory table: [`without_window_files`]) and the channel that moves the bytes of
+/// buffers inside it ([`FarIo`]).
+struct Window {
+    base: AtomicU64,
+    size: u64,
+    channel: Arc<dyn BackendChannel>,
+}
+
+impl Window {
+    fn at(&self) -> Option<WindowAt> {
+        let base = self.base.load(Ordering::Relaxed);
+        (base != NO_BASE).then_some(WindowAt {
+            base,
+            size: self.size,
+        })
+    }
+}
+
+impl FarIo for Window {
+    fn read_far(&self, at: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.channel.read_window(at, buf)
+    }
+
+    fn write_far(&self, at: u64, data: &[u8]) -> io::Result<()> {
+        self.channel.write_window(at, data)
+    }
 }
 
 /// Backend options.
@@ -535,6 +581,8 @@ pub struct FsBackend<F: FileSystem> {
     /// Threads for requests that may block indefinitely.
     blocking: Arc<Pool>,
     channel: Option<Arc<dyn BackendChannel>>,
+    /// The DAX window, when there is one: buffers inside it are moved through the channel.
+    window: Option<Arc<Window>>,
     /// Live migration (DEVICE_STATE), when the filesystem supports it.
     device_state: Option<Arc<dyn DeviceStateTransfer>>,
 }
@@ -621,6 +669,13 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             awake,
             pool,
             blocking: Pool::new("fs-blocking", MAX_BLOCKING_THREADS, 0, None),
+            window: channel.as_ref().filter(|c| c.window_size() > 0).map(|c| {
+                Arc::new(Window {
+                    base: AtomicU64::new(NO_BASE),
+                    size: c.window_size(),
+                    channel: c.clone(),
+                })
+            }),
             channel,
             device_state: None,
         })
@@ -722,6 +777,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         };
         let event_idx = self.event_idx.load(Ordering::Relaxed);
         let _awake = self.awake.wake();
+        let window = self.window.clone();
         loop {
             if event_idx {
                 vring.disable_notification().map_err(io::Error::other)?;
@@ -769,10 +825,14 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 // Walked once here: the opcode picks the thread, and a request served on this
                 // thread uses the same walk.
                 let mem = atomic.memory();
-                let split = walk_chain(&mem, at);
+                let far = window.as_deref();
+                let split = walk(&mem, at, far.and_then(Window::at));
                 // The header is read from guest memory once: the thread is chosen by this
                 // copy and the server serves this copy (the guest may rewrite its own).
-                let hdr = split.as_ref().ok().and_then(|(r, _)| header_of(r));
+                let hdr = split
+                    .as_ref()
+                    .ok()
+                    .and_then(|(r, _)| header_of(r, far.map(|w| w as &dyn FarIo)));
                 let blocking = hdr.is_some_and(|h| may_block(&self.server, &h));
                 if blocking {
                     q.lock().blocking += 1;
@@ -793,7 +853,8 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 };
                 match pool {
                     None => {
-                        let used = serve_split(&self.server, &mem, split, hdr);
+                        let far = far.map(|w| w as &dyn FarIo);
+                        let used = serve_split(&self.server, &mem, split, hdr, far);
                         let done = Done {
                             head,
                             used,
@@ -803,14 +864,15 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                         q.complete(vring, done, true);
                     }
                     Some(pool) => {
-                        let (server, q, vring, atomic) = (
+                        let (server, q, vring, atomic, window) = (
                             self.server.clone(),
                             q.clone(),
                             vring.clone(),
                             atomic.clone(),
+                            window.clone(),
                         );
                         pool.submit(Box::new(move || {
-                            let used = serve(&server, &atomic.memory(), at, hdr);
+                            let used = serve(&server, &atomic.memory(), at, hdr, window.as_deref());
                             let done = Done {
                                 head,
                                 used,
@@ -888,27 +950,54 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     }
 }
 
-/// Guest memory without the frontend's regions of host files the DAX window mapped: such a
-/// file may shrink under the mapping (a host truncate), and a read past its end would be a
-/// SIGBUS in the daemon. A descriptor pointing there fails its own request only (issue #20).
-/// Returns a collection of its own (sharing the regions), never the frontend handler's, and
-/// the number of regions left out.
-fn without_window_files(mem: &GuestMem) -> (GuestMemoryLogged, usize) {
+/// Guest memory without the frontend's regions of the DAX window, and the number left out.
+///
+/// Every SHMEM mapping comes back in the memory table as a region of its own: a host file (it
+/// may shrink under the mapping, and a read past its end would be a SIGBUS in the daemon), a
+/// shadow or the pool (memory the guest may map writable). None of them is used to resolve
+/// descriptors: a buffer in the window is a far segment that the window moves with
+/// `pread`/`pwrite` on what backs it ([`Window`], issue #43). A region is the window's when
+/// the window sent its file and offset ([`BackendChannel::window_offset`], which gives the
+/// window's guest-physical base too, stored in `window`), when it lies inside the window's
+/// known range, or when its file is one the window mapped (issue #20). Returns a collection
+/// of its own (sharing the regions), never the frontend handler's.
+fn without_window_files(mem: &GuestMem, window: Option<&Window>) -> (GuestMemoryLogged, usize) {
     use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
     let all = mem.memory();
-    let mut keep = Vec::with_capacity(all.num_regions());
-    let mut rest: Option<GuestMemoryLogged> = None;
-    let mut left_out = 0;
-    for (at, len, skip) in all
+    let regions: Vec<_> = all
         .iter()
         .map(|r| {
-            let skip = r
-                .file_offset()
-                .is_some_and(|fo| crate::dax::host_watch::backs_window(fo.file()));
-            (r.start_addr(), r.len(), skip)
+            let fo = r.file_offset();
+            let at = window.zip(fo).and_then(|(w, fo)| {
+                w.channel
+                    .window_offset(fo.file(), fo.start(), r.len())
+                    .and_then(|m| r.start_addr().0.checked_sub(m))
+            });
+            let mapped = fo.is_some_and(|fo| crate::dax::host_watch::backs_window(fo.file()));
+            (r.start_addr(), r.len(), at, mapped)
         })
-        .collect::<Vec<_>>()
-    {
+        .collect();
+    if let Some(w) = window {
+        // The base most regions agree on (one file range mapped at two offsets gives one
+        // wrong candidate per region; the window's own ranges all give the right one).
+        let mut votes: Vec<(u64, usize)> = Vec::new();
+        for b in regions.iter().filter_map(|r| r.2) {
+            match votes.iter_mut().find(|v| v.0 == b) {
+                Some(v) => v.1 += 1,
+                None => votes.push((b, 1)),
+            }
+        }
+        if let Some(&(base, _)) = votes.iter().max_by_key(|v| v.1) {
+            if w.base.swap(base, Ordering::Relaxed) != base {
+                log::debug!("DAX window at guest-physical {base:#x}");
+            }
+        }
+    }
+    let span = window.and_then(Window::at);
+    let mut keep = Vec::with_capacity(regions.len());
+    let mut rest: Option<GuestMemoryLogged> = None;
+    let mut left_out = 0;
+    for (at, len, base, mapped) in regions {
         // remove_region hands the region out as the Arc the collection holds.
         let taken = match &rest {
             Some(c) => c.remove_region(at, len),
@@ -916,10 +1005,11 @@ fn without_window_files(mem: &GuestMem) -> (GuestMemoryLogged, usize) {
         };
         let Ok((r, region)) = taken else { continue };
         rest = Some(r);
-        if skip {
+        let inside = span.is_some_and(|w| w.offset_of(at.0, len).is_some());
+        if base.is_some() || inside || mapped {
             left_out += 1;
             log::trace!(
-                "memory region {:#x}+{len:#x} maps a DAX-mapped host file: not used for descriptors",
+                "memory region {:#x}+{len:#x} is the DAX window's: not used for descriptors",
                 at.0
             );
         } else {
@@ -933,12 +1023,14 @@ fn without_window_files(mem: &GuestMem) -> (GuestMemoryLogged, usize) {
 }
 
 /// A copy of a request's FUSE header, if it is readable.
-fn header_of(readable: &[VolatileSlice<'_>]) -> Option<InHeader> {
-    if let Some(first) = readable.first().filter(|f| f.len() >= IN_HEADER_LEN) {
+fn header_of(readable: &[Seg<'_>], far: Option<&dyn FarIo>) -> Option<InHeader> {
+    if let Some(Seg::Mem(first)) = readable.first().filter(|f| f.len() >= IN_HEADER_LEN) {
         // The common case: the header is in the first buffer.
         return first.read_obj::<InHeader>(0).ok();
     }
-    Reader::new(readable.to_vec()).read_obj::<InHeader>().ok()
+    Reader::with_far(readable.to_vec(), far)
+        .read_obj::<InHeader>()
+        .ok()
 }
 
 /// Serves one request whose header was read as `hdr`; returns the bytes written for the
@@ -948,35 +1040,35 @@ fn serve<F: FileSystem>(
     mem: &GuestMemoryLogged,
     at: ChainAt,
     hdr: Option<InHeader>,
+    window: Option<&Window>,
 ) -> u32 {
-    serve_split(server, mem, walk_chain(mem, at), hdr)
+    let split = walk(mem, at, window.and_then(Window::at));
+    serve_split(server, mem, split, hdr, window.map(|w| w as &dyn FarIo))
 }
 
 /// Serves a request whose chain is already split and whose header was read as `hdr`.
 fn serve_split<F: FileSystem>(
     server: &Server<F>,
     mem: &GuestMemoryLogged,
-    split: Result<Split<'_>, String>,
+    split: Result<Split<'_>, Malformed<'_>>,
     hdr: Option<InHeader>,
+    far: Option<&dyn FarIo>,
 ) -> u32 {
     let (readable, writable) = match split {
         Ok(v) => v,
-        Err(e) => {
-            log::warn!("dropping malformed descriptor chain: {e}");
-            return 0;
-        }
+        Err(m) => return answer_malformed(mem, m, far),
     };
     let spans = Spans::of(&writable);
-    let w = (!writable.is_empty()).then(|| Writer::new(writable));
+    let w = (!writable.is_empty()).then(|| Writer::with_far(writable, far));
     let handled = match hdr {
         Some(hdr) => {
-            let mut r = Reader::new(readable);
+            let mut r = Reader::with_far(readable, far);
             let total = r.available();
             // The header bytes are skipped, not read again: `hdr` is what is served.
             r.skip(IN_HEADER_LEN)
                 .and_then(|()| server.handle_decoded(hdr, total, r, w))
         }
-        None => server.handle(Reader::new(readable), w),
+        None => server.handle(Reader::with_far(readable, far), w),
     };
     let used = match handled {
         Ok(h) => u32::try_from(h.written).unwrap_or(0),
@@ -990,6 +1082,41 @@ fn serve_split<F: FileSystem>(
     used
 }
 
+/// Answers a chain [`walk`] refused (a buffer outside guest memory and the window, a
+/// readable buffer after a writable one, no readable buffer): with EIO in its out-header
+/// when its FUSE header and the first 16 writable bytes could be resolved, so the request
+/// fails instead of looking served. Otherwise (no header to take the `unique` from, or no
+/// room for an out-header: nothing the guest's driver could read an answer from) the chain
+/// is still completed, with 0 bytes written, like FORGET: it never stays in flight.
+fn answer_malformed(mem: &GuestMemoryLogged, m: Malformed<'_>, far: Option<&dyn FarIo>) -> u32 {
+    let (readable, writable) = m.partial;
+    let hdr = header_of(&readable, far);
+    let spans = Spans::of(&writable);
+    let mut w = Writer::with_far(writable, far);
+    let used = match hdr {
+        Some(h) if w.available() >= std::mem::size_of::<OutHeader>() => {
+            let out = OutHeader {
+                len: std::mem::size_of::<OutHeader>() as u32,
+                error: -libc::EIO,
+                unique: h.unique,
+            };
+            w.write_obj(&out).map_or(0, |()| out.len)
+        }
+        _ => 0,
+    };
+    log::warn!(
+        "malformed descriptor chain: {}; {}",
+        m.why,
+        if used > 0 {
+            "answered with EIO"
+        } else {
+            "completed without a reply (no header or out-header to answer with)"
+        }
+    );
+    mark_written(mem, spans.as_slice(), used as usize);
+    used
+}
+
 /// The host (address, length) pieces of a reply, without an allocation for the usual few.
 enum Spans {
     Inline([(usize, usize); 4], usize),
@@ -997,8 +1124,12 @@ enum Spans {
 }
 
 impl Spans {
-    fn of(writable: &[VolatileSlice<'_>]) -> Self {
-        let span = |s: &VolatileSlice<'_>| (s.ptr_guard().as_ptr() as usize, s.len());
+    fn of(writable: &[Seg<'_>]) -> Self {
+        // A far segment is no guest RAM: address 0 lies in no region and is skipped.
+        let span = |s: &Seg<'_>| match s {
+            Seg::Mem(s) => (s.ptr_guard().as_ptr() as usize, s.len()),
+            Seg::Far { len, .. } => (0, *len),
+        };
         if writable.len() > 4 {
             return Spans::Heap(writable.iter().map(span).collect());
         }
@@ -1135,7 +1266,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         // An atomic of our own, updated in place (queue loops that hold it see the change),
         // never the frontend handler's: that one is updated before this call, with regions
         // that must be left out.
-        let (filtered, window_regions) = without_window_files(&mem);
+        let (filtered, window_regions) = without_window_files(&mem, self.window.as_deref());
         if let Some(c) = &self.channel {
             use vm_memory::GuestMemoryBackend as _;
             c.memory_regions(mem.memory().num_regions(), window_regions);
@@ -1501,7 +1632,7 @@ mod tests {
             size: 16,
             head: chain.head_index(),
         };
-        let fast = walk_chain(m, at);
+        let fast = crate::transport::vring_chain::walk_chain(m, at, None);
         assert_eq!(fast.is_ok(), split_chain(m, chain).is_ok());
         fast
     }
@@ -1527,9 +1658,9 @@ mod tests {
         let b = backend();
         match walk(m, &vq, chain) {
             Ok((r, w)) => {
-                let w = (!w.is_empty()).then(|| Writer::new(w));
+                let w = (!w.is_empty()).then(|| Writer::with_far(w, None));
                 b.server()
-                    .handle(Reader::new(r), w)
+                    .handle(Reader::with_far(r, None), w)
                     .map(|h| h.written as u32)
                     .unwrap_or(0)
             }

@@ -13,6 +13,11 @@
 //! when the total length would pass `u32::MAX`. Then [`split_chain`]'s checks: readable
 //! buffers come first, each lies in guest memory, at least one is readable.
 //!
+//! A buffer in the DAX window ([`WindowAt`]) becomes a far segment ([`Seg::Far`]) at its
+//! window offset: the transport's memory never maps the window (its host files may shrink
+//! under a mapping), and the window moves those bytes with `pread`/`pwrite` on what backs
+//! them.
+//!
 //! Why: `protobench` (4 KiB READ, depth 16) spent about 30% of the daemon's time reading
 //! descriptors and building slices through `vm-memory`'s generic accessors (each 16-byte
 //! descriptor a bounds-checked copy through a slice iterator), and the queue thread walked
@@ -27,6 +32,8 @@ use vm_memory::{
     GuestMemoryRegion, MemoryRegionAddress, Permissions, VolatileSlice,
 };
 
+use crate::protocol::iobuf::Seg;
+
 /// A popped chain: where its descriptor table is, how many entries it has, its head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChainAt {
@@ -36,7 +43,23 @@ pub struct ChainAt {
 }
 
 /// The device-readable and device-writable buffers of a chain, in order.
-pub type Split<'a> = (Vec<VolatileSlice<'a>>, Vec<VolatileSlice<'a>>);
+pub type Split<'a> = (Vec<Seg<'a>>, Vec<Seg<'a>>);
+
+/// Where the DAX window is in guest-physical space: buffers inside it are far segments at
+/// their window offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowAt {
+    pub base: u64,
+    pub size: u64,
+}
+
+impl WindowAt {
+    /// The window offset of `len` bytes at guest address `addr`, when all lie in the window.
+    pub fn offset_of(&self, addr: u64, len: u64) -> Option<u64> {
+        let off = addr.checked_sub(self.base)?;
+        (off.checked_add(len)? <= self.size).then_some(off)
+    }
+}
 
 const DESC_SIZE: u64 = 16;
 const F_NEXT: u16 = 1;
@@ -123,10 +146,11 @@ fn split_raw(raw: [u8; 16]) -> (u64, u64) {
 /// checks it.
 fn push_buffer<'a, B: Bitmap>(
     mem: &'a GuestMemoryMmap<B>,
+    window: Option<WindowAt>,
     addr: u64,
     len: u32,
     access: Permissions,
-    out: &mut Vec<VolatileSlice<'a>>,
+    out: &mut Vec<Seg<'a>>,
 ) -> Result<(), String> {
     if len == 0 {
         return Ok(());
@@ -134,7 +158,14 @@ fn push_buffer<'a, B: Bitmap>(
     if let Some(p) = resolve(mem, addr, u64::from(len)) {
         // SAFETY: `p`..`p + len` lies inside one region of `mem` (checked in `resolve`),
         // mapped for as long as `mem` is borrowed, the slice's lifetime.
-        out.push(unsafe { VolatileSlice::new(p, len as usize) });
+        out.push(Seg::Mem(unsafe { VolatileSlice::new(p, len as usize) }));
+        return Ok(());
+    }
+    if let Some(at) = window.and_then(|w| w.offset_of(addr, u64::from(len))) {
+        out.push(Seg::Far {
+            at,
+            len: len as usize,
+        });
         return Ok(());
     }
     let bad = |e: vm_memory::GuestMemoryError| {
@@ -146,7 +177,9 @@ fn push_buffer<'a, B: Bitmap>(
         // SAFETY: `s` lies inside a region of `mem`, which is mapped (mmap-backed memory:
         // the pointer stays valid without a guard) for as long as `mem` is borrowed, the
         // lifetime of the returned slice; only the bitmap is dropped.
-        out.push(unsafe { VolatileSlice::new(s.ptr_guard_mut().as_ptr(), s.len()) });
+        out.push(Seg::Mem(unsafe {
+            VolatileSlice::new(s.ptr_guard_mut().as_ptr(), s.len())
+        }));
     }
     Ok(())
 }
@@ -154,6 +187,7 @@ fn push_buffer<'a, B: Bitmap>(
 /// Adds one descriptor's buffer to the readable or writable side.
 fn add<'a, B: Bitmap>(
     mem: &'a GuestMemoryMmap<B>,
+    window: Option<WindowAt>,
     (addr, len, write): (u64, u32, bool),
     (readable, writable): &mut Split<'a>,
 ) -> Result<(), String> {
@@ -161,18 +195,44 @@ fn add<'a, B: Bitmap>(
         return Err("readable descriptor after a writable one".into());
     }
     if write {
-        push_buffer(mem, addr, len, Permissions::Write, writable)
+        push_buffer(mem, window, addr, len, Permissions::Write, writable)
     } else {
-        push_buffer(mem, addr, len, Permissions::Read, readable)
+        push_buffer(mem, window, addr, len, Permissions::Read, readable)
     }
 }
 
-/// The chain at `at`, split into its readable and writable parts in host memory.
-pub fn walk_chain<B: Bitmap>(mem: &GuestMemoryMmap<B>, at: ChainAt) -> Result<Split<'_>, String> {
+/// A chain that [`walk_chain`] refused, with what could be resolved of it: the readable and
+/// writable buffers up to the first bad one of each side (enough to answer with an error
+/// when its header and out-header are among them).
+pub struct Malformed<'a> {
+    pub why: String,
+    pub partial: Split<'a>,
+}
+
+/// The chain at `at`, split into its readable and writable parts in host memory (buffers in
+/// `window` as far segments).
+pub fn walk_chain<B: Bitmap>(
+    mem: &GuestMemoryMmap<B>,
+    at: ChainAt,
+    window: Option<WindowAt>,
+) -> Result<Split<'_>, String> {
+    walk(mem, at, window).map_err(|m| m.why)
+}
+
+/// [`walk_chain`], keeping what could be resolved of a refused chain.
+pub fn walk<B: Bitmap>(
+    mem: &GuestMemoryMmap<B>,
+    at: ChainAt,
+    window: Option<WindowAt>,
+) -> Result<Split<'_>, Malformed<'_>> {
     // A FUSE request is typically 2-4 buffers each way: one allocation per side.
     let mut split = (Vec::with_capacity(4), Vec::with_capacity(4));
     let mut table = Table::new(mem, at.table, at.size);
     let (mut next, mut ttl, mut indirect, mut total) = (at.head, at.size, false, 0u32);
+    // The first refusal; the walk goes on to the chain's end, resolving what it can of the
+    // side that has not failed yet (for the error reply).
+    let mut why: Option<String> = None;
+    let (mut bad_r, mut bad_w) = (false, false);
     while ttl > 0 && next < table.len {
         let Some((addr, len, flags, follow)) = table.read(next) else {
             break;
@@ -197,12 +257,29 @@ pub fn walk_chain<B: Bitmap>(mem: &GuestMemoryMmap<B>, at: ChainAt) -> Result<Sp
         } else {
             ttl = 0;
         }
-        add(mem, (addr, len, flags & F_WRITE != 0), &mut split)?;
+        let write = flags & F_WRITE != 0;
+        if (write && bad_w) || (!write && bad_r) {
+            continue;
+        }
+        if let Err(e) = add(mem, window, (addr, len, write), &mut split) {
+            if write {
+                bad_w = true;
+            } else {
+                bad_r = true;
+            }
+            why.get_or_insert(e);
+        }
     }
     if split.0.is_empty() {
-        return Err("chain has no readable descriptor".into());
+        why.get_or_insert_with(|| "chain has no readable descriptor".into());
     }
-    Ok(split)
+    match why {
+        Some(why) => Err(Malformed {
+            why,
+            partial: split,
+        }),
+        None => Ok(split),
+    }
 }
 
 /// Splits a chain into its device-readable and device-writable parts, resolved to host
@@ -217,6 +294,7 @@ pub fn split_chain<B: Bitmap, M: Deref<Target = GuestMemoryMmap<B>>>(
     for desc in chain {
         add(
             mem,
+            None,
             (desc.addr().0, desc.len(), desc.is_write_only()),
             &mut split,
         )?;
@@ -243,9 +321,12 @@ mod tests {
     type Spans = (Vec<(usize, usize)>, Vec<(usize, usize)>);
 
     fn spans(s: &Split<'_>) -> Spans {
-        let f = |v: &Vec<VolatileSlice<'_>>| {
+        let f = |v: &Vec<Seg<'_>>| {
             v.iter()
-                .map(|s| (s.ptr_guard().as_ptr() as usize, s.len()))
+                .map(|s| match s {
+                    Seg::Mem(s) => (s.ptr_guard().as_ptr() as usize, s.len()),
+                    Seg::Far { at, len } => (*at as usize, *len),
+                })
                 .collect()
         };
         (f(&s.0), f(&s.1))
@@ -271,7 +352,10 @@ mod tests {
             Ok(s) => format!("{:?}", spans(&s)),
             Err(_) => "error".into(),
         };
-        (show(walk_chain(mem, at)), show(split_chain(mem, chain)))
+        (
+            show(walk_chain(mem, at, None)),
+            show(split_chain(mem, chain)),
+        )
     }
 
     fn two_regions() -> GuestMemoryMmap {

@@ -451,6 +451,60 @@ fn einval(msg: impl Into<String>) -> io::Error {
 pub(crate) struct Handler {
     pub window: OnceLock<Arc<DaxWindow>>,
     pub errors: Mutex<Vec<String>>,
+    /// Set with [`crate::DriverConfig::window_gpa`]: window mappings go into the memory table.
+    pub report: OnceLock<Reporter>,
+}
+
+/// Puts every live window mapping into the backend's memory table as a region of its own at
+/// `gpa` + its window offset, as QEMU 11.1's vhost memory listener does: a guest buffer in
+/// the window is then a descriptor the backend can find in its table (a guest `write(2)`
+/// from a DAX mapping). The table is sent (SET_MEM_TABLE, RAM first) before the SHMEM reply:
+/// QEMU sends its update after the reply, which a backend must accept either way.
+pub(crate) struct Reporter {
+    pub fe: vhost::vhost_user::Frontend,
+    pub ram: vhost::VhostUserMemoryRegionInfo,
+    pub gpa: u64,
+    /// Host address of the window in this process.
+    pub host: u64,
+    /// Live mappings by window offset: length, file offset and a descriptor of the file.
+    pub maps: Mutex<BTreeMap<u64, (u64, u64, std::os::fd::OwnedFd)>>,
+}
+
+impl Reporter {
+    fn send(&self, maps: &BTreeMap<u64, (u64, u64, std::os::fd::OwnedFd)>) {
+        use vhost::VhostBackend;
+        let mut regions = vec![self.ram];
+        for (&off, (len, fo, fd)) in maps {
+            regions.push(vhost::VhostUserMemoryRegionInfo {
+                guest_phys_addr: self.gpa + off,
+                memory_size: *len,
+                userspace_addr: self.host + off,
+                mmap_offset: *fo,
+                mmap_handle: fd.as_raw_fd(),
+            });
+        }
+        if let Err(e) = self.fe.set_mem_table(&regions) {
+            log::warn!("SET_MEM_TABLE with {} window regions: {e}", maps.len());
+        }
+    }
+
+    fn mapped(&self, req: &VhostUserMMap, fd: RawFd) {
+        // SAFETY: `fd` is open for the duration of the call that handed it over.
+        let dup = unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned();
+        let Ok(dup) = dup else { return };
+        let mut m = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        let (off, len, fo) = (req.shm_offset, req.len, req.fd_offset);
+        m.insert(off, (len, fo, dup));
+        self.send(&m);
+    }
+
+    fn unmapped(&self, req: &VhostUserMMap) {
+        let mut m = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        let off = req.shm_offset;
+        if m.remove(&off).is_some() {
+            self.send(&m);
+        }
+    }
 }
 
 impl Handler {
@@ -476,6 +530,8 @@ impl VhostUserFrontendReqHandler for Handler {
         let r = self.window().and_then(|w| w.map(req, fd.as_raw_fd()));
         if let Err(e) = &r {
             log::debug!("SHMEM_MAP rejected: {e}");
+        } else if let Some(rep) = self.report.get() {
+            rep.mapped(req, fd.as_raw_fd());
         }
         r.map_err(|e| io::Error::from_raw_os_error(e.raw_os_error().unwrap_or(libc::EINVAL)))
     }
@@ -488,6 +544,8 @@ impl VhostUserFrontendReqHandler for Handler {
         let r = self.window().and_then(|w| w.unmap(req));
         if let Err(e) = &r {
             log::debug!("SHMEM_UNMAP rejected: {e}");
+        } else if let Some(rep) = self.report.get() {
+            rep.unmapped(req);
         }
         r.map_err(|e| io::Error::from_raw_os_error(e.raw_os_error().unwrap_or(libc::EINVAL)))
     }
@@ -612,6 +670,7 @@ mod tests {
         let h = Arc::new(Handler {
             window: OnceLock::new(),
             errors: Mutex::new(Vec::new()),
+            report: OnceLock::new(),
         });
         assert!(h.window.set(Arc::clone(&w)).is_ok());
         let mut server = FrontendReqHandler::new(Arc::clone(&h)).unwrap();

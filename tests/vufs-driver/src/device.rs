@@ -67,6 +67,9 @@ pub struct DriverConfig {
     pub need_reply: bool,
     /// Fill device-writable buffers with [`crate::queue::POISON`] before submitting.
     pub poison: bool,
+    /// Put the DAX window at this guest-physical address and report each window mapping in
+    /// the memory table, as QEMU 11.1 does (`None`: the window is in no memory table).
+    pub window_gpa: Option<u64>,
 }
 
 impl Default for DriverConfig {
@@ -88,6 +91,7 @@ impl Default for DriverConfig {
                 | VhostUserProtocolFeatures::SHMEM,
             need_reply: true,
             poison: true,
+            window_gpa: None,
         }
     }
 }
@@ -205,6 +209,7 @@ impl Device {
             let handler = Arc::new(Handler {
                 window: OnceLock::new(),
                 errors: Mutex::new(Vec::new()),
+                report: OnceLock::new(),
             });
             let mut server = FrontendReqHandler::new(Arc::clone(&handler))
                 .map_err(|e| io::Error::other(e.to_string()))?;
@@ -290,6 +295,18 @@ impl Device {
         };
 
         let mem = Arc::new(GuestMem::new(cfg.mem_base, cfg.mem_size)?);
+        if let (Some(h), Some(w), Some(gpa)) = (&handler, &dax, cfg.window_gpa) {
+            let rep = crate::dax::Reporter {
+                fe: fe.clone(),
+                ram: mem.region_info()?,
+                gpa,
+                host: w.as_ptr() as u64,
+                maps: Mutex::new(Default::default()),
+            };
+            if h.report.set(rep).is_err() {
+                return Err(io::Error::other("window reporter set twice"));
+            }
+        }
         let queues = (0..=nreq)
             .map(|i| {
                 Queue::new(

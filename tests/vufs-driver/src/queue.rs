@@ -385,13 +385,20 @@ impl Queue {
                 Seg::Raw {
                     addr,
                     len,
-                    writable,
-                } => Desc {
-                    addr: *addr,
-                    len: *len,
-                    flags: if *writable { DESC_F_WRITE } else { 0 },
-                    next: 0,
-                },
+                    writable: w,
+                } => {
+                    if *w {
+                        // Counts in the chain's capacity (a reply may land there, e.g. a READ
+                        // into the DAX window); read back only when it is guest RAM.
+                        writable.push((*addr, *len));
+                    }
+                    Desc {
+                        addr: *addr,
+                        len: *len,
+                        flags: if *w { DESC_F_WRITE } else { 0 },
+                        next: 0,
+                    }
+                }
             };
             descs.push(d);
         }
@@ -573,6 +580,15 @@ impl Queue {
             let n = (len as usize).min(left);
             if n == 0 {
                 break;
+            }
+            let in_ram = addr >= self.mem.base()
+                && addr
+                    .checked_add(u64::from(len))
+                    .is_some_and(|e| e <= self.mem.base() + self.mem.size());
+            if !in_ram {
+                // A raw buffer outside guest RAM (the DAX window): the test reads it itself.
+                left -= n;
+                continue;
             }
             let at = data.len();
             data.resize(at + n, 0);

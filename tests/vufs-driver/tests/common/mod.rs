@@ -30,10 +30,24 @@ pub fn kind() -> DaemonKind {
 
 /// Starts the daemon with `args` on a fresh shared dir prepared by `prep`, connects and INITs.
 pub fn start_with(args: &[&str], cfg: &DriverConfig, prep: impl FnOnce(&Path)) -> Rig {
-    let root = tempfile::Builder::new()
-        .prefix("vufs-shared-")
-        .tempdir()
-        .expect("tempdir");
+    start_in(None, args, cfg, prep)
+}
+
+/// [`start_with`] with the shared dir made inside `dir` (the system's temporary directory
+/// when `None`): to test a share on a given file system (e.g. tmpfs in `/dev/shm`).
+pub fn start_in(
+    dir: Option<&Path>,
+    args: &[&str],
+    cfg: &DriverConfig,
+    prep: impl FnOnce(&Path),
+) -> Rig {
+    let mut b = tempfile::Builder::new();
+    b.prefix("vufs-shared-");
+    let root = match dir {
+        Some(d) => b.tempdir_in(d),
+        None => b.tempdir(),
+    }
+    .expect("tempdir");
     prep(root.path());
     let kind = kind();
     let mut b = Daemon::builder(&kind).unwrap_or_else(|e| panic!("{e}"));
