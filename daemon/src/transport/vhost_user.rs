@@ -766,14 +766,26 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 };
                 let Some(at) = chain else { break };
                 let head = at.head;
-                // Walked once here: the opcode picks the thread, and a request served on this
-                // thread uses the same walk.
+                // Walked once, its header read once, here: the opcode of this one copy picks
+                // the thread, and the thread serves this copy and these buffers (the guest
+                // may rewrite its descriptors and its header meanwhile). A chain this walk
+                // finds no request in is dropped here, never walked again elsewhere.
                 let mem = atomic.memory();
-                let split = walk_chain(&mem, at);
-                // The header is read from guest memory once: the thread is chosen by this
-                // copy and the server serves this copy (the guest may rewrite its own).
-                let hdr = split.as_ref().ok().and_then(|(r, _)| header_of(r));
-                let blocking = hdr.is_some_and(|h| may_block(&self.server, &h));
+                let req = match decode(walk_chain(&mem, at)) {
+                    Ok(req) => req,
+                    Err(e) => {
+                        log::warn!("queue {queue}: dropping descriptor chain {head}: {e}");
+                        let done = Done {
+                            head,
+                            used: 0,
+                            epoch,
+                            blocking: false,
+                        };
+                        q.complete(vring, done, true);
+                        continue;
+                    }
+                };
+                let blocking = may_block(&self.server, &req.hdr);
                 if blocking {
                     q.lock().blocking += 1;
                 }
@@ -793,7 +805,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 };
                 match pool {
                     None => {
-                        let used = serve_split(&self.server, &mem, split, hdr);
+                        let used = serve(&self.server, &mem, req);
                         let done = Done {
                             head,
                             used,
@@ -803,14 +815,10 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                         q.complete(vring, done, true);
                     }
                     Some(pool) => {
-                        let (server, q, vring, atomic) = (
-                            self.server.clone(),
-                            q.clone(),
-                            vring.clone(),
-                            atomic.clone(),
-                        );
+                        let job = Walked::of(mem.clone(), req);
+                        let (server, q, vring) = (self.server.clone(), q.clone(), vring.clone());
                         pool.submit(Box::new(move || {
-                            let used = serve(&server, &atomic.memory(), at, hdr);
+                            let used = job.serve(&server);
                             let done = Done {
                                 head,
                                 used,
@@ -941,43 +949,49 @@ fn header_of(readable: &[VolatileSlice<'_>]) -> Option<InHeader> {
     Reader::new(readable.to_vec()).read_obj::<InHeader>().ok()
 }
 
-/// Serves one request whose header was read as `hdr`; returns the bytes written for the
-/// used ring.
-fn serve<F: FileSystem>(
-    server: &Server<F>,
-    mem: &GuestMemoryLogged,
-    at: ChainAt,
-    hdr: Option<InHeader>,
-) -> u32 {
-    serve_split(server, mem, walk_chain(mem, at), hdr)
+/// A request as decoded from one walk of its chain: one copy of its header, and the buffers
+/// that walk found. Everything the transport decides (the thread, the opcode served, the
+/// bytes the server reads and writes) comes from this one decoding.
+pub(crate) struct Decoded<'m> {
+    pub(crate) hdr: InHeader,
+    readable: Vec<VolatileSlice<'m>>,
+    writable: Vec<VolatileSlice<'m>>,
 }
 
-/// Serves a request whose chain is already split and whose header was read as `hdr`.
-fn serve_split<F: FileSystem>(
+/// Decodes a walked chain; a chain that is malformed or too short for a FUSE header is no
+/// request (the caller drops it).
+pub(crate) fn decode(split: Result<Split<'_>, String>) -> Result<Decoded<'_>, String> {
+    let (readable, writable) = split?;
+    let hdr = header_of(&readable).ok_or_else(|| {
+        let total: usize = readable.iter().map(|s| s.len()).sum();
+        format!("{total} readable bytes, too short for a FUSE header")
+    })?;
+    Ok(Decoded {
+        hdr,
+        readable,
+        writable,
+    })
+}
+
+/// Serves a decoded request; returns the bytes written for the used ring.
+pub(crate) fn serve<F: FileSystem>(
     server: &Server<F>,
     mem: &GuestMemoryLogged,
-    split: Result<Split<'_>, String>,
-    hdr: Option<InHeader>,
+    req: Decoded<'_>,
 ) -> u32 {
-    let (readable, writable) = match split {
-        Ok(v) => v,
-        Err(e) => {
-            log::warn!("dropping malformed descriptor chain: {e}");
-            return 0;
-        }
-    };
+    let Decoded {
+        hdr,
+        readable,
+        writable,
+    } = req;
     let spans = Spans::of(&writable);
     let w = (!writable.is_empty()).then(|| Writer::new(writable));
-    let handled = match hdr {
-        Some(hdr) => {
-            let mut r = Reader::new(readable);
-            let total = r.available();
-            // The header bytes are skipped, not read again: `hdr` is what is served.
-            r.skip(IN_HEADER_LEN)
-                .and_then(|()| server.handle_decoded(hdr, total, r, w))
-        }
-        None => server.handle(Reader::new(readable), w),
-    };
+    let mut r = Reader::new(readable);
+    let total = r.available();
+    // The header bytes are skipped, not read again: `hdr` is what is served.
+    let handled = r
+        .skip(IN_HEADER_LEN)
+        .and_then(|()| server.handle_decoded(hdr, total, r, w));
     let used = match handled {
         Ok(h) => u32::try_from(h.written).unwrap_or(0),
         Err(e) => {
@@ -988,6 +1002,56 @@ fn serve_split<F: FileSystem>(
     // A migration's log must see the reply once it is written (never before).
     mark_written(mem, spans.as_slice(), used as usize);
     used
+}
+
+/// A decoded request handed to a pool thread: the guest memory its buffers were resolved in
+/// (held, so they stay mapped until it is served, whatever memory table the frontend sets
+/// meanwhile) and the buffers as host (address, length) pieces. The pool thread serves these,
+/// not a new walk of the chain.
+pub(crate) struct Walked {
+    mem: vm_memory::atomic::GuestMemoryLoadGuard<GuestMemoryLogged>,
+    hdr: InHeader,
+    readable: Vec<(usize, usize)>,
+    writable: Vec<(usize, usize)>,
+}
+
+impl Walked {
+    /// `req`, decoded from a walk in `mem`, for another thread.
+    pub(crate) fn of(
+        mem: vm_memory::atomic::GuestMemoryLoadGuard<GuestMemoryLogged>,
+        req: Decoded<'_>,
+    ) -> Self {
+        let span = |s: &VolatileSlice<'_>| (s.ptr_guard().as_ptr() as usize, s.len());
+        Walked {
+            hdr: req.hdr,
+            readable: req.readable.iter().map(span).collect(),
+            writable: req.writable.iter().map(span).collect(),
+            mem,
+        }
+    }
+
+    /// Serves the request; returns the bytes written for the used ring.
+    pub(crate) fn serve<F: FileSystem>(self, server: &Server<F>) -> u32 {
+        fn slices(spans: &[(usize, usize)]) -> Vec<VolatileSlice<'_>> {
+            spans
+                .iter()
+                .map(|&(addr, len)| {
+                    // SAFETY: each piece is a buffer `walk_chain` resolved inside one region of
+                    // the `mem` the request holds (bounds-checked there) and took from a slice
+                    // of it; that collection keeps its regions mapped while it lives, and the
+                    // slices borrow the request that holds it. The guest may change the bytes
+                    // at any time: every access through a `VolatileSlice` is volatile.
+                    unsafe { VolatileSlice::new(addr as *mut u8, len) }
+                })
+                .collect()
+        }
+        let req = Decoded {
+            hdr: self.hdr,
+            readable: slices(&self.readable),
+            writable: slices(&self.writable),
+        };
+        serve(server, &self.mem, req)
+    }
 }
 
 /// The host (address, length) pieces of a reply, without an allocation for the usual few.
