@@ -36,6 +36,7 @@ use vmm_sys_util::event::{
 use crate::protocol::abi::{InHeader, VirtioFsConfig};
 use crate::protocol::filesystem::FileSystem;
 use crate::protocol::iobuf::{Reader, Writer};
+use crate::protocol::policy::Wait;
 use crate::protocol::server::Server;
 use crate::transport::vring_chain::{walk_chain, ChainAt, Split};
 
@@ -54,8 +55,11 @@ pub const MAX_QUEUE_SIZE: usize = 1024;
 const MAX_UNSIGNALLED: usize = 32;
 /// Most request queues we serve (one worker thread each; the vring mask is 64 bits).
 pub const MAX_REQUEST_QUEUES: usize = 63;
-/// Most threads serving requests that may block (SETLKW, FSYNC, ...), whatever the pool size.
-const MAX_BLOCKING_THREADS: usize = 64;
+/// Most threads serving requests that may wait indefinitely (SETLKW), whatever the pool size.
+const MAX_WAIT_THREADS: usize = 64;
+/// Most threads serving requests that may take long (FSYNC, FLUSH, ...), whatever the pool
+/// size: a budget of their own, never taken by lock waits.
+const MAX_LONG_THREADS: usize = 64;
 /// How long GET_VRING_BASE waits for the vring's requests in flight before reporting the
 /// base anyway (a hung host file system must not hang the frontend for ever).
 const STOP_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -532,8 +536,13 @@ pub struct FsBackend<F: FileSystem> {
     awake: Arc<Awake>,
     /// `--thread-pool-size` workers, when non-zero.
     pool: Option<Arc<Pool>>,
-    /// Threads for requests that may block indefinitely.
-    blocking: Arc<Pool>,
+    /// Threads for requests that may wait indefinitely ([`Wait::Indefinite`]).
+    waits: Arc<Pool>,
+    /// Threads for requests that may take long ([`Wait::Long`]). Apart from `waits`: the
+    /// request that ends a lock wait (the holder's FLUSH at close, an FSYNC before its UNLOCK)
+    /// must never queue behind the waits (65 waiters on one lock filled one shared pool of
+    /// 64, and the holder's FLUSH never ran).
+    long: Arc<Pool>,
     channel: Option<Arc<dyn BackendChannel>>,
     /// Live migration (DEVICE_STATE), when the filesystem supports it.
     device_state: Option<Arc<dyn DeviceStateTransfer>>,
@@ -566,13 +575,6 @@ fn queue_of(thread: usize, device_event: u16) -> usize {
 /// `queue`'s bit in [`FsBackend::running`].
 fn queue_bit(queue: usize) -> u64 {
     1u64 << queue.min(63)
-}
-
-/// Requests that may wait indefinitely (a lock held by someone else) or for long (a flush
-/// to slow storage; [`Server::wait`]): they never run on a queue's own thread or hold back
-/// its notifications.
-fn may_block<F: FileSystem>(server: &Server<F>, hdr: &InHeader) -> bool {
-    server.wait(hdr) != crate::protocol::policy::Wait::Short
 }
 
 impl<F: FileSystem + 'static> FsBackend<F> {
@@ -620,7 +622,8 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 .collect(),
             awake,
             pool,
-            blocking: Pool::new("fs-blocking", MAX_BLOCKING_THREADS, 0, None),
+            waits: Pool::new("fs-wait", MAX_WAIT_THREADS, 0, None),
+            long: Pool::new("fs-long", MAX_LONG_THREADS, 0, None),
             channel,
             device_state: None,
         })
@@ -785,12 +788,18 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                         continue;
                     }
                 };
-                let blocking = may_block(&self.server, &req.hdr);
+                // Requests that may wait indefinitely (a lock held by someone else) or for
+                // long (a flush to slow storage; [`Server::wait`]) never run on the queue's
+                // own thread or hold back its notifications.
+                let wait = self.server.wait(&req.hdr);
+                let blocking = wait != Wait::Short;
                 if blocking {
                     q.lock().blocking += 1;
                 }
-                let pool = if blocking {
-                    Some(&self.blocking)
+                let pool = if wait == Wait::Indefinite {
+                    Some(&self.waits)
+                } else if wait == Wait::Long {
+                    Some(&self.long)
                 } else {
                     // The last request in sight while the pool has nothing to do is served
                     // here: handing it over would cost a wake-up of a pool thread while this
@@ -954,8 +963,8 @@ fn header_of(readable: &[VolatileSlice<'_>]) -> Option<InHeader> {
 /// bytes the server reads and writes) comes from this one decoding.
 pub(crate) struct Decoded<'m> {
     pub(crate) hdr: InHeader,
-    readable: Vec<VolatileSlice<'m>>,
-    writable: Vec<VolatileSlice<'m>>,
+    pub(crate) readable: Vec<VolatileSlice<'m>>,
+    pub(crate) writable: Vec<VolatileSlice<'m>>,
 }
 
 /// Decodes a walked chain; a chain that is malformed or too short for a FUSE header is no
@@ -1631,7 +1640,7 @@ mod tests {
                 nodeid: 1,
                 ..Default::default()
             };
-            may_block(&b.server, &hdr)
+            b.server.wait(&hdr) != Wait::Short
         };
         for o in [
             opcode::SETLKW,
