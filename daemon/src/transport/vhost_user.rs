@@ -70,6 +70,9 @@ const POLL_BEFORE_SLEEP: Duration = Duration::from_micros(30);
 /// Most batches a queue thread goes without a look after looks that found nothing (see
 /// [`Look`]).
 const LOOK_BACKOFF_MAX: u32 = 32;
+/// Requests the first request queue serves at most before it looks at the hiprio queue that
+/// shares its thread (FORGETs must not wait for a request queue the guest keeps full).
+const HIPRIO_EVERY: usize = 32;
 /// How long GET_VRING_BASE waits when the requests left wait for the frontend itself.
 const STOP_FRONTEND_GRACE: Duration = Duration::from_millis(200);
 
@@ -710,7 +713,17 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         }
     }
 
-    fn process_queue(&self, queue: usize, vring: &FsVring) -> io::Result<()> {
+    /// Serves vring `queue` until it is empty. `hiprio`: the hiprio vring, when `queue` is
+    /// the request queue sharing its thread ([`thread_masks`]): served in between, every
+    /// [`HIPRIO_EVERY`] requests and while waiting for room, so that a request queue the guest
+    /// keeps full never holds its FORGETs back (each one pins a host descriptor and an inode
+    /// table entry until it is served).
+    fn process_queue(
+        &self,
+        queue: usize,
+        vring: &FsVring,
+        hiprio: Option<&FsVring>,
+    ) -> io::Result<()> {
         let Some(atomic) = self
             .mem
             .read()
@@ -725,11 +738,17 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         };
         let event_idx = self.event_idx.load(Ordering::Relaxed);
         let _awake = self.awake.wake();
+        let mut since_hiprio = 0usize;
         loop {
             if event_idx {
                 vring.disable_notification().map_err(io::Error::other)?;
             }
             loop {
+                since_hiprio += 1;
+                if since_hiprio >= HIPRIO_EVERY {
+                    since_hiprio = 0;
+                    self.serve_hiprio(hiprio, &atomic);
+                }
                 // The epoch and the pop under one lock: a reset cannot fall between them.
                 let (epoch, chain) = {
                     let mut s = q.lock();
@@ -746,6 +765,12 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                         if !warned {
                             log::debug!("queue {queue}: {limit} requests in flight; waiting");
                             warned = true;
+                        }
+                        if hiprio.is_some_and(|h| Self::has_request(h, &atomic.memory())) {
+                            drop(s);
+                            self.serve_hiprio(hiprio, &atomic);
+                            s = q.lock();
+                            continue;
                         }
                         s.space_waiters += 1;
                         s = q
@@ -856,6 +881,18 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             }
         }
         Ok(())
+    }
+
+    /// Serves what the hiprio queue holds (FORGET, INTERRUPT), from the thread of the request
+    /// queue that shares it.
+    fn serve_hiprio(&self, hiprio: Option<&FsVring>, mem: &GuestMem) {
+        let Some(h) = hiprio else { return };
+        if !Self::has_request(h, &mem.memory()) {
+            return;
+        }
+        if let Err(e) = self.process_queue(0, h, None) {
+            log::error!("queue 0: {e}");
+        }
     }
 
     /// Whether the guest makes a new request available within [`POLL_BEFORE_SLEEP`], and
@@ -1306,8 +1343,10 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             }
             self.mark_running(queue);
         }
+        // The hiprio vring, served in between by the request queue sharing its thread.
+        let hiprio = (queue == 1).then(|| vrings.first()).flatten();
         // A broken queue must not end the worker: log and wait for the next kick.
-        if let Err(e) = self.process_queue(queue, vring) {
+        if let Err(e) = self.process_queue(queue, vring, hiprio) {
             log::error!("queue {queue}: {e}");
         }
         Ok(())
