@@ -664,18 +664,20 @@ impl<F: FileSystem + 'static> FsBackend<F> {
 
     /// Waits until vring `queue` has no request in flight (they complete into its used ring
     /// and the guest is notified), at most [`STOP_DRAIN_TIMEOUT`]. Requests waiting for a
-    /// lock give up with EINTR.
+    /// lock give up with EINTR: asked again at every look while any is in flight, since a
+    /// wait still queued for a thread of the lock-wait pool (more than 64 waiters) starts
+    /// after the first interruption.
     fn drain(&self, queue: usize) {
         let Some(q) = self.queues.get(queue) else {
             return;
         };
         let mut s = q.lock();
-        if s.blocking > 0 {
-            self.server.fs().interrupt_waits();
-        }
         let start = Instant::now();
         let deadline = start + STOP_DRAIN_TIMEOUT;
         while s.inflight > 0 || s.unsignalled > 0 {
+            if s.blocking > 0 {
+                self.server.fs().interrupt_waits();
+            }
             let now = Instant::now();
             let waiting_frontend = self
                 .channel

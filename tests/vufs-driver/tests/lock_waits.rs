@@ -160,3 +160,59 @@ fn sixty_five_lock_waiters_never_starve_the_holders_close() {
     drop(s);
     drop(d);
 }
+
+/// 65 guest owners wait for a lock a host process holds: more waits than the 64 threads lock
+/// waits may take, so one is still queued when QEMU stops the vrings. The stop interrupts
+/// every wait, the queued one too once it starts (EINTR, which the guest retries): it must
+/// return within 3 s, not after the daemon's 10 s drain timeout.
+#[test]
+fn a_vring_stop_interrupts_sixty_five_lock_waiters() {
+    let kind = common::kind();
+    if kind != DaemonKind::Daxfsd {
+        eprintln!(
+            "{}: serves no host POSIX locks (--posix-lock is daxfsd's); skipped",
+            kind.name()
+        );
+        return;
+    }
+    const WAITERS: u64 = 65;
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("f"), b"locked").unwrap();
+    let host_lock = vufs_driver::host_write_lock(&tmp.path().join("f")).unwrap();
+    let d = host::spawn(&kind, tmp.path(), &["--posix-lock"]);
+    let cfg = DriverConfig {
+        queue_size: 512,
+        ..Default::default()
+    };
+    let s = host::connect(&d, &cfg);
+    let dev = s.device().clone();
+    let e = s.lookup(abi::ROOT_ID, "f").unwrap();
+    let fh = s.open(e.nodeid, libc::O_RDWR as u32).unwrap().fh;
+    let mut pending = Vec::new();
+    for owner in 1..=WAITERS {
+        let lk = vufs_driver::whole_file_write_lock(fh, owner);
+        let chain = s.linux_chain(op::SETLKW, e.nodeid, &[lk.as_slice()], 0);
+        pending.push(dev.submit(1, &chain).unwrap());
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = Instant::now();
+    let bases = dev.pause().unwrap();
+    let took = t0.elapsed();
+    eprintln!("GET_VRING_BASE with {WAITERS} lock waiters: {took:?}");
+    let mut interrupted = 0;
+    for p in pending {
+        let c = p
+            .wait(Duration::from_secs(1))
+            .expect("completed by the stop");
+        assert_eq!(reply_error(&c), -libc::EINTR);
+        interrupted += 1;
+    }
+    assert_eq!(interrupted, WAITERS);
+    assert!(
+        took < Duration::from_secs(3),
+        "a vring stop with {WAITERS} lock waiters took {took:?}"
+    );
+    dev.resume(&bases).unwrap();
+    drop(host_lock);
+    s.getattr(e.nodeid, None).unwrap();
+}
