@@ -346,9 +346,15 @@ mod tests {
         );
         // The newest writer wins; a removed one is gone from the answer.
         let newer = t.insert(HandleData::file(7, fd(), libc::O_RDWR));
-        assert!(Arc::ptr_eq(&t.writer(7).unwrap(), &t.get(7, newer).unwrap()));
+        assert!(Arc::ptr_eq(
+            &t.writer(7).unwrap(),
+            &t.get(7, newer).unwrap()
+        ));
         t.remove(7, newer, false).unwrap();
-        assert!(Arc::ptr_eq(&t.writer(7).unwrap(), &t.get(7, mine[0]).unwrap()));
+        assert!(Arc::ptr_eq(
+            &t.writer(7).unwrap(),
+            &t.get(7, mine[0]).unwrap()
+        ));
         t.remove(7, mine[0], false).unwrap();
         assert!(t.writer(7).is_none(), "only a reader left");
         t.replace(vec![(5, HandleData::file(7, fd(), libc::O_WRONLY))], 6);
