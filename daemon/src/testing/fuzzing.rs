@@ -275,7 +275,8 @@ pub fn run_chain(data: &[u8]) -> Option<usize> {
         .map(|s| GuestAddress((s.ptr_guard().as_ptr() as usize - base) as u64));
     let s = server(crate::testing::memfs::MemFs::new().ok()?);
     let used = if pooled {
-        let job = Walked::of(guard.clone(), req);
+        // SAFETY: `req` was decoded from `walk_chain` over `guard` (`mem`) above.
+        let job = unsafe { Walked::of(guard.clone(), req) };
         // The guest rewrites its chain and its request once the queue thread has decoded it.
         mem.write_slice(
             &[0xa5; 16 * QSIZE as usize],

@@ -851,7 +851,8 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                         q.complete(vring, done, true);
                     }
                     Some(pool) => {
-                        let job = Walked::of(mem.clone(), req);
+                        // SAFETY: `req` was decoded from `walk_chain` over `mem` just above.
+                        let job = unsafe { Walked::of(mem.clone(), req) };
                         let (server, q, vring) = (self.server.clone(), q.clone(), vring.clone());
                         pool.submit(Box::new(move || {
                             let used = job.serve(&server);
@@ -1065,7 +1066,12 @@ pub(crate) struct Walked {
 
 impl Walked {
     /// `req`, decoded from a walk in `mem`, for another thread.
-    pub(crate) fn of(
+    ///
+    /// # Safety
+    ///
+    /// `req` must come from [`walk_chain`] over `mem` itself (through [`decode`]): its
+    /// buffers lie inside `mem`'s regions, which [`Walked::serve`] uses again as slices.
+    pub(crate) unsafe fn of(
         mem: vm_memory::atomic::GuestMemoryLoadGuard<GuestMemoryLogged>,
         req: Decoded<'_>,
     ) -> Self {
@@ -1085,9 +1091,9 @@ impl Walked {
                 .iter()
                 .map(|&(addr, len)| {
                     // SAFETY: each piece is a buffer `walk_chain` resolved inside one region of
-                    // the `mem` the request holds (bounds-checked there) and took from a slice
-                    // of it; that collection keeps its regions mapped while it lives, and the
-                    // slices borrow the request that holds it. The guest may change the bytes
+                    // the `mem` the request holds (bounds-checked there; `Walked::of`'s
+                    // contract); that collection keeps its regions mapped while it lives, and
+                    // the slices borrow the request that holds it. The guest may change the bytes
                     // at any time: every access through a `VolatileSlice` is volatile.
                     unsafe { VolatileSlice::new(addr as *mut u8, len) }
                 })
