@@ -1,5 +1,6 @@
 //! Writes the fuzz seed corpus: one valid request per opcode (plus request sequences) for
-//! the server targets, the same requests wrapped in descriptor chains for the chain target,
+//! the server targets, the same requests wrapped in descriptor chains for the chain target
+//! (each also as a pool thread serves it),
 //! migration streams (real exports, hostile ones) for the migration-stream target, and
 //! frontend connections (a QEMU-like handshake and hostile variations) for vhost_frontend.
 //! `cargo run -p daxfsd --features fuzzing --example fuzz_seeds -- fuzz/seeds`
@@ -22,7 +23,12 @@ fn main() -> std::io::Result<()> {
         let dir = out.join("descriptor_chain");
         std::fs::create_dir_all(&dir)?;
         for rec in daxfsd::fuzzing::records(&input).iter().take(1) {
-            std::fs::write(dir.join(&name), daxfsd::fuzzing::chain_input(rec.bytes))?;
+            let chain = daxfsd::fuzzing::chain_input(rec.bytes);
+            std::fs::write(dir.join(&name), &chain)?;
+            // The same chain served as a pool thread serves it (bit 3 of the count byte).
+            let mut pooled = chain;
+            pooled[0] |= 8;
+            std::fs::write(dir.join(format!("{name}.pooled")), pooled)?;
         }
         n += 1;
     }

@@ -6,7 +6,7 @@
 //! access mode; directories hold a directory descriptor plus a lock that serialises the
 //! `lseek` + `getdents64` pair of a READDIR.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -130,6 +130,11 @@ impl HandleData {
         }
     }
 
+    /// Whether this is a file handle open for writing.
+    fn writable(&self) -> bool {
+        matches!(self.access(), Some((_, true)))
+    }
+
     /// `(readable, writable)` for a file handle; `None` for a directory.
     pub fn access(&self) -> Option<(bool, bool)> {
         match self.kind {
@@ -143,17 +148,58 @@ fn ebadf() -> io::Error {
     io::Error::from_raw_os_error(libc::EBADF)
 }
 
+/// The handles, and those open for writing by inode (under one lock).
+#[derive(Default)]
+struct Table {
+    map: HashMap<Handle, Arc<HandleData>>,
+    /// The handles open for writing of each inode that has one, oldest first: a handle-less
+    /// truncate asks for the newest ([`HandleStore::writer`]) without a pass over every handle
+    /// the guest holds.
+    writers: HashMap<Inode, BTreeSet<Handle>>,
+}
+
+impl Table {
+    fn add(&mut self, fh: Handle, h: Arc<HandleData>) {
+        if h.writable() {
+            self.writers.entry(h.inode).or_default().insert(fh);
+        }
+        if let Some(old) = self.map.insert(fh, h) {
+            self.forget_writer(fh, &old);
+        }
+    }
+
+    fn take(&mut self, fh: Handle) -> Option<Arc<HandleData>> {
+        let h = self.map.remove(&fh)?;
+        self.forget_writer(fh, &h);
+        Some(h)
+    }
+
+    fn forget_writer(&mut self, fh: Handle, h: &HandleData) {
+        if let Some(set) = self.writers.get_mut(&h.inode) {
+            set.remove(&fh);
+            if set.is_empty() {
+                self.writers.remove(&h.inode);
+            }
+        }
+    }
+}
+
 /// The handle table.
 pub(super) struct HandleStore {
-    map: RwLock<HashMap<Handle, Arc<HandleData>>>,
+    map: RwLock<Table>,
     next: AtomicU64,
+    /// Handles [`Self::writer`] looked at (tests: its cost must not grow with the table).
+    #[cfg(test)]
+    examined: std::sync::atomic::AtomicUsize,
 }
 
 impl HandleStore {
     pub fn new() -> Self {
         HandleStore {
-            map: RwLock::new(HashMap::new()),
+            map: RwLock::new(Table::default()),
             next: AtomicU64::new(1),
+            #[cfg(test)]
+            examined: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -162,14 +208,14 @@ impl HandleStore {
         self.map
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(id, Arc::new(data));
+            .add(id, Arc::new(data));
         id
     }
 
     /// Handle `fh`, which must have been opened on `inode`; else `EBADF`.
     pub fn get(&self, inode: Inode, fh: Handle) -> io::Result<Arc<HandleData>> {
         let map = self.map.read().unwrap_or_else(|p| p.into_inner());
-        match map.get(&fh) {
+        match map.map.get(&fh) {
             Some(h) if h.inode == inode => Ok(h.clone()),
             _ => Err(ebadf()),
         }
@@ -196,30 +242,30 @@ impl HandleStore {
     /// Removes handle `fh` of `inode`; `dir` says which kind the caller expects.
     pub fn remove(&self, inode: Inode, fh: Handle, dir: bool) -> io::Result<Arc<HandleData>> {
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
-        let ok = match map.get(&fh) {
+        let ok = match map.map.get(&fh) {
             Some(h) => h.inode == inode && matches!(h.kind, HandleKind::Dir { .. }) == dir,
             None => false,
         };
         if !ok {
             return Err(ebadf());
         }
-        map.remove(&fh).ok_or_else(ebadf)
+        map.take(fh).ok_or_else(ebadf)
     }
 
-    /// The most recent handle of `inode` open for writing, if any (one pass over the table,
-    /// as [`Self::lock_holder`]; asked only by a SETATTR that truncates without a handle).
+    /// The most recent handle of `inode` open for writing, if any (asked by a SETATTR that
+    /// truncates without a handle): from the inode's own writers, whatever else is open.
     pub fn writer(&self, inode: Inode) -> Option<Arc<HandleData>> {
         let map = self.map.read().unwrap_or_else(|p| p.into_inner());
-        map.iter()
-            .filter(|(_, h)| h.inode == inode && matches!(h.access(), Some((_, true))))
-            .max_by_key(|(fh, _)| **fh)
-            .map(|(_, h)| h.clone())
+        let fh = map.writers.get(&inode)?.last()?;
+        self.examined();
+        map.map.get(fh).cloned()
     }
 
     /// The guest pid that most recently locked `inode` as an owner other than `except`.
     pub fn lock_holder(&self, inode: Inode, except: u64) -> Option<u32> {
         let map = self.map.read().ok()?;
-        map.values()
+        map.map
+            .values()
             .filter(|h| h.inode == inode)
             .flat_map(|h| {
                 h.owners()
@@ -235,24 +281,85 @@ impl HandleStore {
     /// Every handle and the next free id (migration).
     pub fn export(&self) -> (Vec<(Handle, Arc<HandleData>)>, Handle) {
         let map = self.map.read().unwrap_or_else(|p| p.into_inner());
-        let v = map.iter().map(|(fh, h)| (*fh, h.clone())).collect();
+        let v = map.map.iter().map(|(fh, h)| (*fh, h.clone())).collect();
         (v, self.next.load(Ordering::Relaxed))
     }
 
     /// Replaces every handle (migration); ids come from the source.
     pub fn replace(&self, entries: Vec<(Handle, HandleData)>, next: Handle) {
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
-        map.clear();
-        map.extend(entries.into_iter().map(|(fh, h)| (fh, Arc::new(h))));
+        *map = Table::default();
+        for (fh, h) in entries {
+            map.add(fh, Arc::new(h));
+        }
         self.next.store(next, Ordering::Relaxed);
     }
 
     /// Drops every handle.
     pub fn clear(&self) {
-        self.map.write().unwrap_or_else(|p| p.into_inner()).clear();
+        *self.map.write().unwrap_or_else(|p| p.into_inner()) = Table::default();
     }
 
     pub fn len(&self) -> usize {
-        self.map.read().unwrap_or_else(|p| p.into_inner()).len()
+        self.map.read().unwrap_or_else(|p| p.into_inner()).map.len()
+    }
+
+    /// Counts one handle looked at by [`Self::writer`] (tests only).
+    fn examined(&self) {
+        #[cfg(test)]
+        self.examined.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fd() -> OwnedFd {
+        std::fs::File::open("/dev/null").unwrap().into()
+    }
+
+    /// A handle-less truncate asks for the inode's newest writer: the answer, and the handles
+    /// looked at for it, whatever else the table holds (a guest opens as many as it likes).
+    #[test]
+    fn writer_costs_the_same_whatever_the_table_holds() {
+        let t = HandleStore::new();
+        let mine = [
+            t.insert(HandleData::file(7, fd(), libc::O_WRONLY)),
+            t.insert(HandleData::file(7, fd(), libc::O_RDONLY)),
+        ];
+        let mut cost = Vec::new();
+        for others in [0usize, 100, 2000] {
+            while t.len() < 2 + others {
+                t.insert(HandleData::file(8 + t.len() as u64, fd(), libc::O_RDWR));
+            }
+            t.examined.store(0, Ordering::Relaxed);
+            let w = t.writer(7).expect("inode 7 has a writer");
+            assert!(Arc::ptr_eq(&w, &t.get(7, mine[0]).unwrap()));
+            assert!(t.writer(9_999_999).is_none());
+            cost.push(t.examined.load(Ordering::Relaxed));
+        }
+        eprintln!("handles looked at with 0, 100, 2000 other handles: {cost:?}");
+        assert!(
+            cost.iter().all(|&c| c == cost[0]),
+            "the cost grows with the table: {cost:?}"
+        );
+        // The newest writer wins; a removed one is gone from the answer.
+        let newer = t.insert(HandleData::file(7, fd(), libc::O_RDWR));
+        assert!(Arc::ptr_eq(
+            &t.writer(7).unwrap(),
+            &t.get(7, newer).unwrap()
+        ));
+        t.remove(7, newer, false).unwrap();
+        assert!(Arc::ptr_eq(
+            &t.writer(7).unwrap(),
+            &t.get(7, mine[0]).unwrap()
+        ));
+        t.remove(7, mine[0], false).unwrap();
+        assert!(t.writer(7).is_none(), "only a reader left");
+        t.replace(vec![(5, HandleData::file(7, fd(), libc::O_WRONLY))], 6);
+        assert!(Arc::ptr_eq(&t.writer(7).unwrap(), &t.get(7, 5).unwrap()));
+        t.clear();
+        assert!(t.writer(7).is_none());
     }
 }

@@ -416,8 +416,15 @@ impl PassthroughFs {
 
     /// The path of the file behind `fd` relative to the shared directory (`root`: the root's
     /// own path as `/proc/self/fd` gives it), checked to name this very file now.
-    /// An unlinked file (still open on this host, e.g. by the source daemon) passes when the
-    /// directory it was last linked in, as the kernel remembers it, is inside the share.
+    ///
+    /// An unlinked file (still open on this host, e.g. by the source daemon) cannot be named
+    /// now; it passes when the directory it was last linked in, as the kernel remembers it,
+    /// is inside the share by that path, and only when the share is not this process's root
+    /// (`--sandbox none`). Where it is (`chroot`, `namespace`), the kernel shows a file that
+    /// the root does not reach by its path from the file system's root or the host's, with
+    /// nothing to tell it from a path inside the share: `/tmp/x (deleted)` outside reads the
+    /// same as `tmp/x` once was inside. Such a file is refused like any other the share does
+    /// not name.
     fn relative_path_of(&self, root: &[u8], fd: BorrowedFd) -> Option<Vec<u8>> {
         let p = sys::readlinkat(self.proc_self_fd.as_fd(), &fd_name(fd)).ok()?;
         let st = stat_fd(fd).ok()?;
@@ -425,6 +432,14 @@ impl PassthroughFs {
             Some(p) if st.stx_nlink == 0 => (p, true),
             _ => (&p[..], false),
         };
+        if deleted && root == b"/" {
+            log::warn!(
+                "migration: an unlinked file by file handle cannot be placed inside the share \
+                 from its old path {:?} while the share is the daemon's root (sandbox)",
+                String::from_utf8_lossy(p)
+            );
+            return None;
+        }
         let rel = if root == b"/" {
             p.strip_prefix(b"/")?
         } else {
@@ -432,7 +447,8 @@ impl PassthroughFs {
         };
         check_relative_path(rel).ok()?;
         if deleted {
-            // Its last directory: below the root by a plain path, or the root itself.
+            // Its last directory: below the root by a plain path, or the root itself (the
+            // root's own path, not "/", was stripped above: it named the share).
             return match rel.iter().rposition(|&b| b == b'/') {
                 Some(n) => self.open_path(&rel[..n]).ok().map(|_| rel.to_vec()),
                 None => Some(rel.to_vec()),

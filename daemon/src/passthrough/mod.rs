@@ -700,11 +700,65 @@ impl PassthroughFs {
     /// root (rather than the top of the host's tree, or more than [`MAX_DEPTH`] levels).
     /// Whatever the sandbox: under `chroot`/`none` a directory a host user moved out of the
     /// share, or one named by a forged file handle, has host directories above it.
+    ///
+    /// Four system calls at any depth: the kernel's path of the root and of `dir`
+    /// (`/proc/self/fd`) give the depth `d` of `dir` below the root, and one `statx` of
+    /// `../` x `d` from `dir` shows whether that ancestor is the root. The path is only a
+    /// hint (in a sandbox a directory outside reads like one inside, and a rename can race):
+    /// the `..` chain decides, and where the hint does not lead to the root the chain is
+    /// walked level by level (one `statx` per level; a LOOKUP paid that at every depth, a
+    /// quadratic number of bytes walked, ~1,300 calls at the deepest).
     fn dir_inside_share(&self, dir: BorrowedFd) -> io::Result<bool> {
-        let root = self.inodes.get(crate::protocol::abi::ROOT_ID)?.key;
-        let mut key = key_of(&stat_fd(dir)?);
-        // One statx per level, of "..", "../..", ...: the kernel walks the dots in its
-        // dentry cache (no descriptor opened per level).
+        let root = self.inodes.get(crate::protocol::abi::ROOT_ID)?;
+        inside_syscall();
+        let key = key_of(&stat_fd(dir)?);
+        if key == root.key {
+            return Ok(true);
+        }
+        if let Some(d) = self.depth_below_root(&root, dir) {
+            if d > MAX_DEPTH {
+                return Ok(false);
+            }
+            let up = CString::new(b"../".repeat(d)).map_err(|_| err(libc::EINVAL))?;
+            inside_syscall();
+            let k = key_of(&sys::statx(
+                dir,
+                &up,
+                libc::AT_SYMLINK_NOFOLLOW,
+                STATX_MASK,
+            )?);
+            if k == root.key {
+                return Ok(true);
+            }
+        }
+        self.walk_to_root(dir, key, root.key)
+    }
+
+    /// How many levels below the root directory `dir` is, by the kernel's paths of both
+    /// (`None` when either cannot be read or `dir`'s does not start with the root's).
+    fn depth_below_root(&self, root: &InodeData, dir: BorrowedFd) -> Option<usize> {
+        let root_fd = root.fd().ok()?;
+        inside_syscall();
+        let r = sys::readlinkat(self.proc_self_fd.as_fd(), &fd_name(root_fd.as_fd())).ok()?;
+        inside_syscall();
+        let p = sys::readlinkat(self.proc_self_fd.as_fd(), &fd_name(dir)).ok()?;
+        if r.ends_with(b" (deleted)") || p.ends_with(b" (deleted)") {
+            return None;
+        }
+        let rel = if r == b"/" {
+            p.strip_prefix(b"/")?
+        } else {
+            p.strip_prefix(r.as_slice())?.strip_prefix(b"/")?
+        };
+        if rel.is_empty() {
+            return None;
+        }
+        Some(rel.iter().filter(|&&b| b == b'/').count() + 1)
+    }
+
+    /// [`Self::dir_inside_share`] the long way: one `statx` per level of `..`, `../..`, ...:
+    /// the kernel walks the dots in its dentry cache (no descriptor opened per level).
+    fn walk_to_root(&self, dir: BorrowedFd, mut key: InodeKey, root: InodeKey) -> io::Result<bool> {
         let mut path: Vec<u8> = Vec::with_capacity(64);
         for _ in 0..MAX_DEPTH {
             if key == root {
@@ -715,6 +769,7 @@ impl PassthroughFs {
             }
             path.extend_from_slice(b"..");
             let name = CString::new(path.as_slice()).map_err(|_| err(libc::EINVAL))?;
+            inside_syscall();
             let k = key_of(&sys::statx(
                 dir,
                 &name,
@@ -868,5 +923,76 @@ mod flush_tests {
         let (fh, o) = fs.open(&ctx, comm, libc::O_RDONLY as u32, 0).unwrap();
         assert_eq!(o & fopen::NOFLUSH, fopen::NOFLUSH, "procfs reader");
         fs.release(&ctx, comm, fh, false, 0).unwrap();
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// System calls [`PassthroughFs::dir_inside_share`] made on this thread (tests).
+    static INSIDE_SYSCALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts one system call of [`PassthroughFs::dir_inside_share`] (tests only).
+fn inside_syscall() {
+    #[cfg(test)]
+    INSIDE_SYSCALLS.with(|c| c.set(c.get() + 1));
+}
+
+#[cfg(test)]
+mod inside_tests {
+    use super::*;
+    use crate::protocol::filesystem::{Context, FileSystem, InitCaps};
+
+    /// A LOOKUP in a directory below the root checks that the directory is still inside the
+    /// share: the system calls that check makes, at depth 1 to 1,000, must not grow with the
+    /// depth (a guest makes the tree as deep as it likes).
+    #[test]
+    fn lookup_inside_check_costs_the_same_at_any_depth() {
+        let tmp = tempfile::tempdir().unwrap();
+        let deepest = 1000;
+        let mut p = tmp.path().to_path_buf();
+        for _ in 0..=deepest {
+            p.push("d");
+        }
+        std::fs::create_dir_all(&p).unwrap();
+        let fs = PassthroughFs::new(Config {
+            root_dir: tmp.path().to_path_buf(),
+            ..Default::default()
+        })
+        .unwrap();
+        fs.init(InitCaps { flags: u64::MAX }).unwrap();
+        let ctx = Context::default();
+        let name = CString::new("d").unwrap();
+        let mut dir = crate::protocol::abi::ROOT_ID;
+        let mut cost = Vec::new();
+        for depth in 1..=deepest {
+            dir = fs.lookup(&ctx, dir, &name).unwrap().inode;
+            if [1, 10, 100, deepest].contains(&depth) {
+                INSIDE_SYSCALLS.with(|c| c.set(0));
+                fs.lookup(&ctx, dir, &name).unwrap();
+                cost.push((depth, INSIDE_SYSCALLS.with(|c| c.get())));
+            }
+        }
+        eprintln!("system calls of the inside check by depth: {cost:?}");
+        assert!(
+            cost.iter().all(|&(_, c)| c == cost[0].1),
+            "the check costs more deeper down: {cost:?}"
+        );
+        // Moved out of the share by the host (into a directory next to it): lookups in it
+        // fail, at the bottom and one level down.
+        let away = tempfile::tempdir().unwrap();
+        let top = fs
+            .lookup(&ctx, crate::protocol::abi::ROOT_ID, &name)
+            .unwrap();
+        let second = fs.lookup(&ctx, top.inode, &name).unwrap().inode;
+        std::fs::rename(tmp.path().join("d/d"), away.path().join("moved")).unwrap();
+        for d in [dir, second] {
+            let e = fs.lookup(&ctx, d, &name).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+        }
+        // Still inside: the first level.
+        fs.lookup(&ctx, top.inode, &CString::new("x").unwrap())
+            .map(drop)
+            .unwrap_or_else(|e| assert_eq!(e.raw_os_error(), Some(libc::ENOENT)));
     }
 }

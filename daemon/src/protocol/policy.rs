@@ -13,8 +13,10 @@
 //! - [`Wait::Short`]: everything else: metadata operations and I/O bounded by the
 //!   negotiated `max_write`. Runs wherever the transport read it.
 //!
-//! What each transport does with the classes is its own (see their `may_block` and
-//! `maybe_wake`); the classes are decided here only.
+//! What each transport does with the classes is its own (vhost-user: a pool of threads for
+//! each of the two classes that leave the queue's thread, so that lock waits never take the
+//! threads the request ending them needs; /dev/fuse: `may_block` and `maybe_wake`); the
+//! classes are decided here only.
 //!
 //! [`FileSystem::interrupt_waits`]: crate::protocol::filesystem::FileSystem::interrupt_waits
 

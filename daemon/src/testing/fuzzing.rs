@@ -175,6 +175,12 @@ const DATA: u64 = 1 << 20;
 /// indirect table; bit 3 sets NEXT with `next` = bits 4..7 (any index, so loops and
 /// out-of-range links too). Without bit 3, entries link to the following one and the last ends
 /// the chain. The transport's walk must agree exactly with `virtio-queue`'s own chain iterator.
+///
+/// Then the queue thread's path: the chain is decoded once (a chain without a header is
+/// dropped). With bit 3 of the count byte it is served as a pool thread serves it (from the
+/// [`Walked`](crate::transport::vhost_user) copy) after the guest has rewritten its descriptor
+/// table and every request byte; otherwise as the queue thread serves it. Either way a reply
+/// must answer the decoded header's `unique`: nothing reads the header again.
 #[cfg(any(test, feature = "fuzzing"))]
 pub fn run_chain(data: &[u8]) -> Option<usize> {
     use virtio_bindings::bindings::virtio_ring::{
@@ -183,19 +189,29 @@ pub fn run_chain(data: &[u8]) -> Option<usize> {
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
     use virtio_queue::{Queue, QueueT};
-    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+    use vm_memory::{
+        Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend,
+        GuestMemoryMmap,
+    };
 
+    use crate::protocol::abi::OutHeader;
+    use crate::transport::vhost_user::{decode, serve, GuestMemoryLogged, Walked};
     use crate::transport::vring_chain::{split_chain, walk_chain, ChainAt};
 
     const QSIZE: u16 = 16;
     let (&n, rest) = data.split_first()?;
+    let pooled = n & 8 != 0;
     let n = usize::from(n % 8) + 1;
     let table = rest.get(..n * 7)?;
     let contents = &rest[n * 7..];
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), CHAIN_MEM)]).ok()?;
+    let atomic = GuestMemoryAtomic::new(
+        GuestMemoryLogged::from_ranges(&[(GuestAddress(0), CHAIN_MEM)]).ok()?,
+    );
+    let guard = atomic.memory();
+    let mem: &GuestMemoryMmap<_> = &guard;
     let len = contents.len().min(CHAIN_MEM - DATA as usize);
     mem.write_slice(&contents[..len], GuestAddress(DATA)).ok()?;
-    let vq = MockSplitQueue::new(&mem, QSIZE);
+    let vq = MockSplitQueue::new(mem, QSIZE);
     for (i, d) in table.chunks_exact(7).enumerate() {
         let addr = u64::from(u32::from_le_bytes([d[0], d[1], d[2], d[3]]));
         let dlen = u32::from(u16::from_le_bytes([d[4], d[5]]));
@@ -226,7 +242,7 @@ pub fn run_chain(data: &[u8]) -> Option<usize> {
     vq.avail().ring().ref_at(0).ok()?.store(0);
     vq.avail().idx().store(1);
     let mut q: Queue = vq.create_queue().ok()?;
-    let chain = q.pop_descriptor_chain(&mem)?;
+    let chain = q.pop_descriptor_chain(mem)?;
     let at = ChainAt {
         table: q.desc_table(),
         size: q.size(),
@@ -247,18 +263,50 @@ pub fn run_chain(data: &[u8]) -> Option<usize> {
             (f(r), f(w))
         })
     };
-    let fast = walk_chain(&mem, at, None);
+    let fast = walk_chain(mem, at, None);
     assert_eq!(
         spans(&fast),
-        spans(&split_chain(&mem, chain)),
+        spans(&split_chain(mem, chain)),
         "the transport's chain walk disagrees with virtio-queue's"
     );
-    let (r, w) = fast.ok()?;
+    let refused = |why| crate::transport::vring_chain::Malformed {
+        why,
+        partial: (Vec::new(), Vec::new()),
+    };
+    let req = decode(fast.map_err(refused), None).ok()?;
+    let unique = req.hdr.unique;
+    // Where the reply's header goes, when its first buffer holds one.
+    let base = mem.get_host_address(GuestAddress(0)).ok()? as usize;
+    let reply = req
+        .writable
+        .first()
+        .filter(|s| s.len() >= std::mem::size_of::<OutHeader>())
+        .and_then(|s| match s {
+            crate::protocol::iobuf::Seg::Mem(s) => {
+                Some(GuestAddress((s.ptr_guard().as_ptr() as usize - base) as u64))
+            }
+            crate::protocol::iobuf::Seg::Far { .. } => None,
+        });
     let s = server(crate::testing::memfs::MemFs::new().ok()?);
-    let w = (!w.is_empty()).then(|| Writer::with_far(w, None));
-    s.handle(Reader::with_far(r, None), w)
-        .ok()
-        .map(|h| h.written)
+    let used = if pooled {
+        // SAFETY: `req` was decoded from `walk_chain` over `guard` (`mem`) above.
+        let job = unsafe { Walked::of(guard.clone(), req, None) };
+        // The guest rewrites its chain and its request once the queue thread has decoded it.
+        mem.write_slice(
+            &[0xa5; 16 * QSIZE as usize],
+            GuestAddress(vq.desc_table_addr().0),
+        )
+        .ok()?;
+        mem.write_slice(&vec![0x5a; len], GuestAddress(DATA)).ok()?;
+        job.serve(&s)
+    } else {
+        serve(&s, mem, req, None)
+    };
+    if let (Some(at), true) = (reply, used as usize >= std::mem::size_of::<OutHeader>()) {
+        let out: OutHeader = mem.read_obj(at).ok()?;
+        assert_eq!(out.unique, unique, "the reply answers another header");
+    }
+    Some(used as usize)
 }
 
 /// A [`run_chain`] input carrying `req` in two readable descriptors (cut in the middle)
@@ -1096,6 +1144,16 @@ mod tests {
             ],
         );
         assert_eq!(run_chain(&chain_input(&mkdir)), Some(16 + 128));
+        // As a pool thread serves them, after the guest rewrote the table and every request
+        // byte: answered from the decoded header (run_chain checks the reply's `unique`).
+        for mut pooled in [input.clone(), chain_input(&mkdir)] {
+            pooled[0] |= 8;
+            assert!(run_chain(&pooled).is_some_and(|n| n >= 16));
+        }
+        // Too short for a header: dropped on either path.
+        for n in [0u8, 8] {
+            assert_eq!(run_chain(&[n, 0, 0, 0, 0, 39, 0, 0, 7, 7]), None);
+        }
         // Absolute addresses outside memory, writable first, zero lengths, huge lengths.
         assert_eq!(run_chain(&[1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2]), None);
         assert_eq!(run_chain(&[1, 0, 0, 0, 0, 0, 0, 1]), None);

@@ -25,7 +25,9 @@ use virtio_bindings::bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
 };
 use virtio_queue::QueueT;
-use vm_memory::{ByteValued, Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{
+    ByteValued, Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap, VolatileSlice,
+};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -34,6 +36,7 @@ use vmm_sys_util::event::{
 use crate::protocol::abi::{InHeader, OutHeader, VirtioFsConfig};
 use crate::protocol::filesystem::FileSystem;
 use crate::protocol::iobuf::{FarIo, Reader, Seg, Writer};
+use crate::protocol::policy::Wait;
 use crate::protocol::server::Server;
 use crate::transport::vring_chain::{walk, ChainAt, Malformed, Split, WindowAt};
 
@@ -52,8 +55,11 @@ pub const MAX_QUEUE_SIZE: usize = 1024;
 const MAX_UNSIGNALLED: usize = 32;
 /// Most request queues we serve (one worker thread each; the vring mask is 64 bits).
 pub const MAX_REQUEST_QUEUES: usize = 63;
-/// Most threads serving requests that may block (SETLKW, FSYNC, ...), whatever the pool size.
-const MAX_BLOCKING_THREADS: usize = 64;
+/// Most threads serving requests that may wait indefinitely (SETLKW), whatever the pool size.
+const MAX_WAIT_THREADS: usize = 64;
+/// Most threads serving requests that may take long (FSYNC, FLUSH, ...), whatever the pool
+/// size: a budget of their own, never taken by lock waits.
+const MAX_LONG_THREADS: usize = 64;
 /// How long GET_VRING_BASE waits for the vring's requests in flight before reporting the
 /// base anyway (a hung host file system must not hang the frontend for ever).
 const STOP_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -64,6 +70,9 @@ const POLL_BEFORE_SLEEP: Duration = Duration::from_micros(30);
 /// Most batches a queue thread goes without a look after looks that found nothing (see
 /// [`Look`]).
 const LOOK_BACKOFF_MAX: u32 = 32;
+/// Requests the first request queue serves at most before it looks at the hiprio queue that
+/// shares its thread (FORGETs must not wait for a request queue the guest keeps full).
+const HIPRIO_EVERY: usize = 32;
 /// How long GET_VRING_BASE waits when the requests left wait for the frontend itself.
 const STOP_FRONTEND_GRACE: Duration = Duration::from_millis(200);
 
@@ -114,7 +123,7 @@ const NO_BASE: u64 = u64::MAX;
 /// The DAX window as the request path sees it: where it lies in guest-physical space (learnt
 /// from the memory table: [`without_window_files`]) and the channel that moves the bytes of
 /// buffers inside it ([`FarIo`]).
-struct Window {
+pub(crate) struct Window {
     base: AtomicU64,
     size: u64,
     channel: Arc<dyn BackendChannel>,
@@ -578,8 +587,13 @@ pub struct FsBackend<F: FileSystem> {
     awake: Arc<Awake>,
     /// `--thread-pool-size` workers, when non-zero.
     pool: Option<Arc<Pool>>,
-    /// Threads for requests that may block indefinitely.
-    blocking: Arc<Pool>,
+    /// Threads for requests that may wait indefinitely ([`Wait::Indefinite`]).
+    waits: Arc<Pool>,
+    /// Threads for requests that may take long ([`Wait::Long`]). Apart from `waits`: the
+    /// request that ends a lock wait (the holder's FLUSH at close, an FSYNC before its UNLOCK)
+    /// must never queue behind the waits (65 waiters on one lock filled one shared pool of
+    /// 64, and the holder's FLUSH never ran).
+    long: Arc<Pool>,
     channel: Option<Arc<dyn BackendChannel>>,
     /// The DAX window, when there is one: buffers inside it are moved through the channel.
     window: Option<Arc<Window>>,
@@ -614,13 +628,6 @@ fn queue_of(thread: usize, device_event: u16) -> usize {
 /// `queue`'s bit in [`FsBackend::running`].
 fn queue_bit(queue: usize) -> u64 {
     1u64 << queue.min(63)
-}
-
-/// Requests that may wait indefinitely (a lock held by someone else) or for long (a flush
-/// to slow storage; [`Server::wait`]): they never run on a queue's own thread or hold back
-/// its notifications.
-fn may_block<F: FileSystem>(server: &Server<F>, hdr: &InHeader) -> bool {
-    server.wait(hdr) != crate::protocol::policy::Wait::Short
 }
 
 impl<F: FileSystem + 'static> FsBackend<F> {
@@ -668,7 +675,8 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 .collect(),
             awake,
             pool,
-            blocking: Pool::new("fs-blocking", MAX_BLOCKING_THREADS, 0, None),
+            waits: Pool::new("fs-wait", MAX_WAIT_THREADS, 0, None),
+            long: Pool::new("fs-long", MAX_LONG_THREADS, 0, None),
             window: channel.as_ref().filter(|c| c.window_size() > 0).map(|c| {
                 Arc::new(Window {
                     base: AtomicU64::new(NO_BASE),
@@ -713,18 +721,20 @@ impl<F: FileSystem + 'static> FsBackend<F> {
 
     /// Waits until vring `queue` has no request in flight (they complete into its used ring
     /// and the guest is notified), at most [`STOP_DRAIN_TIMEOUT`]. Requests waiting for a
-    /// lock give up with EINTR.
+    /// lock give up with EINTR: asked again at every look while any is in flight, since a
+    /// wait still queued for a thread of the lock-wait pool (more than 64 waiters) starts
+    /// after the first interruption.
     fn drain(&self, queue: usize) {
         let Some(q) = self.queues.get(queue) else {
             return;
         };
         let mut s = q.lock();
-        if s.blocking > 0 {
-            self.server.fs().interrupt_waits();
-        }
         let start = Instant::now();
         let deadline = start + STOP_DRAIN_TIMEOUT;
         while s.inflight > 0 || s.unsignalled > 0 {
+            if s.blocking > 0 {
+                self.server.fs().interrupt_waits();
+            }
             let now = Instant::now();
             let waiting_frontend = self
                 .channel
@@ -762,7 +772,17 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         }
     }
 
-    fn process_queue(&self, queue: usize, vring: &FsVring) -> io::Result<()> {
+    /// Serves vring `queue` until it is empty. `hiprio`: the hiprio vring, when `queue` is
+    /// the request queue sharing its thread ([`thread_masks`]): served in between, every
+    /// [`HIPRIO_EVERY`] requests and while waiting for room, so that a request queue the guest
+    /// keeps full never holds its FORGETs back (each one pins a host descriptor and an inode
+    /// table entry until it is served).
+    fn process_queue(
+        &self,
+        queue: usize,
+        vring: &FsVring,
+        hiprio: Option<&FsVring>,
+    ) -> io::Result<()> {
         let Some(atomic) = self
             .mem
             .read()
@@ -778,11 +798,17 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         let event_idx = self.event_idx.load(Ordering::Relaxed);
         let _awake = self.awake.wake();
         let window = self.window.clone();
+        let mut since_hiprio = 0usize;
         loop {
             if event_idx {
                 vring.disable_notification().map_err(io::Error::other)?;
             }
             loop {
+                since_hiprio += 1;
+                if since_hiprio >= HIPRIO_EVERY {
+                    since_hiprio = 0;
+                    self.serve_hiprio(hiprio, &atomic);
+                }
                 // The epoch and the pop under one lock: a reset cannot fall between them.
                 let (epoch, chain) = {
                     let mut s = q.lock();
@@ -799,6 +825,12 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                         if !warned {
                             log::debug!("queue {queue}: {limit} requests in flight; waiting");
                             warned = true;
+                        }
+                        if hiprio.is_some_and(|h| Self::has_request(h, &atomic.memory())) {
+                            drop(s);
+                            self.serve_hiprio(hiprio, &atomic);
+                            s = q.lock();
+                            continue;
                         }
                         s.space_waiters += 1;
                         s = q
@@ -822,23 +854,39 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 };
                 let Some(at) = chain else { break };
                 let head = at.head;
-                // Walked once here: the opcode picks the thread, and a request served on this
-                // thread uses the same walk.
+                // Walked once, its header read once, here: the opcode of this one copy picks
+                // the thread, and the thread serves this copy and these buffers (the guest
+                // may rewrite its descriptors and its header meanwhile). A chain this walk
+                // finds no request in is dropped here, never walked again elsewhere.
                 let mem = atomic.memory();
                 let far = window.as_deref();
                 let split = walk(&mem, at, far.and_then(Window::at));
-                // The header is read from guest memory once: the thread is chosen by this
-                // copy and the server serves this copy (the guest may rewrite its own).
-                let hdr = split
-                    .as_ref()
-                    .ok()
-                    .and_then(|(r, _)| header_of(r, far.map(|w| w as &dyn FarIo)));
-                let blocking = hdr.is_some_and(|h| may_block(&self.server, &h));
+                let req = match decode(split, far.map(|w| w as &dyn FarIo)) {
+                    Ok(req) => req,
+                    Err(refused) => {
+                        let used = refuse(&mem, refused, far.map(|w| w as &dyn FarIo), queue, head);
+                        let done = Done {
+                            head,
+                            used,
+                            epoch,
+                            blocking: false,
+                        };
+                        q.complete(vring, done, true);
+                        continue;
+                    }
+                };
+                // Requests that may wait indefinitely (a lock held by someone else) or for
+                // long (a flush to slow storage; [`Server::wait`]) never run on the queue's
+                // own thread or hold back its notifications.
+                let wait = self.server.wait(&req.hdr);
+                let blocking = wait != Wait::Short;
                 if blocking {
                     q.lock().blocking += 1;
                 }
-                let pool = if blocking {
-                    Some(&self.blocking)
+                let pool = if wait == Wait::Indefinite {
+                    Some(&self.waits)
+                } else if wait == Wait::Long {
+                    Some(&self.long)
                 } else {
                     // The last request in sight while the pool has nothing to do is served
                     // here: handing it over would cost a wake-up of a pool thread while this
@@ -853,8 +901,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 };
                 match pool {
                     None => {
-                        let far = far.map(|w| w as &dyn FarIo);
-                        let used = serve_split(&self.server, &mem, split, hdr, far);
+                        let used = serve(&self.server, &mem, req, far.map(|w| w as &dyn FarIo));
                         let done = Done {
                             head,
                             used,
@@ -864,15 +911,11 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                         q.complete(vring, done, true);
                     }
                     Some(pool) => {
-                        let (server, q, vring, atomic, window) = (
-                            self.server.clone(),
-                            q.clone(),
-                            vring.clone(),
-                            atomic.clone(),
-                            window.clone(),
-                        );
+                        // SAFETY: `req` was decoded from `walk` over `mem` just above.
+                        let job = unsafe { Walked::of(mem.clone(), req, window.clone()) };
+                        let (server, q, vring) = (self.server.clone(), q.clone(), vring.clone());
                         pool.submit(Box::new(move || {
-                            let used = serve(&server, &atomic.memory(), at, hdr, window.as_deref());
+                            let used = job.serve(&server);
                             let done = Done {
                                 head,
                                 used,
@@ -901,6 +944,18 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             }
         }
         Ok(())
+    }
+
+    /// Serves what the hiprio queue holds (FORGET, INTERRUPT), from the thread of the request
+    /// queue that shares it.
+    fn serve_hiprio(&self, hiprio: Option<&FsVring>, mem: &GuestMem) {
+        let Some(h) = hiprio else { return };
+        if !Self::has_request(h, &mem.memory()) {
+            return;
+        }
+        if let Err(e) = self.process_queue(0, h, None) {
+            log::error!("queue 0: {e}");
+        }
     }
 
     /// Whether the guest makes a new request available within [`POLL_BEFORE_SLEEP`], and
@@ -1033,43 +1088,81 @@ fn header_of(readable: &[Seg<'_>], far: Option<&dyn FarIo>) -> Option<InHeader> 
         .ok()
 }
 
-/// Serves one request whose header was read as `hdr`; returns the bytes written for the
-/// used ring.
-fn serve<F: FileSystem>(
-    server: &Server<F>,
-    mem: &GuestMemoryLogged,
-    at: ChainAt,
-    hdr: Option<InHeader>,
-    window: Option<&Window>,
-) -> u32 {
-    let split = walk(mem, at, window.and_then(Window::at));
-    serve_split(server, mem, split, hdr, window.map(|w| w as &dyn FarIo))
+/// A request as decoded from one walk of its chain: one copy of its header, and the buffers
+/// that walk found (guest memory, or far segments in the DAX window). Everything the
+/// transport decides (the thread, the opcode served, the bytes the server reads and writes)
+/// comes from this one decoding.
+pub(crate) struct Decoded<'m> {
+    pub(crate) hdr: InHeader,
+    pub(crate) readable: Vec<Seg<'m>>,
+    pub(crate) writable: Vec<Seg<'m>>,
 }
 
-/// Serves a request whose chain is already split and whose header was read as `hdr`.
-fn serve_split<F: FileSystem>(
+/// A chain that is no request to serve: refused by the walk (answered with EIO where it can
+/// be, [`answer_malformed`]), or well formed but too short for a FUSE header (dropped).
+pub(crate) enum Refused<'m> {
+    Malformed(Malformed<'m>),
+    NoHeader(String),
+}
+
+/// Decodes a walked chain: its FUSE header, read once; a chain the walk refused or too short
+/// for a header is no request ([`refuse`] completes it).
+pub(crate) fn decode<'m>(
+    split: Result<Split<'m>, Malformed<'m>>,
+    far: Option<&dyn FarIo>,
+) -> Result<Decoded<'m>, Refused<'m>> {
+    let (readable, writable) = split.map_err(Refused::Malformed)?;
+    let Some(hdr) = header_of(&readable, far) else {
+        let total: usize = readable.iter().map(|s| s.len()).sum();
+        return Err(Refused::NoHeader(format!(
+            "{total} readable bytes, too short for a FUSE header"
+        )));
+    };
+    Ok(Decoded {
+        hdr,
+        readable,
+        writable,
+    })
+}
+
+/// Completes a chain that is no request ([`decode`]); returns the bytes written for the used
+/// ring (an EIO reply, or nothing).
+fn refuse(
+    mem: &GuestMemoryLogged,
+    refused: Refused<'_>,
+    far: Option<&dyn FarIo>,
+    queue: usize,
+    head: u16,
+) -> u32 {
+    match refused {
+        Refused::Malformed(m) => answer_malformed(mem, m, far),
+        Refused::NoHeader(e) => {
+            log::warn!("queue {queue}: dropping descriptor chain {head}: {e}");
+            0
+        }
+    }
+}
+
+/// Serves a decoded request; returns the bytes written for the used ring.
+pub(crate) fn serve<F: FileSystem>(
     server: &Server<F>,
     mem: &GuestMemoryLogged,
-    split: Result<Split<'_>, Malformed<'_>>,
-    hdr: Option<InHeader>,
+    req: Decoded<'_>,
     far: Option<&dyn FarIo>,
 ) -> u32 {
-    let (readable, writable) = match split {
-        Ok(v) => v,
-        Err(m) => return answer_malformed(mem, m, far),
-    };
+    let Decoded {
+        hdr,
+        readable,
+        writable,
+    } = req;
     let spans = Spans::of(&writable);
     let w = (!writable.is_empty()).then(|| Writer::with_far(writable, far));
-    let handled = match hdr {
-        Some(hdr) => {
-            let mut r = Reader::with_far(readable, far);
-            let total = r.available();
-            // The header bytes are skipped, not read again: `hdr` is what is served.
-            r.skip(IN_HEADER_LEN)
-                .and_then(|()| server.handle_decoded(hdr, total, r, w))
-        }
-        None => server.handle(Reader::with_far(readable, far), w),
-    };
+    let mut r = Reader::with_far(readable, far);
+    let total = r.available();
+    // The header bytes are skipped, not read again: `hdr` is what is served.
+    let handled = r
+        .skip(IN_HEADER_LEN)
+        .and_then(|()| server.handle_decoded(hdr, total, r, w));
     let used = match handled {
         Ok(h) => u32::try_from(h.written).unwrap_or(0),
         Err(e) => {
@@ -1115,6 +1208,79 @@ fn answer_malformed(mem: &GuestMemoryLogged, m: Malformed<'_>, far: Option<&dyn 
     );
     mark_written(mem, spans.as_slice(), used as usize);
     used
+}
+
+/// A decoded request handed to a pool thread: the guest memory its buffers were resolved in
+/// (held, so they stay mapped until it is served, whatever memory table the frontend sets
+/// meanwhile) and the buffers as host (address, length) pieces. The pool thread serves these,
+/// not a new walk of the chain.
+pub(crate) struct Walked {
+    mem: vm_memory::atomic::GuestMemoryLoadGuard<GuestMemoryLogged>,
+    /// The DAX window far segments are moved through.
+    window: Option<Arc<Window>>,
+    hdr: InHeader,
+    readable: Vec<Piece>,
+    writable: Vec<Piece>,
+}
+
+/// A buffer of a [`Walked`] request: host memory (address, length), or a far segment.
+#[derive(Clone, Copy)]
+enum Piece {
+    Mem(usize, usize),
+    Far(u64, usize),
+}
+
+impl Walked {
+    /// `req`, decoded from a walk in `mem` (far segments in `window`), for another thread.
+    ///
+    /// # Safety
+    ///
+    /// `req` must come from [`walk`] over `mem` itself (through [`decode`]): its guest
+    /// buffers lie inside `mem`'s regions, which [`Walked::serve`] uses again as slices.
+    pub(crate) unsafe fn of(
+        mem: vm_memory::atomic::GuestMemoryLoadGuard<GuestMemoryLogged>,
+        req: Decoded<'_>,
+        window: Option<Arc<Window>>,
+    ) -> Self {
+        let piece = |s: &Seg<'_>| match s {
+            Seg::Mem(v) => Piece::Mem(v.ptr_guard().as_ptr() as usize, v.len()),
+            Seg::Far { at, len } => Piece::Far(*at, *len),
+        };
+        Walked {
+            hdr: req.hdr,
+            readable: req.readable.iter().map(piece).collect(),
+            writable: req.writable.iter().map(piece).collect(),
+            mem,
+            window,
+        }
+    }
+
+    /// Serves the request; returns the bytes written for the used ring.
+    pub(crate) fn serve<F: FileSystem>(self, server: &Server<F>) -> u32 {
+        fn segs(pieces: &[Piece]) -> Vec<Seg<'_>> {
+            pieces
+                .iter()
+                .map(|&p| match p {
+                    // SAFETY: each piece is a buffer `walk` resolved inside one region of the
+                    // `mem` the request holds (bounds-checked there; `Walked::of`'s contract);
+                    // that collection keeps its regions mapped while it lives, and the slices
+                    // borrow the request that holds it. The guest may change the bytes at any
+                    // time: every access through a `VolatileSlice` is volatile.
+                    Piece::Mem(addr, len) => Seg::Mem(unsafe {
+                        VolatileSlice::new(addr as *mut u8, len)
+                    }),
+                    Piece::Far(at, len) => Seg::Far { at, len },
+                })
+                .collect()
+        }
+        let req = Decoded {
+            hdr: self.hdr,
+            readable: segs(&self.readable),
+            writable: segs(&self.writable),
+        };
+        let far = self.window.as_deref().map(|w| w as &dyn FarIo);
+        serve(server, &self.mem, req, far)
+    }
 }
 
 /// The host (address, length) pieces of a reply, without an allocation for the usual few.
@@ -1364,8 +1530,10 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             }
             self.mark_running(queue);
         }
+        // The hiprio vring, served in between by the request queue sharing its thread.
+        let hiprio = (queue == 1).then(|| vrings.first()).flatten();
         // A broken queue must not end the worker: log and wait for the next kick.
-        if let Err(e) = self.process_queue(queue, vring) {
+        if let Err(e) = self.process_queue(queue, vring, hiprio) {
             log::error!("queue {queue}: {e}");
         }
         Ok(())
@@ -1698,7 +1866,7 @@ mod tests {
                 nodeid: 1,
                 ..Default::default()
             };
-            may_block(&b.server, &hdr)
+            b.server.wait(&hdr) != Wait::Short
         };
         for o in [
             opcode::SETLKW,

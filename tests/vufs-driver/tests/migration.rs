@@ -287,3 +287,94 @@ fn replies_are_logged_dirty() {
         small.len()
     );
 }
+
+/// A hostile source names host files outside the destination's shared directory by file
+/// handle: a directory, a file, and a file unlinked while open (the source holds it), all
+/// next to the share. The destination must refuse every one of them in every sandbox mode.
+/// In a chroot or a namespace sandbox the share is the daemon's root, and `/proc/self/fd`
+/// shows a file outside it by its path from the file system's root: the share holds
+/// directories of those names (every suffix of the outside directory's host path), so an
+/// unlinked file's former directory "exists inside the share" by name.
+/// Opening handles needs CAP_DAC_READ_SEARCH: the test runs as root.
+#[test]
+fn handles_outside_the_share_are_refused_in_every_sandbox() {
+    let kind = common::kind();
+    if !is_daxfsd(&kind) {
+        eprintln!(
+            "{}: no check of file handles against the share (its file-handles mode trusts \
+             the source); skipped",
+            kind.name()
+        );
+        return;
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root");
+    for sandbox in ["none", "namespace", "chroot"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let share = tmp.path().join("share");
+        let outside = tmp.path().join("outside");
+        fs::create_dir_all(share.join("in")).unwrap();
+        fs::create_dir_all(&outside).unwrap();
+        fs::write(outside.join("secret"), b"secret").unwrap();
+        fs::write(outside.join("gone"), b"outside, unlinked").unwrap();
+        let comps: Vec<_> = outside.components().skip(1).collect();
+        for i in 0..comps.len() {
+            let mirror: std::path::PathBuf = comps[i..].iter().collect();
+            fs::create_dir_all(share.join(mirror)).unwrap();
+        }
+        // The source shares the directory above both.
+        let a = host::spawn(
+            &kind,
+            tmp.path(),
+            &[
+                "--migration-mode=file-handles",
+                "--modcaps=+dac_read_search",
+            ],
+        );
+        let src = host::connect(&a, &cfg());
+        let dir = src.lookup(1, "outside").unwrap().nodeid;
+        let secret = src.lookup(dir, "secret").unwrap().nodeid;
+        let secret_fh = src.open(secret, libc::O_RDONLY as u32).unwrap().fh;
+        let gone = src.lookup(dir, "gone").unwrap().nodeid;
+        let gone_fh = src.open(gone, libc::O_RDONLY as u32).unwrap().fh;
+        fs::remove_file(outside.join("gone")).unwrap();
+        src.device().stop(false).unwrap();
+        let state = save_state(src.device())
+            .unwrap_or_else(|e| panic!("save: {e}\nlog:\n{}", a.log_contents()));
+
+        let args = [
+            "--migration-mode=file-handles",
+            "--modcaps=+dac_read_search",
+            "--migration-on-error=guest-error",
+        ];
+        let b = host::spawn_in(&kind, &share, sandbox, &args);
+        let dst = Session::connect_with(b.socket_path(), &cfg())
+            .unwrap_or_else(|e| panic!("{sandbox}: connecting: {e}\nlog:\n{}", b.log_contents()));
+        dst.device().stop(false).unwrap();
+        load_state(dst.device(), &state)
+            .unwrap_or_else(|e| panic!("{sandbox}: load: {e}\nlog:\n{}", b.log_contents()));
+        dst.device().restart().unwrap();
+        let dst = Session::new(dst.device().clone());
+        let leaked = [
+            ("directory", dst.getattr(dir, None).is_ok()),
+            ("file", dst.read(secret, secret_fh, 0, 64).is_ok()),
+            ("unlinked file", dst.read(gone, gone_fh, 0, 64).is_ok()),
+        ];
+        eprintln!("sandbox {sandbox}: served from outside the share: {leaked:?}");
+        for (what, served) in leaked {
+            assert!(
+                !served,
+                "sandbox {sandbox}: the {what} outside the share was restored\nlog:\n{}",
+                b.log_contents()
+            );
+        }
+        assert!(
+            b.log_contents().contains("outside the shared directory"),
+            "{sandbox}: {}",
+            b.log_contents()
+        );
+        // The share itself is still served.
+        dst.lookup(1, "in").unwrap();
+        drop(src);
+    }
+}
