@@ -282,9 +282,9 @@ pub fn run_chain(data: &[u8]) -> Option<usize> {
         .first()
         .filter(|s| s.len() >= std::mem::size_of::<OutHeader>())
         .and_then(|s| match s {
-            crate::protocol::iobuf::Seg::Mem(s) => {
-                Some(GuestAddress((s.ptr_guard().as_ptr() as usize - base) as u64))
-            }
+            crate::protocol::iobuf::Seg::Mem(s) => Some(GuestAddress(
+                (s.ptr_guard().as_ptr() as usize - base) as u64,
+            )),
             crate::protocol::iobuf::Seg::Far { .. } => None,
         });
     let s = server(crate::testing::memfs::MemFs::new().ok()?);

@@ -1261,14 +1261,15 @@ impl Walked {
             pieces
                 .iter()
                 .map(|&p| match p {
-                    // SAFETY: each piece is a buffer `walk` resolved inside one region of the
-                    // `mem` the request holds (bounds-checked there; `Walked::of`'s contract);
-                    // that collection keeps its regions mapped while it lives, and the slices
-                    // borrow the request that holds it. The guest may change the bytes at any
-                    // time: every access through a `VolatileSlice` is volatile.
-                    Piece::Mem(addr, len) => Seg::Mem(unsafe {
-                        VolatileSlice::new(addr as *mut u8, len)
-                    }),
+                    Piece::Mem(addr, len) => {
+                        // SAFETY: each piece is a buffer `walk` resolved inside one region of
+                        // the `mem` the request holds (bounds-checked there; `Walked::of`'s
+                        // contract); that collection keeps its regions mapped while it lives,
+                        // and the slices borrow the request that holds it. The guest may
+                        // change the bytes at any time: every access through a
+                        // `VolatileSlice` is volatile.
+                        Seg::Mem(unsafe { VolatileSlice::new(addr as *mut u8, len) })
+                    }
                     Piece::Far(at, len) => Seg::Far { at, len },
                 })
                 .collect()
