@@ -56,14 +56,14 @@ compare_config() {
 # print_table DIR CONFIG...: passed / failed / not run per configuration and file system,
 # from the FSTESTS summary lines of DIR/CONFIG.txt.
 print_table() {
-    local dir=$1 cfg line
+    local dir=$1 cfg line name fs p f nr m
     shift
     printf '%-22s %-9s %7s %7s %7s %7s\n' configuration fs passed failed notrun missing
     for cfg in "$@"; do
         while read -r line; do
             # FSTESTS name fs passed=N failed=N notrun=N missing=N
-            set -- ${line//=/ }
-            printf '%-22s %-9s %7s %7s %7s %7s\n' "$2" "$3" "$5" "$7" "$9" "${11}"
+            read -r _ name fs _ p _ f _ nr _ m <<<"${line//=/ }"
+            printf '%-22s %-9s %7s %7s %7s %7s\n' "$name" "$fs" "$p" "$f" "$nr" "$m"
         done < <(grep '^FSTESTS ' "$dir/$cfg.txt" 2>/dev/null || true)
     done
 }

@@ -35,7 +35,9 @@ for fs in "${FSLIST[@]}"; do
                 fi
             } >"$cfg" ;;
         ext4)
-            tdev=$(disk ext4test) && sdev=$(disk ext4scratch) || { echo "ext4 disks missing"; rc=1; continue; }
+            if ! tdev=$(disk ext4test) || ! sdev=$(disk ext4scratch); then
+                echo "ext4 disks missing"; rc=1; continue
+            fi
             mkfs.ext4 -q -F "$tdev" || { echo "mkfs.ext4 $tdev failed"; rc=1; continue; }
             {
                 echo "export FSTYP=ext4"

@@ -126,9 +126,10 @@ fslist=()
     printf 'RUN_NAME=%q\n' "$name"
 } >"$work/ctl/run.conf"
 cp -- "$HERE/guest.sh" "$work/ctl/init.sh"
-mkfs.ext4 -q -F -L fstctl -d "$work/ctl" "$work/ctl.img" 512M
+mkfs.ext4 -q -F -L fstctl -d "$work/ctl" "$work/ctl.img" 512M >/dev/null
 
 # ---- daemons: one per share ----------------------------------------------------------------
+# shellcheck disable=SC2054 # commas are QEMU option syntax
 qemu_args=(
     -accel "$accel" -cpu "$([[ $accel == kvm ]] && echo host || echo max)" -smp 1 -m "$mem"
     -nodefaults -no-user-config -display none -no-reboot
@@ -209,7 +210,7 @@ for fs in "${fslist[@]}"; do
     declare -A res=() why=()
     while IFS= read -r line; do
         # @@FST fs test status reason...@@
-        read -r _ f t s r <<<"${line#@@FST }"
+        read -r f t s r <<<"${line#@@FST }"
         [[ $f == "$fs" ]] || continue
         res[$t]=$s why[$t]=${r%@@}
     done < <(grep -a '^@@FST ' "$work/console.log" | tr -d '\r' || true)
