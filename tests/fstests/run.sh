@@ -204,6 +204,18 @@ if [[ -n $outdir ]]; then
         [[ -f $work/$share.daemon.log ]] && cp -f -- "$work/$share.daemon.log" "$outdir/"
     done
 fi
+# progress_results FS: "TEST STATUS REASON" from ./check's own lines ("generic/002 12s",
+# "generic/003 [not run] why", "generic/004 - output mismatch ...", "[failed, ...]") in the
+# console between the "=== NAME FS" header of FS and the next header.
+progress_results() {
+    tr -d '\r' <"$work/console.log" | awk -v hdr="=== $name $1: " '
+        index($0, "=== ") == 1 { on = (index($0, hdr) == 1); next }
+        !on || $1 !~ /^[a-z0-9]+\/[0-9]+$/ { next }
+        { t = $1; r = $0; sub(/^[^ ]+ +/, "", r) }
+        /\[not run\]|\[expunged\]/ { sub(/^[^[]*\[[a-z ]*\] */, "", r); print t "\tnotrun\t" r; next }
+        / - output mismatch|\[failed/ { sub(/ *\(see .*/, "", r); print t "\tfailed\t" r; next }
+        $NF ~ /^[0-9]+s$/ { print t "\tpassed\t" }'
+}
 guest_rc=$(grep -ao '@@FSTESTS-GUEST-EXIT rc=[0-9]*@@' "$work/console.log" | tail -n 1 | tr -dc 0-9 || true)
 rc=0 any=0
 for fs in "${fslist[@]}"; do
@@ -214,6 +226,11 @@ for fs in "${fslist[@]}"; do
         [[ $f == "$fs" ]] || continue
         res[$t]=$s why[$t]=${r%@@}
     done < <(grep -a '^@@FST ' "$work/console.log" | tr -d '\r' || true)
+    if ((${#res[@]} == 0)); then
+        # No summary for this file system (the guest was stopped or died during ./check):
+        # take the results ./check printed per test so far; the test it was in is missing.
+        while read -r t s r; do res[$t]=$s why[$t]=$r; done < <(progress_results "$fs")
+    fi
     np=0 nf=0 nn=0 nm=0
     for t in "${tests[@]}"; do
         s=${res[$t]:-missing}
