@@ -11,6 +11,11 @@ source /ctl/run.conf
 mapfile -t TESTS </ctl/tests
 cd /opt/xfstests || { echo "no /opt/xfstests"; exit 1; }
 mkdir -p /mnt/test /mnt/scratch /ctl/results
+# Loopback up (no iproute2 in the root): fstests' lock tests (generic/131) talk over TCP to
+# localhost. SIOCSIFFLAGS (0x8914) with IFF_UP|IFF_RUNNING; the kernel gives lo 127.0.0.1.
+python3 -c 'import fcntl, socket, struct
+fcntl.ioctl(socket.socket(), 0x8914, struct.pack("16sh22x", b"lo", 0x41))' ||
+    echo "loopback: could not bring lo up"
 # The shares and disks start empty each run; fstests wants no leftovers of another run.
 disk() { # disk SERIAL: /dev/vdX with that virtio-blk serial
     local s
