@@ -2,10 +2,13 @@
 # Build the daxfsd guest kernel (bzImage, everything built in) from Debian's
 # linux-source-6.12: tinyconfig + config.fragment + patches/*.patch.
 #
-#   guest-kernel/build.sh [--print-path] [--force]
+#   guest-kernel/build.sh [--print-path] [--force] [--fragment FILE]
 #
 # The result is cached at $DAXFSD_CACHE/kernel/<key>/bzImage, key = source
-# package version + hash of fragment and patches. Prints the bzImage path on
+# package version + hash of fragment and patches. --fragment FILE merges one
+# more fragment after config.fragment (a variant kernel with its own key, e.g.
+# tests/fstests/kernel.fragment: block devices and ext4); the default kernel
+# and its key are unchanged without it. Prints the bzImage path on
 # stdout; progress goes to stderr, kbuild output to <key>/build.log.
 set -euo pipefail
 RIG_TAG=kernel
@@ -19,15 +22,18 @@ FRAGMENT="$HERE/config.fragment"
 # Bump when this script changes how the kernel is built.
 RECIPE=1
 
-print_only=0 force=0
-for arg in "$@"; do
-    case $arg in
+print_only=0 force=0 extra=""
+while (($#)); do
+    case $1 in
         --print-path) print_only=1 ;;
         --force) force=1 ;;
-        -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
-        *) die "unknown argument '$arg' (use --print-path or --force)" ;;
+        --fragment) (($# >= 2)) || die "--fragment needs a file"; extra=$2; shift ;;
+        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        *) die "unknown argument '$1' (use --print-path, --force or --fragment FILE)" ;;
     esac
+    shift
 done
+[[ -z $extra || -r $extra ]] || die "fragment '$extra' not readable"
 
 version=$(deb_version "$SRC_PKG")
 [[ -n $version && -r $SRC_TARBALL ]] ||
@@ -37,6 +43,7 @@ key="${version//[^A-Za-z0-9.+-]/_}-$(printf 'recipe %s\n' "$RECIPE" | cat - "$FR
 if ((${#patches[@]})); then
     key="$key-$(hash_inputs "${patches[@]}" | cut -c1-8)"
 fi
+[[ -z $extra ]] || key="$key-x$(sha256sum <"$extra" | cut -c1-8)"
 out_dir="$DAXFSD_CACHE/kernel/$key"
 image="$out_dir/bzImage"
 
@@ -78,7 +85,9 @@ kmake=(make -C "$src" ARCH=x86_64)
 
 log "configuring: tinyconfig + ${FRAGMENT#"$RIG_ROOT"/} + olddefconfig"
 run_logged "$buildlog" "${kmake[@]}" tinyconfig || fail "make tinyconfig failed"
-run_logged "$buildlog" "$src/scripts/kconfig/merge_config.sh" -m -O "$src" "$src/.config" "$FRAGMENT" ||
+fragments=("$FRAGMENT")
+[[ -z $extra ]] || fragments+=("$extra")
+run_logged "$buildlog" "$src/scripts/kconfig/merge_config.sh" -m -O "$src" "$src/.config" "${fragments[@]}" ||
     fail "merging the fragment failed"
 run_logged "$buildlog" "${kmake[@]}" olddefconfig || fail "make olddefconfig failed"
 
@@ -94,12 +103,12 @@ while IFS= read -r line; do
             grep -q "^$opt=" "$src/.config" && missing+=("$line (have: $(grep "^$opt=" "$src/.config"))")
             ;;
     esac
-done <"$FRAGMENT"
+done < <(cat -- "${fragments[@]}")
 if ((${#missing[@]})); then
     printf 'kernel: error: required option not in the final .config: %s\n' "${missing[@]}" >&2
     fail "${#missing[@]} required option(s) missing after olddefconfig (a dependency is unmet)"
 fi
-log "config verified: all $(grep -cE '^(CONFIG_|# CONFIG_.* is not set)' "$FRAGMENT") fragment options present"
+log "config verified: all $(cat -- "${fragments[@]}" | grep -cE '^(CONFIG_|# CONFIG_.* is not set)') fragment options present"
 
 log "compiling bzImage with -j$jobs (about 5 min on 2 cores)"
 run_logged "$buildlog" "${kmake[@]}" -j"$jobs" bzImage || fail "kernel build failed"

@@ -16,6 +16,9 @@ RIG_TAG=deps
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
+# Packages installed into the debootstrapped trees, not on the host, are listed by their
+# builders: QEMU 11.1 (scripts/provision-qemu.sh) and the fstests guest root
+# (tests/fstests/build-root.sh, PACKAGES); the host side of both is debootstrap below.
 # Rust (cargo, rustc) comes from rustup and Go (lima's test builds limactl) from go.dev;
 # neither is a Debian package of the right version on Debian 12.
 RIG=(
