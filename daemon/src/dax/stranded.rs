@@ -37,6 +37,13 @@ pub(super) fn errno_of(e: &io::Error) -> i32 {
 }
 
 impl<S: WindowSink> DaxWindow<S> {
+    /// The `stranded` counter: how many ranges `st` holds now.
+    fn count_stranded(&self, st: &[Stranded]) {
+        self.counters
+            .stranded
+            .store(st.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Most stranded bytes the window keeps.
     fn stranded_limit(&self) -> u64 {
         (self.size / 4).max(super::RANGE_SIZE)
@@ -104,9 +111,7 @@ impl<S: WindowSink> DaxWindow<S> {
         while st.iter().map(|s| s.len).sum::<u64>() > limit && st.len() > 1 {
             dropped.push(st.remove(0));
         }
-        self.counters
-            .stranded
-            .store(st.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.count_stranded(&st);
         drop(st);
         for old in dropped {
             log::error!(
@@ -149,9 +154,7 @@ impl<S: WindowSink> DaxWindow<S> {
             if self.sync_shadow(&sh, Some(o)).is_ok() {
                 let mut st = self.stranded.lock().unwrap_or_else(|e| e.into_inner());
                 st.retain(|s| !Arc::ptr_eq(&s.shadow, &sh));
-                self.counters
-                    .stranded
-                    .store(st.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                self.count_stranded(&st);
             }
         }
     }
@@ -186,9 +189,7 @@ impl<S: WindowSink> DaxWindow<S> {
             .iter()
             .position(|s| s.key == key && s.foffset == foffset && s.len == len)?;
         let s = st.remove(i);
-        self.counters
-            .stranded
-            .store(st.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.count_stranded(&st);
         Some(s)
     }
 

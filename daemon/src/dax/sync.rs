@@ -260,6 +260,23 @@ impl<S: WindowSink> DaxWindow<S> {
     }
 }
 
+impl<S: WindowSink> DaxWindow<S> {
+    /// [`Coherence::refresh`]; with `range` (file bytes a request just wrote), pooled ranges
+    /// are merged and copies re-read only where they hold those bytes (copies of them
+    /// whatever the file's timestamps say: see [`Self::recopy`]).
+    fn refresh_range(&self, owner: u64, range: Option<(u64, u64)>) {
+        if !self.owners.has(owner) {
+            return;
+        }
+        self.relayout(owner);
+        for s in self.shadows_of(owner) {
+            let _ = self.sync_shadow(&s, Some(owner));
+        }
+        self.sync_pooled(Some(owner), range);
+        self.recopy(Some(owner), range);
+    }
+}
+
 impl<S: WindowSink> Coherence for DaxWindow<S> {
     fn holds(&self, owner: u64) -> bool {
         self.has_work(owner)
@@ -274,15 +291,7 @@ impl<S: WindowSink> Coherence for DaxWindow<S> {
     }
 
     fn refresh(&self, owner: u64) {
-        if !self.owners.has(owner) {
-            return;
-        }
-        self.relayout(owner);
-        for s in self.shadows_of(owner) {
-            let _ = self.sync_shadow(&s, Some(owner));
-        }
-        self.sync_pooled(Some(owner), None);
-        self.recopy(Some(owner), None);
+        self.refresh_range(owner, None);
     }
 
     fn shrinking(&self, owner: u64, size: u64) {
@@ -296,19 +305,9 @@ impl<S: WindowSink> Coherence for DaxWindow<S> {
     }
 
     fn written(&self, owner: u64, offset: u64, len: u64) {
-        if !self.owners.has(owner) {
-            return;
-        }
-        // What `refresh` does, with pooled ranges limited to the bytes written: a write
-        // changes no other byte of the file, and may only have moved its end (relayout,
-        // shadow tails).
-        let range = (offset, offset.saturating_add(len));
-        self.relayout(owner);
-        for s in self.shadows_of(owner) {
-            let _ = self.sync_shadow(&s, Some(owner));
-        }
-        self.sync_pooled(Some(owner), Some(range));
-        self.recopy(Some(owner), Some(range));
+        // A write changes no other byte of the file, and may only have moved its end
+        // (relayout, shadow tails): pooled ranges and copies of the bytes written only.
+        self.refresh_range(owner, Some((offset, offset.saturating_add(len))));
     }
 
     fn sync_all(&self) {
