@@ -109,6 +109,7 @@ for part in $only; do
             import_case suite-complete pass suite 0 'CHECK PASS host:a\nSUITE END h pass=1 fail=0\n'
             import_case suite-died fail suite 97 'CHECK PASS host:a\n'
             import_case guest-complete pass guest 0 'GUEST PASS a\nGUEST END pass=1 fail=0\n'
+            # shellcheck disable=SC2016 # expanded by the guest script
             guest_case complete pass "" 'check one true; waitfor /; check two [ "$(echo x | md5)" = 401b30e3b8b5d629635a5c613cdb7919 ]; guest_end'
             guest_case complete-with-failure pass "" 'check one true; check two false && exit 3; guest_end'
             guest_case die-after-first fail 1 'check one true; check two true; guest_end'

@@ -51,7 +51,8 @@ run() {
     local pid fds walked
     pid=$(cat "$work/$name.mon.daemon-pid" 2>/dev/null || echo 0)
     walked=$(grep -a -o 'WALKED [0-9]*' "$log" | head -n1 | cut -d' ' -f2)
-    fds=$(find "/proc/$pid/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
+    # (0 when the daemon is gone: the guest ended early, which guest_complete reports.)
+    fds=$({ find "/proc/$pid/fd" -mindepth 1 -maxdepth 1 2>/dev/null || true; } | wc -l)
     touch "$share/fds-counted"
     for _ in $(seq 120); do kill -0 "$vm" 2>/dev/null || break; sleep 0.5; done
     # A guest that did not finish: vm.sh stops QEMU and the daemon when killed.
