@@ -53,7 +53,7 @@ lint: deps-test
 
 # The rig's runners fail when a sub-suite dies part way (negative controls, one per runner).
 .PHONY: test-rig
-test-rig: kernel initramfs qemu build
+test-rig: deps-test kernel initramfs qemu virtiofsd build
 	tests/rig-selftest.sh
 
 fmt:

@@ -6,10 +6,12 @@
 #   none, after every range already there (nothing of the machine's is changed or removed).
 # Idempotent. Prints the user's ids and ranges.
 set -euo pipefail
+RIG_TAG=uidmap-test-setup
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 USER_NAME=daxfsd-test
 COUNT=65536
 
-die() { echo "uidmap-test-setup: $*" >&2; exit 1; }
 [[ $(id -u) == 0 ]] || die "run as root (it adds a system user)"
 
 if ! command -v newuidmap >/dev/null || ! command -v newgidmap >/dev/null; then

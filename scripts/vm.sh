@@ -227,11 +227,15 @@ mkdir -p "$(dirname "$logfile")"
 daemon_log="${logfile%.log}.daemon.log"
 : >"$daemon_log"
 
-# Guest command: packed as /daxfsd-cmd in a second cpio appended to the first.
+# Guest command: packed as /daxfsd-cmd in a second cpio appended to the first, after the
+# guest helpers (tests/e2e/guest/lib.sh: check, waitfor, md5, guest_end; scripts/lib.sh).
 initrd=$initramfs
 if [[ $test == cmd ]]; then
     mkdir -p "$tmp/cmd"
-    if [[ -n $script ]]; then cp -- "$script" "$tmp/cmd/daxfsd-cmd"; else printf '%s\n' "$cmd" >"$tmp/cmd/daxfsd-cmd"; fi
+    {
+        guest_helpers
+        if [[ -n $script ]]; then cat -- "$script"; else printf '%s\n' "$cmd"; fi
+    } >"$tmp/cmd/daxfsd-cmd"
     python3 "$RIG_ROOT/scripts/mkcpio.py" "$tmp/cmd.cpio" "$tmp/cmd"
     cat -- "$initramfs" "$tmp/cmd.cpio" >"$tmp/initrd.cpio"
     initrd=$tmp/initrd.cpio

@@ -1,26 +1,36 @@
 #!/usr/bin/env bash
 # Negative controls for the test rig itself: a green `make test` must mean every sub-suite
-# ran to its end. For lib.sh's run_subsuite and for each runner that starts sub-suites, a
-# sub-suite made to die after its first check (RIG_SUBSUITE_DIE_AFTER, see scripts/lib.sh)
-# must fail the run:
-#   lib        run_subsuite with fake sub-suites: died part way, exited 0 without its
-#              summary, counts that disagree, too few checks, a complete one (must pass)
+# ran to its end. For lib.sh's helpers and for every runner, a sub-suite made to die after
+# its first check (RIG_SUBSUITE_DIE_AFTER, see scripts/lib.sh) must fail the run:
+#   lib        run_subsuite, import_checks and guest_complete with fake sub-suites (died part
+#              way, exited 0 without its end marker, counts that disagree, too few checks, a
+#              complete one, which must pass), and the guest helpers (tests/e2e/guest/lib.sh)
+#              under sh, with and without GUEST_DIE_AFTER
 #   launchers  tests/launchers/run.sh --only vng,libvirt (libvirt.sh, vng.sh died)
+#   lima       tests/launchers/lima.sh (its guest command died)
 #   e2e        tests/e2e/run.sh -p pci (the guest suite died: no E2E RESULT line)
 #   host       tests/host/run.sh -t devfuse (the suite on a /dev/fuse mount died)
+#   io-uring   tests/host/io-uring.sh (tests/host/run.sh -t io-uring died)
+#   pjdfstest  tests/host/pjdfstest.sh -t guest (its guest script died)
+#   acl fhandles dax dax-buffers dax-host dax-full lifecycle escape migrate soak
+#              tests/e2e/NAME.sh, the cheapest options that reach a guest script (its first
+#              guest script died: no GUEST END line)
+# Each runner stops at the first sub-suite it finds cut short, so a case costs one boot.
+# tests/e2e/README.md says what a new runner must do to be covered here.
 #
-#   tests/rig-selftest.sh [--only lib,launchers,e2e,host]
+#   tests/rig-selftest.sh [--only lib,launchers,e2e,...]
 set -euo pipefail
 RIG_TAG=rig-selftest
 # shellcheck source=../scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 cd "$RIG_ROOT"
 
-only="lib launchers e2e host"
+all="lib launchers lima e2e host io-uring pjdfstest acl fhandles dax dax-buffers dax-host dax-full lifecycle escape migrate soak"
+only=$all
 while (($#)); do
     case $1 in
         --only) (($# >= 2)) || die "--only needs a value"; only=${2//,/ }; shift 2 ;;
-        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (see --help)" ;;
     esac
 done
@@ -38,6 +48,30 @@ lib_case() {
         ((RIG_FAIL == 0))); then got=pass; else got=fail; fi
     [[ $got == "$want" ]] && s=0 || s=1
     check "lib: $name -> run $want" "$s" "got $got: $(grep 'incomplete' "$work/lib-$name.txt" | head -n 1)"
+}
+
+# import_case NAME WANT KIND STATUS TEXT: import_checks on an output TEXT (printf %b).
+import_case() {
+    local name=$1 want=$2 kind=$3 st=$4 got
+    printf '%b' "$5" >"$work/import-$name.out"
+    if (RIG_PASS=0 RIG_FAIL=0 RIG_FAILED=()
+        import_checks "import-$name" "$work/import-$name.out" "$st" "$kind" x: >"$work/import-$name.txt"
+        ((RIG_FAIL == 0))); then got=pass; else got=fail; fi
+    [[ $got == "$want" ]] && s=0 || s=1
+    check "lib: import $name -> run $want" "$s" "got $got: $(grep 'incomplete' "$work/import-$name.txt" | head -n 1)"
+}
+
+# guest_case NAME WANT DIE_AFTER BODY: a guest script (guest_helpers, then BODY) run by sh on
+# the host; guest_complete on its output.
+guest_case() {
+    local name=$1 want=$2 got rc=0
+    { RIG_SUBSUITE_DIE_AFTER=$3 guest_helpers; printf '%s\n' "$4"; } >"$work/guest-$name.sh"
+    sh "$work/guest-$name.sh" >"$work/guest-$name.out" 2>&1 || rc=$?
+    if (RIG_PASS=0 RIG_FAIL=0 RIG_FAILED=()
+        guest_complete "guest-$name" "$work/guest-$name.out" "$rc" >"$work/guest-$name.txt"
+        ((RIG_FAIL == 0))); then got=pass; else got=fail; fi
+    [[ $got == "$want" ]] && s=0 || s=1
+    check "lib: guest $name -> run $want" "$s" "got $got (status $rc): $(tail -n 2 "$work/guest-$name.txt" | tr '\n' ' ')"
 }
 
 # runner_case NAME COMMAND...: with RIG_SUBSUITE_DIE_AFTER=1 the runner must exit non-zero
@@ -67,17 +101,41 @@ for part in $only; do
             lib_case too-few-checks fail 3 'ok one; ok two; rig_summary fake'
             lib_case failed-without-check fail 0 'ok one; rig_summary fake; exit 1'
             lib_case negative-control fail 0 'RIG_DIE_AFTER_CHECKS=1; ok one; ok two; rig_summary fake'
+            lib_case skips-counted pass 1 'ok one; skipped two; rig_summary fake'
+            import_case e2e-complete pass e2e 0 'CHECK PASS a (1s)\nCHECK SKIP b\nE2E RESULT passed=1 failed=0 skipped=1\n'
+            import_case e2e-died fail e2e 97 'CHECK PASS a (1s)\nE2E: negative control\n'
+            import_case e2e-lost-line fail e2e 0 'CHECK PASS a\nE2E RESULT passed=2 failed=0 skipped=0\n'
+            import_case vm-failed fail e2e 124 'CHECK PASS a\nE2E RESULT passed=1 failed=0 skipped=0\n'
+            import_case suite-complete pass suite 0 'CHECK PASS host:a\nSUITE END h pass=1 fail=0\n'
+            import_case suite-died fail suite 97 'CHECK PASS host:a\n'
+            import_case guest-complete pass guest 0 'GUEST PASS a\nGUEST END pass=1 fail=0\n'
+            # shellcheck disable=SC2016 # expanded by the guest script
+            guest_case complete pass "" 'check one true; waitfor /; check two [ "$(echo x | md5)" = 401b30e3b8b5d629635a5c613cdb7919 ]; guest_end'
+            guest_case complete-with-failure pass "" 'check one true; check two false && exit 3; guest_end'
+            guest_case die-after-first fail 1 'check one true; check two true; guest_end'
+            guest_case no-end fail "" 'check one true'
+            guest_case exit-0-early fail "" 'ok one; exit 0; guest_end'
             ;;
         launchers)
             [[ -x $daxfsd ]] || die "no $daxfsd; run 'make build'"
             runner_case launchers-vng env DAXFSD="$daxfsd" tests/launchers/run.sh --only vng --daemons daxfsd
             runner_case launchers-libvirt env DAXFSD="$daxfsd" tests/launchers/run.sh --only libvirt --daemons daxfsd
             ;;
-        e2e)
-            runner_case e2e tests/e2e/run.sh -d "$daxfsd" -p pci ;;
-        host)
-            runner_case host tests/host/run.sh -d "$daxfsd" -t devfuse ;;
-        *) die "unknown part '$part' (lib, launchers, e2e, host)" ;;
+        lima) runner_case lima tests/launchers/lima.sh ;;
+        e2e) runner_case e2e tests/e2e/run.sh -d "$daxfsd" -p pci ;;
+        host) runner_case host tests/host/run.sh -d "$daxfsd" -t devfuse ;;
+        io-uring) runner_case io-uring tests/host/io-uring.sh "$daxfsd" ;;
+        pjdfstest) runner_case pjdfstest tests/host/pjdfstest.sh -d "$daxfsd" -t guest ;;
+        acl|escape) runner_case "$part" "tests/e2e/$part.sh" ;;
+        fhandles) runner_case fhandles tests/e2e/fhandles.sh ;;
+        dax) runner_case dax tests/e2e/dax.sh ;;
+        dax-buffers) runner_case dax-buffers tests/e2e/dax-buffers.sh --mode pooled ;;
+        dax-host) runner_case dax-host tests/e2e/dax-host.sh --cache never ;;
+        dax-full) runner_case dax-full tests/e2e/dax-full.sh --fs tmpfs --mapping pooled --case full ;;
+        lifecycle) runner_case lifecycle tests/e2e/lifecycle.sh --only pause-pci-daxfsd ;;
+        migrate) runner_case migrate tests/e2e/migrate.sh -m find-paths ;;
+        soak) runner_case soak tests/e2e/soak.sh --seconds 5 --pause-every 0 ;;
+        *) die "unknown part '$part' ($all)" ;;
     esac
 done
 rig_summary rig-selftest

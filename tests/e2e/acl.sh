@@ -40,19 +40,18 @@ expect() { local n=$1; shift; if "$@" >/dev/null 2>&1; then ok "$n"; else bad "$
 work=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-e2e-acl.XXXXXX")
 trap 'rm -rf -- "$work"' EXIT
 
-# Guest helpers shared by both scripts: PASS/FAIL lines, guest users and groups.
+# Guest helpers shared by both scripts (ok, bad and guest_end come from tests/e2e/guest/lib.sh,
+# which scripts/vm.sh sends first): guest users and groups.
 guest_prelude() {
     cat <<'EOF'
 cd /mnt || exit 1
-P() { echo "GUEST PASS $1"; }
-F() { echo "GUEST FAIL $1: $2"; }
 # t NAME CMD...: CMD must succeed.
-t() { n=$1; shift; if "$@" >/tmp/t.out 2>&1; then P "$n"; else F "$n" "$* -> $(tr '\n' ' ' </tmp/t.out)"; fi; }
+t() { n=$1; shift; if "$@" >/tmp/t.out 2>&1; then ok "$n"; else bad "$n" "$* -> $(tr '\n' ' ' </tmp/t.out)"; fi; }
 # nt NAME CMD...: CMD must fail.
-nt() { n=$1; shift; if "$@" >/dev/null 2>&1; then F "$n" "$* succeeded"; else P "$n"; fi; }
+nt() { n=$1; shift; if "$@" >/dev/null 2>&1; then bad "$n" "$* succeeded"; else ok "$n"; fi; }
 # has NAME TEXT FILE: getfacl -nE FILE (numeric ids, no effective-rights comments) prints
 # the line TEXT.
-has() { if getfacl -nE "$3" 2>/dev/null | grep -qx -- "$2"; then P "$1"; else F "$1" "no '$2' in: $(getfacl -nE "$3" 2>&1 | tr '\n' ' ')"; fi; }
+has() { if getfacl -nE "$3" 2>/dev/null | grep -qx -- "$2"; then ok "$1"; else bad "$1" "no '$2' in: $(getfacl -nE "$3" 2>&1 | tr '\n' ' ')"; fi; }
 as() { u=$1; shift; su "$u" -s /bin/sh -c "$*"; }
 for u in u1:1001 u2:1002 u1000:1000; do
     echo "${u%%:*}:x:${u#*:}:${u#*:}::/tmp:/bin/sh" >>/etc/passwd
@@ -105,17 +104,15 @@ t sgid_kept_for_root sh -c '[ $((0$(stat -c %a sg/r) & 02000)) -ne 0 ]'
 touch gone && setfacl -m u:1001:rw gone
 t remove_acl setfacl -b gone
 t removed_acl_gone sh -c '! getfacl -n gone | grep -q "^user:1001"'
-echo GUEST-DONE
+guest_end
 EOF
 } >"$work/acl-guest.sh"
 log "guest: POSIX ACLs (--posix-acl, daemon $daemon)"
 rc=0
 "$RIG_ROOT/scripts/vm.sh" "${verbose[@]}" -p pci -d "$daemon" -a --posix-acl -a --xattr -s "$acl_share" \
     --script "$work/acl-guest.sh" -T 300 >"$work/acl-out.txt" || rc=$?
-if ((rc == 0)) && grep -q GUEST-DONE "$work/acl-out.txt"; then ok acl_guest_ran; else bad acl_guest_ran "vm.sh rc=$rc: $(tail -n 5 "$work/acl-out.txt" | tr '\n' ' ')"; fi
-sed -n 's/^GUEST PASS /CHECK PASS acl_/p; s/^GUEST FAIL /CHECK FAIL acl_/p' "$work/acl-out.txt"
-RIG_PASS=$((RIG_PASS + $(grep -c '^GUEST PASS ' "$work/acl-out.txt" || true)))
-RIG_FAIL=$((RIG_FAIL + $(grep -c '^GUEST FAIL ' "$work/acl-out.txt" || true)))
+if ((rc <= 1)) && grep -q '^GUEST END ' "$work/acl-out.txt"; then ok acl_guest_ran; else bad acl_guest_ran "vm.sh rc=$rc: $(tail -n 5 "$work/acl-out.txt" | tr '\n' ' ')"; fi
+import_checks acl_guest "$work/acl-out.txt" "$rc" guest acl_
 # The host sees the same ACLs.
 # hostacl NAME FILE LINE: the host's getfacl -nE FILE prints LINE.
 hostacl() {
@@ -155,7 +152,7 @@ t unmapped_id_unchanged [ "$(stat -c %u:%g tr/outside)" = 5000:5000 ]
 touch tr/chowned
 t chown_translates chown 1002:1003 tr/chowned
 t chown_seen [ "$(stat -c %u:%g tr/chowned)" = 1002:1003 ]
-echo GUEST-DONE
+guest_end
 EOF
 } >"$work/map-guest.sh"
 log "guest: --xattrmap and --translate-uid/gid (daemon $daemon)"
@@ -164,10 +161,8 @@ rc=0
     -a "--xattrmap=:map:trusted.:user.virtiofs.:" \
     -a "--translate-uid=map:1000:3000:10" -a "--translate-gid=map:1000:3000:10" \
     -s "$map_share" --script "$work/map-guest.sh" -T 300 >"$work/map-out.txt" || rc=$?
-if ((rc == 0)) && grep -q GUEST-DONE "$work/map-out.txt"; then ok map_guest_ran; else bad map_guest_ran "vm.sh rc=$rc: $(tail -n 5 "$work/map-out.txt" | tr '\n' ' ')"; fi
-sed -n 's/^GUEST PASS /CHECK PASS map_/p; s/^GUEST FAIL /CHECK FAIL map_/p' "$work/map-out.txt"
-RIG_PASS=$((RIG_PASS + $(grep -c '^GUEST PASS ' "$work/map-out.txt" || true)))
-RIG_FAIL=$((RIG_FAIL + $(grep -c '^GUEST FAIL ' "$work/map-out.txt" || true)))
+if ((rc <= 1)) && grep -q '^GUEST END ' "$work/map-out.txt"; then ok map_guest_ran; else bad map_guest_ran "vm.sh rc=$rc: $(tail -n 5 "$work/map-out.txt" | tr '\n' ' ')"; fi
+import_checks map_guest "$work/map-out.txt" "$rc" guest map_
 expect map_host_prefixed sh -c "[ \"\$(getfattr --only-values -n user.virtiofs.trusted.keep '$map_share/x')\" = k ]"
 expect map_host_no_trusted sh -c "! getfattr -n trusted.keep '$map_share/x'"
 expect map_host_user_plain sh -c "[ \"\$(getfattr --only-values -n user.plain '$map_share/x')\" = p ]"

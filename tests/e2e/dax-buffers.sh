@@ -51,16 +51,16 @@ for mode in "${modes[@]}"; do
     mkdir -p "$share"
     cp "$work/daxbuf" "$share/daxbuf"
     cat >"$work/run-$mode.sh" <<'EOF'
-for c in overlap dio read; do
-    if /mnt/daxbuf "$c" /mnt; then echo "GUEST PASS $c"; else echo "GUEST FAIL $c"; fi
-done
+for c in overlap dio read; do check "$c" /mnt/daxbuf "$c" /mnt; done
+guest_end
 EOF
     logf="$logs/e2e-dax-buffers-$mode-$(date +%Y%m%d-%H%M%S)-$$.log"
     log "$mode: dax=always, 64 MiB window"
     rc=0
     scripts/vm.sh "${verbose[@]}" "${daemon[@]}" -p dax --cache auto -a --dax-window=64M -a "--dax-mapping=$mode" \
         -o dax=always -s "$share" --script "$work/run-$mode.sh" -m 1G -T 600 -l "$logf" >"$work/out-$mode.txt" || rc=$?
-    grep -aE '^GUEST (PASS|FAIL)|^daxbuf:' "$work/out-$mode.txt" || true
+    grep -a '^daxbuf:' "$work/out-$mode.txt" || true
+    guest_complete "guest_$mode" "$work/out-$mode.txt" "$rc"
     dlog=${logf%.log}.daemon.log
     malformed=$(grep -ac 'malformed descriptor chain' "$dlog" 2>/dev/null || true)
     for i in "${!checks[@]}"; do

@@ -70,7 +70,8 @@ need_cmd mkfs.ext4 e2fsprogs
 need_cmd chattr e2fsprogs
 need_cmd losetup mount
 need_cmd fallocate util-linux
-md5() { md5sum "$@" | cut -d' ' -f1; }
+# ok, bad, md5, guest_complete and rig_summary come from scripts/lib.sh; the guest script's
+# check, waitfor and guest_end from tests/e2e/guest/lib.sh (scripts/vm.sh sends them).
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-e2e-dax-full.XXXXXX")
 # What is mounted, attached or immutable right now (undone by teardown, and at any exit).
@@ -105,8 +106,7 @@ want=$(md5 "$work/pat")
 cat >"$work/guest.sh" <<'EOF'
 W=/mnt/dax-full-writer
 st() { echo "STATUS $1 $2 $(tail -n 1 /tmp/$1.out 2>/dev/null)"; }
-waitfor() { i=0; while [ ! -e "$1" ] && [ $i -lt 1500 ]; do sleep 0.2; i=$((i + 1)); done; [ -e "$1" ]; }
-grep -q ' /mnt virtiofs .*dax=always' /proc/mounts || echo "GUEST not a dax=always mount: $(grep /mnt /proc/mounts)"
+check mounted_dax grep -q ' /mnt virtiofs .*dax=always' /proc/mounts || grep /mnt /proc/mounts
 if [ -e /mnt/w_sp ]; then
     $W write /mnt/pat /mnt/w_sp >/tmp/full_write.out 2>&1; st full_write $?
     # The space the write took back (a guest truncate): the mmap writer also stops part way.
@@ -118,7 +118,7 @@ if [ -e /mnt/w_sp ]; then
     while [ "$(df -k /mnt | awk 'NR == 2 { print $4 }')" -lt 5120 ] && [ $i -lt 50 ]; do sleep 0.2; i=$((i + 1)); done
     $W mmap /mnt/pat /mnt/m_sp >/tmp/full_mmap.out 2>&1; st full_mmap $?
     echo "@@DAX-FULL-FULL@@"
-    waitfor /mnt/freed || echo "GUEST the host did not free space"
+    check host_freed_space waitfor /mnt/freed 300
     $W write /mnt/pat /mnt/w_sp >/tmp/rewrite_write.out 2>&1; st rewrite_write $?
     $W mmap /mnt/pat /mnt/m_sp >/tmp/rewrite_mmap.out 2>&1; st rewrite_mmap $?
 fi
@@ -135,7 +135,7 @@ if [ -e /mnt/imm_w ]; then
     wait $p1; st imm_write $?
     wait $p2; st imm_mmap $?
     echo "@@DAX-FULL-IMM@@"
-    waitfor /mnt/imm.off || echo "GUEST the host did not clear the flag"
+    check host_cleared_flag waitfor /mnt/imm.off 300
     $W write /mnt/pat /mnt/imm_w >/tmp/imm_rewrite_write.out 2>&1; st imm_rewrite_write $?
     $W mmap /mnt/pat /mnt/imm_m >/tmp/imm_rewrite_mmap.out 2>&1; st imm_rewrite_mmap $?
 fi
@@ -144,11 +144,12 @@ if [ -e /mnt/u ]; then
     # again; a 4 KiB store into the allocated first page of a range the guest has mapped
     # read-only (the writer loads it first), whose other pages are holes.
     echo "@@DAX-FULL-REFILL@@"
-    waitfor /mnt/refilled || echo "GUEST the host did not fill the file system again"
+    check host_refilled waitfor /mnt/refilled 300
     $W write /mnt/pat4k /mnt/u /mnt/u.go >/tmp/upgrade_write.out 2>&1; st upgrade_write $?
     echo "UPGRADE $(head -c 4096 /mnt/u | md5sum | cut -d' ' -f1)"
 fi
 echo "@@DAX-FULL-END@@"
+guest_end
 EOF
 
 # wait_marker LOG PID MARKER: until the guest printed MARKER or the VM ended.
@@ -220,9 +221,10 @@ for fs in "${fss[@]}"; do
         wait "$vmpid" || rc=$?
         vmpid=""
         out=$work/out-$t.txt
-        grep -E '^(STATUS|GUEST) ' "$out" || true
+        grep -E '^STATUS ' "$out" || true
+        guest_complete "guest_$t" "$out" "$rc"
         grep -ao 'dax: maps=.*' "${logf%.log}.daemon.log" | tail -n 1 || true
-        if ((rc == 0)) && grep -q '^@@DAX-FULL-END@@' "$out" && ! grep -q '^GUEST ' "$out"; then
+        if ((rc == 0)) && grep -q '^@@DAX-FULL-END@@' "$out" && ! grep -q '^GUEST FAIL ' "$out"; then
             ok "alive_$t"
         else
             bad "alive_$t" "vm rc=$rc: $(grep -ao 'FAIL (.*' "$work/err-$t.txt" | head -n 1) (console $logf)"

@@ -42,10 +42,8 @@ while (($#)); do
     esac
 done
 ((${#modes[@]})) || modes=(never auto)
-pass=0 fail=0
-ok() { pass=$((pass + 1)); printf 'CHECK PASS %s\n' "$1"; }
-bad() { fail=$((fail + 1)); printf 'CHECK FAIL %s: %s\n' "$1" "$2"; }
-md5() { md5sum "$@" | cut -d' ' -f1; }
+# ok, bad, md5, guest_complete and rig_summary come from scripts/lib.sh; the guest scripts'
+# check, waitfor and guest_end from tests/e2e/guest/lib.sh (scripts/vm.sh sends them).
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-e2e-dax-host.XXXXXX")
 trap 'rm -rf -- "$work"' EXIT
@@ -58,9 +56,7 @@ logs="$DAXFSD_CACHE/logs"
 mkdir -p "$logs"
 
 cat >"$work/guest.sh" <<'EOF'
-rc=0 pids=""
-check() { n=$1; shift; if "$@"; then echo "GUEST PASS $n"; else echo "GUEST FAIL $n"; rc=1; fi; }
-waitfor() { i=0; while [ ! -e "$1" ] && [ $i -lt 900 ]; do sleep 0.2; i=$((i + 1)); done; [ -e "$1" ]; }
+pids=""
 for f in t_otrunc t_path r_over u_link; do
     # Every range of the file mapped before the host changes it.
     cat /mnt/$f >/dev/null
@@ -101,7 +97,7 @@ check trunc_path_bytes [ "$(md5sum /mnt/t_path | cut -d' ' -f1)" = "$(cat /mnt/t
 check rename_over_bytes [ "$(md5sum /mnt/r_over | cut -d' ' -f1)" = "$(cat /mnt/r_over.md5)" ]
 check unlink_gone [ ! -e /mnt/u_link ]
 [ $rc = 0 ] || { ls -la /mnt; grep -h 'err\|error' /tmp/fio-* | head -n 8; }
-exit $rc
+guest_end
 EOF
 
 for mode in "${modes[@]}"; do
@@ -134,7 +130,7 @@ for mode in "${modes[@]}"; do
     touch "$share/host.done"
     log "host changes done: t_otrunc $(stat -c %s "$share/t_otrunc") bytes, t_path $(stat -c %s "$share/t_path") bytes"
     wait "$vmpid" || rc=$?
-    grep -E '^GUEST (PASS|FAIL)' "$work/out-$mode.txt" || true
+    guest_complete "guest_$mode" "$work/out-$mode.txt" "$rc"
     if ((rc != 124 && rc != 125)) && grep -q "@@E2E-DAX-HOST-READERS-DONE@@" "$logf" &&
         grep -q '^GUEST PASS readers_started$' "$work/out-$mode.txt"; then
         ok "alive_$mode"
@@ -167,9 +163,7 @@ share=$work/share-two
 mkdir -p "$share"
 head -c $((128 << 20)) /dev/urandom >"$share/shared"
 cat >"$work/two.sh" <<'EOF'
-rc=0 me=__ME__
-check() { n=$1; shift; if "$@"; then echo "GUEST PASS $n"; else echo "GUEST FAIL $n"; rc=1; fi; }
-waitfor() { i=0; while [ ! -e "$1" ] && [ $i -lt 900 ]; do sleep 0.2; i=$((i + 1)); done; [ -e "$1" ]; }
+me=__ME__
 waitfor /mnt/go1.$me
 check read_whole [ "$(md5sum /mnt/shared | cut -d' ' -f1)" = "$(cat /mnt/shared.md5)" ]
 touch /mnt/done1.$me
@@ -183,7 +177,7 @@ sync; echo 2 >/proc/sys/vm/drop_caches
 check new_size [ "$(stat -c %s /mnt/shared)" = 3000001 ]
 check new_bytes [ "$(md5sum /mnt/shared | cut -d' ' -f1)" = "$(cat /mnt/shared.md5.new)" ]
 touch /mnt/done3.$me
-exit $rc
+guest_end
 EOF
 md5 "$share/shared" >"$share/shared.md5"
 log "two VMs, two daemons (--dax-mapping=direct) read one 128 MiB file through a 64 MiB DAX window, then the host truncates it"
@@ -224,14 +218,13 @@ rcs=()
 for p in "${pids[@]}"; do r=0; wait "$p" || r=$?; rcs+=("$r"); done
 for i in 0 1; do
     v=$([[ $i == 0 ]] && echo a || echo b)
+    guest_complete "two_vms_$v/guest" "$work/out-two-$v.txt" "${rcs[i]}"
     g=$(grep -c '^GUEST PASS' "$work/out-two-$v.txt" || true)
     if ((rcs[i] == 0 && g == 4)); then
         ok "two_vms_$v"
     else
         bad "two_vms_$v" "vm rc=${rcs[i]}, guest checks $g/4 (a hang ends in rc 124): $(grep -ao 'FAIL (.*' "$work/err-two-$v.txt" | head -n 1)"
-        grep -E '^GUEST FAIL' "$work/out-two-$v.txt" || true
     fi
 done
 
-printf 'e2e-dax-host: %d passed, %d failed\n' "$pass" "$fail"
-((fail == 0))
+rig_summary e2e-dax-host

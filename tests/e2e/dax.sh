@@ -100,8 +100,8 @@ dargs=(-a --dax-mapping=direct)
 min_cycles=100 want_range=512k
 [[ $policy_mo == dax_policy=upstream ]] && min_cycles=1000 want_range=2048k
 need_cmd python3
-# ok, bad, check and rig_summary come from scripts/lib.sh.
-md5() { md5sum "$@" | cut -d' ' -f1; }
+# ok, bad, check, md5, guest_complete and rig_summary come from scripts/lib.sh; the guest
+# scripts' check, waitfor and guest_end from tests/e2e/guest/lib.sh (scripts/vm.sh sends them).
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-e2e-dax.XXXXXX")
 trap 'rm -rf -- "$work"' EXIT
@@ -120,8 +120,6 @@ zeros4m=$(head -c $((4 * 1024 * 1024)) /dev/zero | md5)
 printf 'tail-bytes-0123456789' >"$share/small"
 
 cat >"$work/run1.sh" <<EOF
-rc=0
-check() { n=\$1; shift; if "\$@"; then echo "GUEST PASS \$n"; else echo "GUEST FAIL \$n"; rc=1; fi; }
 grep -q 'virtiofs.*dax=always' /proc/mounts && dmesg | grep -q 'Cache len'; check mount_dax [ \$? = 0 ]
 tag=\$(awk '\$2 == "/mnt" { print \$1 }' /proc/mounts)
 mkdir -p /tmp/m2
@@ -153,14 +151,14 @@ check fio_verify [ \$frc = 0 ] || tail -n 20 /tmp/fio.out
 # (upstream: 128 ranges of 2 MiB through a 32-range window; hybrid: 512 of 512 KiB through
 # 128); the host compares the digest after the VM exits.
 md5sum /mnt/big | cut -d' ' -f1 >/mnt/big.guest.md5
-exit \$rc
+guest_end
 EOF
 log1="$logs/e2e-dax-$(date +%Y%m%d-%H%M%S)-$$.log"
 log "run 1: dax=always, 64 MiB window, fio over a 256 MiB file (a few minutes under TCG)"
 rc1=0
 scripts/vm.sh "${verbose[@]}" -p dax --cache never -a --dax-window=64M "${dargs[@]}" -o "dax=always${policy_mo:+,$policy_mo}" \
     -s "$share" --script "$work/run1.sh" -m 1G -T 1200 -l "$log1" >"$work/out1.txt" || rc1=$?
-grep -E '^GUEST (PASS|FAIL)' "$work/out1.txt" || true
+guest_complete run1 "$work/out1.txt" "$rc1"
 guest_fail=$(grep -c '^GUEST FAIL' "$work/out1.txt" || true)
 counters=$(grep -ao 'dax: maps=.*' "${log1%.log}.daemon.log" | tail -n 1 || true)
 log "daemon counters: ${counters:-none}"
@@ -248,9 +246,6 @@ head -c 6000 /dev/zero | tr '\0' '.' >"$share/page"
 head -c $((3 * 1024 * 1024)) /dev/urandom >"$share/rew"
 want_imm=$(md5 "$share/imm") want_ro=$(md5 "$share/ro0444") want_bin=$(md5 "$share/runbin")
 cat >"$work/run3.sh" <<EOF
-rc=0
-check() { n=\$1; shift; if "\$@"; then echo "GUEST PASS \$n"; else echo "GUEST FAIL \$n"; rc=1; fi; }
-waitfor() { i=0; while [ ! -e "\$1" ] && [ \$i -lt 600 ]; do sleep 0.2; i=\$((i + 1)); done; [ -e "\$1" ]; }
 check immutable_read [ "\$(md5sum /mnt/imm | cut -d' ' -f1)" = "$want_imm" ]
 check ro0444_read [ "\$(md5sum /mnt/ro0444 | cut -d' ' -f1)" = "$want_ro" ]
 check running_bin_read [ "\$(md5sum /mnt/runbin | cut -d' ' -f1)" = "$want_bin" ]
@@ -261,7 +256,7 @@ exec 3</mnt/rew
 md5sum /mnt/rew >/dev/null
 printf 'GUEST' | dd of=/mnt/page bs=1 seek=4100 conv=notrunc 2>/dev/null
 echo "@@E2E-DAX-READ@@"
-waitfor /mnt/host.done
+waitfor /mnt/host.done 120
 check host_exec [ "\$(cat /mnt/host.done)" = host-ran-it ]
 check grown_on_host [ "\$(md5sum /mnt/grow | cut -d' ' -f1)" = "\$(cat /mnt/grow.md5)" ]
 check host_rewrite_seen [ "\$(md5sum /mnt/rew | cut -d' ' -f1)" = "\$(cat /mnt/rew.md5)" ]
@@ -269,7 +264,7 @@ exec 3<&-
 sync
 check tail_guest_sees_host [ "\$(dd if=/mnt/page bs=1 skip=5000 count=4 2>/dev/null)" = HOST ]
 check tail_guest_kept [ "\$(dd if=/mnt/page bs=1 skip=4100 count=5 2>/dev/null)" = GUEST ]
-exit \$rc
+guest_end
 EOF
 log3="$logs/e2e-dax-files-$(date +%Y%m%d-%H%M%S)-$$.log"
 log "run 3: immutable, 0444 without DAC override, running binary; host exec; host and guest in one page"
@@ -294,7 +289,7 @@ cp "$work/exec.out" "$share/host.done.tmp" && mv "$share/host.done.tmp" "$share/
 wait "$vmpid" || rc3=$?
 kill "$binpid" 2>/dev/null || true
 binpid=""
-grep -E '^GUEST (PASS|FAIL)' "$work/out3.txt" || true
+guest_complete run3 "$work/out3.txt" "$rc3"
 for g in immutable_read ro0444_read running_bin_read; do
     if grep -q "^GUEST PASS $g" "$work/out3.txt"; then ok "$g"; else bad "$g" "guest checksum differs from the host's (rc=$rc3, see $log3)"; fi
 done
@@ -385,8 +380,6 @@ truncate -s $((550 * 64))M "$share/huge"
 want_huge=$(head -c $((64 * 1024 * 1024)) "$share/huge" | md5)
 budget=445
 cat >"$work/runwin.sh" <<EOF
-rc=0
-check() { n=\$1; shift; if "\$@"; then echo "GUEST PASS \$n"; else echo "GUEST FAIL \$n"; rc=1; fi; }
 r=\$(sed -n 's,.* /mnt virtiofs .*dax_range=\([0-9]*\)k.*,\1,p' /proc/mounts)
 echo "GUEST RANGE \${r}k"
 check small_read [ "\$(for i in \$(seq 1 700); do cat /mnt/small/s\$i; done | md5sum | cut -d' ' -f1)" = "$want_small" ]
@@ -402,7 +395,7 @@ fio --name=m --filename=/mnt/fio-mmap --size=16M --rw=randwrite --bs=64k --ioeng
     --verify=crc32c --do_verify=1 --verify_fatal=1 --output=/tmp/fio2.out >/dev/null 2>&1
 check fio_mmap [ \$? = 0 ] || tail -n 5 /tmp/fio2.out
 check no_io_error [ "\$(dmesg | grep -ci 'virtiofs.*error\\|I/O error')" = 0 ]
-exit \$rc
+guest_end
 EOF
 for win in 1G 2G 8G; do
     # The guest's ranges: hybrid, the window over 128; upstream, 2 MiB.
@@ -417,7 +410,7 @@ for win in 1G 2G 8G; do
     rcw=0
     scripts/vm.sh "${verbose[@]}" -p dax --cache auto -a "--dax-window=$win" "${dargs[@]}" -o "dax=always${policy_mo:+,$policy_mo}" \
         -s "$share" --script "$work/runwin.sh" -m 1G -T 600 -l "$logw" >"$work/outwin.txt" || rcw=$?
-    grep -E '^GUEST (PASS|FAIL)' "$work/outwin.txt" || true
+    guest_complete "window_$win" "$work/outwin.txt" "$rcw"
     countersw=$(grep -ao 'dax: maps=.*' "${logw%.log}.daemon.log" | tail -n 1 || true)
     log "daemon counters ($win): ${countersw:-none}"
     declare -A cw=()

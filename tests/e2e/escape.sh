@@ -54,8 +54,8 @@ cd /mnt/.. && try touch /mnt/../pwned-above
 cd /mnt/d && try sh -c 'echo x > ../../pwned-rel'
 cd /mnt
 # The guest resolves symlinks itself: these must point into the guest, not the host.
-[ "\$(readlink hostside)" = "$outside" ] && [ ! -e hostsecret ] && echo GUEST-HOSTSIDE-DANGLING
-echo GUEST-DONE
+check hostside_dangling [ "\$(readlink hostside)" = "$outside" -a ! -e hostsecret ]
+guest_end
 EOF
 log "guest plants symlinks and tries to reach $outside"
 rc=0
@@ -63,13 +63,14 @@ rc=0
     >"$scratch/out.txt" || rc=$?
 after=$(tree_snapshot "$outside"; ls -1A "$work")
 
-if ((rc == 0)) && grep -q GUEST-DONE "$scratch/out.txt"; then ok guest_ran; else bad guest_ran "vm.sh rc=$rc"; fi
+guest_complete guest "$scratch/out.txt" "$rc"
+if ((rc <= 1)) && grep -q '^GUEST END ' "$scratch/out.txt"; then ok guest_ran; else bad guest_ran "vm.sh rc=$rc"; fi
 if [[ $before == "$after" ]]; then
     ok outside_untouched
 else
     bad outside_untouched "$(diff <(printf '%s\n' "$before") <(printf '%s\n' "$after") | head -n 10)"
 fi
-if grep -q GUEST-HOSTSIDE-DANGLING "$scratch/out.txt"; then
+if grep -q '^GUEST PASS hostside_dangling$' "$scratch/out.txt"; then
     ok host_path_not_reachable
 else
     bad host_path_not_reachable "the host path $outside was visible from the guest"

@@ -25,8 +25,15 @@ for d in $(seq 0 $((DIRS - 1))); do
     mkdir -p "$share/d$d"
     (cd "$share/d$d" && for f in $(seq 0 $((FILES - 1))); do : >"f$f"; done)
 done
-# shellcheck disable=SC2016 # the guest's shell expands it
-printf 'n=$(ls -lR /mnt | grep -c "^-"); echo "WALKED $n"; sleep 30\n' >"$work/guest.sh"
+# The guest walks the share, then waits until the host has counted the daemon's descriptors
+# (check, waitfor and guest_end: tests/e2e/guest/lib.sh, sent by scripts/vm.sh).
+cat >"$work/guest.sh" <<'EOF'
+n=$(ls -lR /mnt | grep -c "^-")
+echo "WALKED $n"
+check walked [ "$n" -gt 0 ]
+check host_counted waitfor /mnt/fds-counted 120
+guest_end
+EOF
 
 # run NAME DAEMON MODE: fds of the daemon after the walk.
 run() {
@@ -44,10 +51,15 @@ run() {
     local pid fds walked
     pid=$(cat "$work/$name.mon.daemon-pid" 2>/dev/null || echo 0)
     walked=$(grep -a -o 'WALKED [0-9]*' "$log" | head -n1 | cut -d' ' -f2)
-    fds=$(find "/proc/$pid/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
+    # (0 when the daemon is gone: the guest ended early, which guest_complete reports.)
+    fds=$({ find "/proc/$pid/fd" -mindepth 1 -maxdepth 1 2>/dev/null || true; } | wc -l)
+    touch "$share/fds-counted"
+    for _ in $(seq 120); do kill -0 "$vm" 2>/dev/null || break; sleep 0.5; done
+    # A guest that did not finish: vm.sh stops QEMU and the daemon when killed.
     kill "$vm" 2>/dev/null || true
-    # vm.sh stops QEMU and the daemon when killed.
     wait "$vm" 2>/dev/null || rc=$?
+    rm -f "$share/fds-counted"
+    guest_complete "$name/guest" "$work/$name.out" "$rc"
     printf '%-22s daemon %-9s --inode-file-handles=%-9s files seen %-6s descriptors %s\n' \
         "$name" "$daemon" "$mode" "${walked:-?}" "$fds"
     eval "${name}_fds=$fds ${name}_walked=${walked:-0}"

@@ -4,35 +4,19 @@
 #
 #   tests/e2e/host-check.sh SHARED_DIR on|off    (on: daemon ran with --xattr)
 #
-# Prints "CHECK PASS host:<name>" / "CHECK FAIL host:<name>: <detail>" lines
-# and exits non-zero if any check failed.
+# Prints "CHECK PASS host:<name>" / "CHECK FAIL host:<name>: <detail>" lines, the summary
+# and end marker of scripts/lib.sh, and exits non-zero if any check failed.
 set -euo pipefail
+RIG_TAG='host-check'
+# shellcheck source=../../scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 (($# == 2)) || { echo "usage: $0 SHARED_DIR on|off" >&2; exit 2; }
 S=$1
 XATTR=$2
 W=$S/e2e
-[[ -d $S ]] || { echo "host-check: error: '$S' is not a directory" >&2; exit 2; }
+[[ -d $S ]] || die "'$S' is not a directory"
 
-pass=0 fail=0 failed=""
-check() {
-    local name=$1 out rc
-    shift
-    out=$("$@" 2>&1) && rc=0 || rc=$?
-    if ((rc == 0)); then
-        echo "CHECK PASS host:$name"
-        pass=$((pass + 1))
-    else
-        echo "CHECK FAIL host:$name: $(printf '%s\n' "$out" | tail -n 3 | tr '\n' '|')"
-        fail=$((fail + 1))
-        failed+=" host:$name"
-    fi
-    # Negative control (scripts/lib.sh run_subsuite): stop after that many checks.
-    if [[ -n ${RIG_DIE_AFTER_CHECKS:-} ]] && ((pass + fail >= RIG_DIE_AFTER_CHECKS)); then
-        echo "host-check: negative control: exiting after $RIG_DIE_AFTER_CHECKS check(s)" >&2
-        exit 97
-    fi
-}
-die() { echo "$*" >&2; exit 1; }
+# Each check is a function that dies with the reason (lib.sh check_run).
 eq() { [[ $1 == "$2" ]] || die "$3: got '$1', expected '$2'"; }
 
 h_tree() { [[ -d $W ]] || die "$W missing: the guest suite did not run or wrote nothing"; }
@@ -150,22 +134,20 @@ h_fio() {
     eq "$(stat -c %s "$W/fio/seq.0.0")" $((16 * 1024 * 1024)) "fio seq file size"
 }
 
-check tree h_tree
+check_run host:tree h_tree
 if [[ -d $W ]]; then
-    check data h_data
-    check dirs h_dirs
-    check rename h_rename
-    check links h_links
-    check perm h_perm
-    check times h_times
-    check time_edges h_time_edges
-    check xattr h_xattr
-    check statfs h_statfs
-    check sparse h_sparse
-    check unlink h_unlink
-    check special h_special
-    check fio h_fio
+    check_run host:data h_data
+    check_run host:dirs h_dirs
+    check_run host:rename h_rename
+    check_run host:links h_links
+    check_run host:perm h_perm
+    check_run host:times h_times
+    check_run host:time_edges h_time_edges
+    check_run host:xattr h_xattr
+    check_run host:statfs h_statfs
+    check_run host:sparse h_sparse
+    check_run host:unlink h_unlink
+    check_run host:special h_special
+    check_run host:fio h_fio
 fi
-echo "HOST RESULT passed=$pass failed=$fail${failed:+ (failed:$failed)}"
-echo "SUITE END host-check pass=$pass fail=$fail"
-((fail == 0))
+rig_summary host-check

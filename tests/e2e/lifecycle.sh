@@ -47,8 +47,8 @@ while (($#)); do
     esac
 done
 need_cmd python3
-# ok, bad, check and rig_summary come from scripts/lib.sh.
-md5() { md5sum "$@" | cut -d' ' -f1; }
+# ok, bad, check, md5, subsuite_end and rig_summary come from scripts/lib.sh; the guest
+# scripts' check and guest_end from tests/e2e/guest/lib.sh (scripts/vm.sh sends them).
 wanted() { [[ -z $only || $only == *",$1,"* ]]; }
 hmp() { python3 scripts/hmp.py "$@"; }
 
@@ -76,15 +76,17 @@ wait_file() {
     return 1
 }
 
-# Guest checks print "GUEST PASS name" / "GUEST FAIL name"; collect them as checks.
-collect() { # collect CASE OUTPUT_FILE
+# Guest checks print "GUEST PASS name" / "GUEST FAIL name: detail"; collect them as checks.
+# A guest script that ends with guest_end must have printed its end line (subsuite_end).
+collect() { # collect CASE OUTPUT_FILE STATUS
     local line n
     while IFS= read -r line; do
         case $line in
             "GUEST PASS "*) ok "$1/${line#GUEST PASS }" ;;
-            "GUEST FAIL "*) n=${line#GUEST FAIL }; bad "$1/${n%% *}" "${n#* }" ;;
+            "GUEST FAIL "*) n=${line#GUEST FAIL }; bad "$1/${n%%: *}" "${n#*: }" ;;
         esac
     done <"$2"
+    if grep -q '^guest_end$' "$work/$1.sh"; then subsuite_end "$1/guest" "$2" "$3" 0 guest; fi
 }
 
 # vm_started CASE PROFILE DAEMON SHARE [vm.sh args...]: boots the case's VM in the background
@@ -104,7 +106,7 @@ vm_finished() {
     local name=$1 rc=$2
     wait "$vm_pid" || rc=$?
     vm_pid=""
-    collect "$name" "$work/$name.out"
+    collect "$name" "$work/$name.out" "$rc"
     if ((rc == 0)); then
         ok "$name/vm_exit"
     else
@@ -115,8 +117,6 @@ vm_finished() {
 
 guest_pause_script() { # guest_pause_script WANT_MD5
     cat <<EOF
-rc=0
-check() { n=\$1; shift; if "\$@"; then echo "GUEST PASS \$n"; else echo "GUEST FAIL \$n \$*"; rc=1; fi; }
 exec 3</mnt/keep
 cd /mnt/wd || exit 1
 md5sum /mnt/big48 | cut -d' ' -f1 >/tmp/md5-before
@@ -145,7 +145,7 @@ echo created-after >/mnt/created
 check create_write_after_pause [ "\$(cat /mnt/created)" = created-after ]
 check big_before_pause [ "\$(cat /tmp/md5-before)" = "$1" ]
 check big_after_pause [ "\$(md5sum /mnt/big48 | cut -d' ' -f1)" = "$1" ]
-exit \$rc
+guest_end
 EOF
 }
 
@@ -205,8 +205,6 @@ if wanted pause-dax-rapid; then
     head -c $((16 << 20)) /dev/urandom >"$share/after16"
     big=$(md5 "$share/big48") after=$(md5 "$share/after16")
     cat >"$work/$name.sh" <<GUEST
-rc=0
-check() { n=\$1; shift; if "\$@"; then echo "GUEST PASS \$n"; else echo "GUEST FAIL \$n \$*"; rc=1; fi; }
 check big_before [ "\$(md5sum /mnt/big48 | cut -d' ' -f1)" = $big ]
 touch /mnt/ready
 loops=0 bad=0
@@ -217,7 +215,7 @@ done
 check big_during_pauses [ "\$bad" = 0 ]
 check reads_during_pauses [ "\$loops" -gt 0 ]
 check mapped_after_pauses [ "\$(md5sum /mnt/after16 | cut -d' ' -f1)" = $after ]
-exit \$rc
+guest_end
 GUEST
     log "$name: 30 stop/cont cycles back to back while the guest reads through DAX"
     vm_started "$name" dax daxfsd "$share" -a --dax-window=64M -a --dax-mapping=direct -o dax=always
@@ -251,8 +249,6 @@ if wanted pause-dax-churn; then
     head -c $((160 << 20)) /dev/urandom >"$share/big160"
     big=$(md5 "$share/big160")
     cat >"$work/$name.sh" <<GUEST
-rc=0
-check() { n=\$1; shift; if "\$@"; then echo "GUEST PASS \$n"; else echo "GUEST FAIL \$n \$*"; rc=1; fi; }
 touch /mnt/ready
 loops=0 bad=0
 while [ ! -e /mnt/go ]; do
@@ -261,7 +257,7 @@ while [ ! -e /mnt/go ]; do
 done
 check big_during_pauses [ "\$bad" = 0 ]
 check reads_during_pauses [ "\$loops" -gt 0 ]
-exit \$rc
+guest_end
 GUEST
     log "$name: 30 stop/cont cycles while the guest reads 160 MiB through a 64 MiB window (default --dax-mapping)"
     # shellcheck disable=SC2086 # LIFECYCLE_CHURN_ARGS is a list of words

@@ -76,9 +76,10 @@ stop_all() {
 # shellcheck disable=SC2016 # expanded when the cleanup runs
 RIG_CLEANUP+=('stop_all' 'rm -rf -- "$work"')
 
-# The guest program, packed as /daxfsd-cmd in a cpio appended to the initramfs.
+# The guest program, packed as /daxfsd-cmd in a cpio appended to the initramfs, after the
+# guest helpers (tests/e2e/guest/lib.sh), as scripts/vm.sh does.
 mkdir -p "$work/cmd"
-cp tests/e2e/guest/migrate-guest.sh "$work/cmd/daxfsd-cmd"
+{ guest_helpers; cat tests/e2e/guest/migrate-guest.sh; } >"$work/cmd/daxfsd-cmd"
 python3 scripts/mkcpio.py "$work/cmd.cpio" "$work/cmd"
 cat -- "$initramfs" "$work/cmd.cpio" >"$work/initrd"
 
@@ -166,15 +167,11 @@ wait_migration() {
     echo timeout
 }
 
-# guest_checks NAME CONSOLE: the guest's CHECK lines and its result.
+# guest_checks NAME CONSOLE: the guest's checks (NAME/CHECK), its end line and its result.
 guest_checks() {
-    local name=$1 console=$2 line
-    while IFS= read -r line; do
-        case $line in
-            "CHECK PASS "*) ok "$name/${line#CHECK PASS }" ;;
-            "CHECK FAIL "*) bad "$name/${line#CHECK FAIL }" "in the guest (console $console)" ;;
-        esac
-    done < <(tr -d '\r' <"$console")
+    local name=$1 console=$2
+    tr -d '\r' <"$console" >"$console.txt"
+    import_checks "$name/guest" "$console.txt" 0 guest "$name/"
     if grep -aq '@@DAXFSD-RESULT rc=0@@' "$console"; then ok "$name/guest-result"
     else bad "$name/guest-result" "no rc=0 result (console $console)"; fi
 }

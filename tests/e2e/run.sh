@@ -17,8 +17,9 @@
 #         --check-timeout S seconds before a hung guest check is killed (default: 90)
 #     -v, --verbose         stream the guest consoles
 #
-# Ends with "e2e: N passed, M failed" and exits non-zero on any failure, a
-# VM timeout, or a QEMU/daemon process left behind.
+# Prints the guest's checks as PROFILE:NAME, ends with "e2e: N passed, M failed" (scripts/lib.sh
+# rig_summary) and exits non-zero on any failure, a VM timeout, a suite cut short, or a
+# QEMU/daemon process left behind.
 set -euo pipefail
 RIG_TAG=e2e
 # shellcheck source=../../scripts/lib.sh
@@ -71,59 +72,30 @@ if ((needs11)); then "$RIG_ROOT/scripts/provision-qemu.sh" all; else "$RIG_ROOT/
 run_dir=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-e2e.XXXXXX")
 RIG_CLEANUP+=("rm -rf -- $(printf %q "$run_dir")")
 
-total_pass=0 total_fail=0 total_skip=0 failures=()
 t0=$SECONDS
 for p in $profiles; do
     share=$run_dir/share-$p
     mkdir -p "$share"
     log "profile $p: guest suite (daemon $daemon, xattr $xattr${mount_opts[1]:+, -o ${mount_opts[1]}})"
     out=$run_dir/guest-$p.txt
-    pt0=$SECONDS
+    pt0=$SECONDS p0=$RIG_PASS f0=$RIG_FAIL s0=$RIG_SKIP
     TMPDIR=$run_dir "$RIG_ROOT/scripts/vm.sh" -p "$p" -d "$daemon" "${daemon_args[@]}" \
         -s "$share" "${mount_opts[@]}" -t e2e -T "$timeout" --append "$guest_args" "${verbose[@]}" >"$out" && vm_rc=0 || vm_rc=$?
-    sed 's/^/  /' "$out"
-    n_pass=$(grep -c '^CHECK PASS ' "$out" || true)
-    n_fail=$(grep -c '^CHECK FAIL ' "$out" || true)
-    n_skip=$(grep -c '^CHECK SKIP ' "$out" || true)
-    mapfile -t names < <(sed -n "s/^CHECK FAIL \([^:]*\):.*/$p:\1/p" "$out")
-    failures+=("${names[@]}")
-    if ((vm_rc != 0 && n_fail == 0)); then
-        # The VM itself failed (timeout, crash, no result): that is a failure too.
-        n_fail=1
-        failures+=("$p:vm(rc=$vm_rc)")
-    fi
-    # The suite's last line counts what it ran: a suite that died part way has none, and
-    # one whose lines were lost counts differently (an all-PASS partial run fails here).
-    result=$(sed -n 's/^E2E RESULT passed=\([0-9]*\) failed=\([0-9]*\) skipped=\([0-9]*\).*/\1 \2 \3/p' "$out" | tail -n 1)
-    if [[ -z $result ]]; then
-        echo "  CHECK FAIL $p:incomplete: the guest suite ended without its E2E RESULT line after $((n_pass + n_fail + n_skip)) check(s)"
-        n_fail=$((n_fail + 1)) failures+=("$p:incomplete")
-    elif [[ $result != "$n_pass $n_fail $n_skip" && $vm_rc == 0 ]]; then
-        echo "  CHECK FAIL $p:incomplete: E2E RESULT says $result (pass fail skip), the console shows $n_pass $n_fail $n_skip"
-        n_fail=$((n_fail + 1)) failures+=("$p:incomplete")
-    fi
+    grep -av '^CHECK ' "$out" | sed 's/^/  /' || true
+    # The guest's checks as this run's (PROFILE:NAME). The suite's last line counts what it
+    # ran: a suite that died part way has none, one whose lines were lost counts differently,
+    # and a VM that failed (timeout, crash) with no failed check fails too: PROFILE/incomplete.
+    import_checks "$p" "$out" "$vm_rc" e2e "$p:"
     if [[ -n $only$skip ]]; then
         log "profile $p: host-side checks not run (partial run: --only/--skip)"
     elif grep -q '^E2E RESULT ' "$out"; then
         log "profile $p: host-side checks"
         hout=$run_dir/host-$p.txt
         hrc=0
-        RIG_DIE_AFTER_CHECKS=${RIG_SUBSUITE_DIE_AFTER:-} "$RIG_ROOT/tests/e2e/host-check.sh" "$share" "$xattr" >"$hout" || hrc=$?
-        sed 's/^/  /' "$hout"
-        hp=$(grep -c '^CHECK PASS ' "$hout" || true)
-        hf=$(grep -c '^CHECK FAIL ' "$hout" || true)
-        n_pass=$((n_pass + hp)) n_fail=$((n_fail + hf))
-        mapfile -t names < <(sed -n "s/^CHECK FAIL \([^:]*:[^:]*\):.*/$p:\1/p" "$hout")
-        failures+=("${names[@]}")
-        if ! grep -qx "SUITE END host-check pass=$hp fail=$hf" "$hout" || ((hrc != 0 && hf == 0)); then
-            echo "  CHECK FAIL $p:host-check:incomplete: status $hrc after $((hp + hf)) check(s), no matching SUITE END line"
-            n_fail=$((n_fail + 1)) failures+=("$p:host-check:incomplete")
-        fi
+        RIG_DIE_AFTER_CHECKS=${RIG_SUBSUITE_DIE_AFTER:-} "$RIG_ROOT/tests/e2e/host-check.sh" "$share" "$xattr" >"$hout" 2>&1 || hrc=$?
+        import_checks "$p:host-check" "$hout" "$hrc" suite "$p:"
     fi
-    log "profile $p: $n_pass passed, $n_fail failed, $n_skip skipped in $((SECONDS - pt0))s"
-    total_skip=$((total_skip + n_skip))
-    total_pass=$((total_pass + n_pass))
-    total_fail=$((total_fail + n_fail))
+    log "profile $p: $((RIG_PASS - p0)) passed, $((RIG_FAIL - f0)) failed, $((RIG_SKIP - s0)) skipped in $((SECONDS - pt0))s"
 done
 
 # No QEMU or daemon of this run may survive it.
@@ -133,15 +105,8 @@ if left=$(pgrep -a -f -- "$run_dir"); then
     printf '%s\n' "$left" >&2
     # They are this run's own: stop them.
     for pid in $(pgrep -f -- "$run_dir"); do kill -KILL "$pid" 2>/dev/null || true; done
-    total_fail=$((total_fail + 1))
-    failures+=("leftover-processes")
+    bad leftover-processes "$(printf '%s\n' "$left" | head -n 3 | tr '\n' '|')"
 fi
 
 log "done in $((SECONDS - t0))s"
-((${#failures[@]} == 0)) || log "failed: ${failures[*]}"
-if ((total_skip)); then
-    echo "e2e: $total_pass passed, $total_fail failed, $total_skip skipped"
-else
-    echo "e2e: $total_pass passed, $total_fail failed"
-fi
-((total_fail == 0))
+rig_summary e2e

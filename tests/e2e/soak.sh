@@ -13,7 +13,7 @@
 # to a random size, replace (rename over), append on one of four shared files; every
 # --pause-every seconds (default 180; 0: never) `stop`, 3 s, `cont` through the monitor.
 # The daemon's RSS is sampled every 30 s.
-# Checks: alive (QEMU and the daemon ran to the end), fio_verify (both jobs exit 0: no
+# Checks: alive (QEMU and the daemon ran to the end), mounted_dax (the share is dax=always), fio_verify (both jobs exit 0: no
 # verify error, no EIO), rss_flat (the last sample is within 20% + 16 MiB of the first one
 # taken after 2 minutes). Reader errors on the host-edited files (short reads, SIGBUS past a
 # new end of file) are allowed, as on a local file system. Prints the figures.
@@ -45,9 +45,8 @@ while (($#)); do
     esac
 done
 need_cmd python3
-pass=0 fail=0
-ok() { pass=$((pass + 1)); printf 'CHECK PASS %s\n' "$1"; }
-bad() { fail=$((fail + 1)); printf 'CHECK FAIL %s: %s\n' "$1" "$2"; }
+# ok, bad, guest_complete and rig_summary come from scripts/lib.sh; the guest script's check
+# and guest_end from tests/e2e/guest/lib.sh (scripts/vm.sh sends them).
 hmp() { python3 scripts/hmp.py "$@"; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-soak.XXXXXX")
@@ -66,7 +65,7 @@ mkdir -p "$logs"
 logf="$logs/soak-$(date +%Y%m%d-%H%M%S)-$$.log"
 
 cat >"$work/guest.sh" <<EOF
-rc=0
+check mounted_dax grep -q ' /mnt virtiofs .*dax=always' /proc/mounts
 fio --name=psync --filename=/mnt/ws-psync --size=128M --rw=randwrite --bs=64k --ioengine=psync \
     --verify=crc32c --verify_backlog=256 --verify_fatal=1 --time_based --runtime=$seconds \
     --output=/tmp/psync.out >/dev/null 2>&1 &
@@ -83,11 +82,11 @@ echo "@@SOAK-RUNNING@@"
 wait \$p1; r1=\$?
 wait \$p2; r2=\$?
 echo "fio psync rc=\$r1 mmap rc=\$r2"
-[ \$r1 = 0 ] && [ \$r2 = 0 ] && echo "GUEST PASS fio_verify" || { echo "GUEST FAIL fio_verify"; rc=1; grep -h 'err=\\|verify' /tmp/psync.out /tmp/mmap.out | head -n 12; }
+check fio_verify [ \$r1 = 0 -a \$r2 = 0 ] || grep -h 'err=\\|verify' /tmp/psync.out /tmp/mmap.out | head -n 12
 grep -h 'io=\|bw=\|verify' /tmp/psync.out /tmp/mmap.out | head -n 8
 touch /mnt/soak.stop
 wait \$p3
-exit \$rc
+guest_end
 EOF
 
 pauses_text="stop/cont every ${pause_every}s"
@@ -144,7 +143,8 @@ done
 rc=0
 wait "$vmpid" || rc=$?
 vmpid=""
-grep -aE '^GUEST|^fio|reader errors|io=|bw=' "$work/out.txt" || true
+grep -aE '^fio|reader errors|io=|bw=' "$work/out.txt" || true
+guest_complete guest "$work/out.txt"
 log "figures: ${edits} host edits, ${pauses} stop/cont, daemon RSS (KiB, every 30 s): $(awk '{printf "%s@%ss ", $2, $1}' "$work/rss.txt")"
 counters=$(grep -ao 'dax: maps=.*' "${logf%.log}.daemon.log" | tail -n 1 || true)
 log "daemon counters: ${counters:-none}"
@@ -156,6 +156,11 @@ elif ((died_after_stop)); then
 else
     bad alive "rc=$rc: $(grep -ao 'FAIL (.*' "$work/err.txt" | head -n 1) (console $logf)"
 fi
+if grep -q '^GUEST PASS mounted_dax$' "$work/out.txt"; then
+    ok mounted_dax
+else
+    bad mounted_dax "the share was not mounted with dax=always (console $logf)"
+fi
 if grep -q '^GUEST PASS fio_verify' "$work/out.txt"; then
     ok fio_verify
 else
@@ -166,5 +171,4 @@ if [[ -n $rss_first ]] && ((rss_last <= rss_first * 12 / 10 + 16384)); then
 else
     bad rss_flat "RSS after 2 min ${rss_first:-none} KiB, last ${rss_last} KiB, max ${rss_max} KiB"
 fi
-printf 'soak: %d passed, %d failed\n' "$pass" "$fail"
-((fail == 0))
+rig_summary soak

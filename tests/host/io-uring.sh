@@ -22,16 +22,19 @@
 #   clean_stop               SIGTERM with the mount busy: the last user is still served past
 #                            the grace period, then the ring entries come back and the daemon
 #                            exits 0 (every thread ended), nothing stays mounted
-# Output: "CHECK PASS|FAIL name" lines, then "IO-URING RESULT passed=N failed=M"; exit 0 only
+# Output: "CHECK PASS|FAIL name" lines (with those of the two sub-suites), then scripts/lib.sh's
+# "io-uring: N passed, M failed" and end marker; exit 0 only
 # when every check passed. The daemon runs with --passthrough=off so that file data, too,
 # travels through the ring payloads (passthrough has its own variant).
 # Usage: tests/host/io-uring.sh [DAXFSD] (default target/debug/daxfsd)
 set -uo pipefail
-cd "$(dirname "$0")/../.." || exit 1
+RIG_TAG=io-uring
+# shellcheck source=../../scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+cd "$RIG_ROOT" || exit 1
 DAXFSD=${1:-target/debug/daxfsd}
 PARAM=/sys/module/fuse/parameters/enable_uring
 
-die() { echo "io-uring test: $*" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || die "needs root (mount(2) and $PARAM)"
 # Not a silent skip: a kernel without the transport fails the target, with the reason.
 [ -e "$PARAM" ] || die "FAIL: $PARAM missing: this kernel has no FUSE_IO_URING (Linux 6.14+, CONFIG_FUSE_IO_URING=y)"
@@ -50,13 +53,10 @@ cleanup() {
     echo "$OLD" >"$PARAM"
     rm -rf "$W"
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+RIG_CLEANUP+=(cleanup)
 mkdir -p "$W/src" "$W/mnt"
 
-pass=0 fail=0 failed=
-ok() { echo "CHECK PASS $1"; pass=$((pass + 1)); }
-bad() { echo "CHECK FAIL $1: $2"; fail=$((fail + 1)); failed="$failed $1"; }
+# ok, bad, run_subsuite and rig_summary come from scripts/lib.sh.
 
 start() { # start LOG ARGS...: daemon in the background, waits for the mount
     local log=$1; shift
@@ -166,31 +166,22 @@ fi
 
 # The guest suite, host checks and escape checks of tests/host/run.sh over the rings (its
 # io-uring transport also checks the ring counters in the SIGUSR1 report).
-tests/host/run.sh -t io-uring -d "$DAXFSD" >"$W/run.out" 2>&1
-st=$?
-grep -E '^CHECK (PASS|FAIL) ' "$W/run.out" | sed 's/^/    /'
-summary=$(grep -E '^host: [0-9]+ passed, [0-9]+ failed' "$W/run.out" | tail -1)
-if [ $st -ne 0 ] || [ -z "$summary" ]; then
-    bad ring_suite "tests/host/run.sh -t io-uring: ${summary:-$(tail -3 "$W/run.out")}"
-elif ! grep -q '^CHECK PASS io-uring:rings_used' "$W/run.out"; then
-    bad ring_suite "no rings_used check passed"
+# Their checks count as this run's; each must run to its end marker (run_subsuite).
+run_subsuite ring_suite "$W/run.out" -- tests/host/run.sh -t io-uring -d "$DAXFSD"
+if grep -q '^CHECK PASS io-uring:rings_used' "$W/run.out"; then
+    ok "ring_suite ($(grep -E '^host: [0-9]+ passed' "$W/run.out" | tail -n 1))"
 else
-    ok "ring_suite ($summary)"
+    bad ring_suite "no rings_used check passed: $(tail -n 3 "$W/run.out" | tr '\n' '|')"
 fi
 
 # POSIX conformance over the rings: tests/host/pjdfstest.sh -t io-uring (the same reference
 # and exception list as the other transports; it also checks the ring counters).
-tests/host/pjdfstest.sh -t io-uring -d "$DAXFSD" >"$W/pjd.out" 2>&1
-st=$?
-grep -E '^CHECK (PASS|FAIL) ' "$W/pjd.out" | sed 's/^/    /'
-summary=$(grep -E '^pjdfstest: [0-9]+ passed, [0-9]+ failed' "$W/pjd.out" | tail -1)
-if [ $st -ne 0 ] || [ -z "$summary" ]; then
-    bad ring_pjdfstest "tests/host/pjdfstest.sh -t io-uring: ${summary:-$(tail -3 "$W/pjd.out")}"
-elif ! grep -q '^CHECK PASS io-uring: passes the reference' "$W/pjd.out" ||
-    ! grep -q '^CHECK PASS io-uring: rings used' "$W/pjd.out"; then
-    bad ring_pjdfstest "missing checks: $(grep -c '^CHECK PASS' "$W/pjd.out") passed"
+run_subsuite ring_pjdfstest "$W/pjd.out" -- tests/host/pjdfstest.sh -t io-uring -d "$DAXFSD"
+if grep -q '^CHECK PASS io-uring: passes the reference' "$W/pjd.out" &&
+    grep -q '^CHECK PASS io-uring: rings used' "$W/pjd.out"; then
+    ok "ring_pjdfstest ($(grep -E '^pjdfstest: [0-9]+ passed' "$W/pjd.out" | tail -n 1))"
 else
-    ok "ring_pjdfstest ($summary)"
+    bad ring_pjdfstest "missing checks: $(grep -c '^CHECK PASS' "$W/pjd.out") passed"
 fi
 
 if ! start "$W/lock.log" --io-uring=on --posix-lock; then
@@ -264,5 +255,4 @@ else
     fi
 fi
 
-echo "IO-URING RESULT passed=$pass failed=$fail${failed:+ (failed:$failed)}"
-[ $fail -eq 0 ]
+rig_summary io-uring

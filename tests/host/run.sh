@@ -15,7 +15,8 @@
 #
 #   tests/host/run.sh [-t devfuse,passthrough,io-uring,bindfs] [-d DAXFSD] [--skip a,b] [-v]
 #
-# Ends with "host: N passed, M failed".
+# Ends with "host: N passed, M failed" and the end marker (scripts/lib.sh rig_summary); bindfs's
+# results as PEER lines and "peer: N passed, M failed".
 set -euo pipefail
 RIG_TAG=host
 # shellcheck source=../../scripts/lib.sh
@@ -44,19 +45,9 @@ if [[ " $transports " == *" bindfs "* ]] && ! command -v bindfs >/dev/null; then
     die "bindfs is not installed: run 'scripts/provision-deps.sh test' (or leave it out with -t)"
 fi
 
-pass=0 fail=0 failures=() peer=0 peer_pass=0 peer_fail=0 peer_failures=()
-# A peer's (bindfs) results are reported side by side but do not fail the run: they show
-# what the traditional FUSE mirror passes of the same suite.
-ok() {
-    if ((peer)); then peer_pass=$((peer_pass + 1)); printf 'PEER PASS %s\n' "$1"; return; fi
-    pass=$((pass + 1)); printf 'CHECK PASS %s\n' "$1"
-}
-bad() {
-    if ((peer)); then
-        peer_fail=$((peer_fail + 1)); peer_failures+=("$1"); printf 'PEER FAIL %s: %s\n' "$1" "$2"; return
-    fi
-    fail=$((fail + 1)); failures+=("$1"); printf 'CHECK FAIL %s: %s\n' "$1" "$2"
-}
+# ok, bad, import_checks and rig_summary come from scripts/lib.sh. A peer's (bindfs) results
+# (RIG_PEER=1) are reported side by side but do not fail the run: they show what the
+# traditional FUSE mirror passes of the same suite.
 
 run=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-host.XXXXXX")
 chmod 0755 "$run"
@@ -185,7 +176,7 @@ passthrough_opened() {
 
 t0=$SECONDS
 for t in $transports; do
-    case $t in devfuse|passthrough|io-uring) peer=0 ;; bindfs) peer=1 ;; *) die "unknown transport '$t'" ;; esac
+    case $t in devfuse|passthrough|io-uring) RIG_PEER=0 ;; bindfs) RIG_PEER=1 ;; *) die "unknown transport '$t'" ;; esac
     d=$run/$t
     share=$d/share m=$d/mnt outside=$d/outside dlog=$d/daemon.log
     mkdir -p "$share" "$m" "$outside/sub"
@@ -212,19 +203,13 @@ EOF
     log "$t: guest suite on $m"
     out=$d/suite.txt
     # From the transport's own directory: fio leaves its verify state files in the cwd.
+    src=0
     (cd "$d" && E2E_HOST=1 E2E_VFSTEST=$run/vfstest E2E_FSTYPE=$fstype E2E_REMOUNT=$d/remount.sh \
         E2E_CMDLINE="daxfsd.xattr=on daxfsd.check_timeout=120${skip:+ daxfsd.skip=$skip}${RIG_SUBSUITE_DIE_AFTER:+ daxfsd.die_after=$RIG_SUBSUITE_DIE_AFTER}" \
-        sh "$RIG_ROOT/tests/e2e/guest/suite.sh" "$m") >"$out" 2>&1 || true
+        sh "$RIG_ROOT/tests/e2e/guest/suite.sh" "$m") >"$out" 2>&1 || src=$?
     ((verbose)) && sed 's/^/  /' "$out"
-    while read -r line; do
-        name=${line#CHECK PASS }; name=${name%% *}
-        ok "$t:$name"
-    done < <(grep '^CHECK PASS ' "$out")
-    while read -r line; do
-        name=${line#CHECK FAIL }; name=${name%%:*}
-        bad "$t:$name" "${line#*: }"
-    done < <(grep '^CHECK FAIL ' "$out")
-    grep -q '^E2E RESULT ' "$out" || bad "$t:suite:incomplete" "no E2E RESULT line: $(tail -n 3 "$out")"
+    # The suite's checks as T:NAME; cut short (no or a disagreeing E2E RESULT): T:suite/incomplete.
+    import_checks "$t:suite" "$out" "$src" e2e "$t:"
     escape_checks "$t" "$share" "$m" "$outside"
     if [[ $t == devfuse ]]; then
         # This kernel (6.18) predates the 2026 zero-copy series: the daemon must say so.
@@ -272,17 +257,14 @@ EOF
             bad "$t:backing_ids_closed" "$(grep -o 'passthrough: .*' "$dlog" | tail -n 1)"
     fi
     if grep -q '^E2E RESULT ' "$out" && [[ -z $skip ]]; then
-        while read -r line; do
-            case $line in
-                "CHECK PASS "*) ok "$t:${line#CHECK PASS }" ;;
-                "CHECK FAIL "*) line=${line#CHECK FAIL }; bad "$t:${line%%: *}" "${line#*: }" ;;
-            esac
-        done < <(tests/e2e/host-check.sh "$share" on 2>&1 || true)
+        hrc=0
+        RIG_DIE_AFTER_CHECKS=${RIG_SUBSUITE_DIE_AFTER:-} tests/e2e/host-check.sh "$share" on >"$d/host-check.txt" 2>&1 || hrc=$?
+        import_checks "$t:host-check" "$d/host-check.txt" "$hrc" suite "$t:"
     fi
     log "$t: done in $((SECONDS - tt0))s"
 done
 
-peer=0
+RIG_PEER=0
 if [[ " $transports " == *" devfuse "* ]]; then
     # Waiting locks (--posix-lock: SETLKW) never take every worker: six processes wait for a
     # lock on a 2-worker daemon while the holder still reads, lists and unlocks.
@@ -425,10 +407,4 @@ if [[ " $transports " == *" devfuse "* ]]; then
 fi
 
 log "done in $((SECONDS - t0))s"
-if ((peer_pass + peer_fail)); then
-    printf 'peer bindfs: %d passed, %d failed%s\n' "$peer_pass" "$peer_fail" \
-        "${peer_failures[*]:+ (${peer_failures[*]})}"
-fi
-printf 'host: %d passed, %d failed\n' "$pass" "$fail"
-((${#failures[@]} == 0)) || log "failed: ${failures[*]}"
-((fail == 0))
+rig_summary host

@@ -110,11 +110,17 @@ install -D -m 0755 "$agent" "$home/share/lima/lima-guestagent.Linux-x86_64"
 # The guest: the project's kernel, the initramfs plus the command (daxfsd.run=cmd).
 cp -- "$kernel" "$home/bzImage"
 mkdir -p "$work/cmd"
-cat >"$work/cmd/daxfsd-cmd" <<'EOF'
+# After the guest helpers (tests/e2e/guest/lib.sh: check, guest_end), as scripts/vm.sh sends them.
+{
+    guest_helpers
+    cat <<'EOF'
+check mounted grep -q ' /mnt virtiofs' /proc/mounts
 echo "LIMA-GUEST mount: $(grep ' /mnt ' /proc/mounts)"
 echo "written by the guest" >/mnt/from-guest
 echo "LIMA-GUEST read: $(cat /mnt/from-host)"
+guest_end
 EOF
+} >"$work/cmd/daxfsd-cmd"
 python3 scripts/mkcpio.py "$work/cmd.cpio" "$work/cmd"
 cat -- "$initramfs" "$work/cmd.cpio" >"$home/initrd.cpio"
 truncate -s 64M "$home/base.img"
@@ -161,7 +167,7 @@ start_pid=$!
 # The guest powers off after its command; lima then waits for SSH in vain.
 serial=$home/.lima/t/serial.log
 for _ in $(seq 240); do
-    grep -q 'LIMA-GUEST read' "$serial" 2>/dev/null && break
+    grep -q '^GUEST END\|@@DAXFSD-RESULT' "$serial" 2>/dev/null && break
     kill -0 "$start_pid" 2>/dev/null || break
     sleep 1
 done
@@ -171,6 +177,8 @@ as_user "$home/bin/limactl" stop -f t >/dev/null 2>&1 || true
 kill "$start_pid" 2>/dev/null || true
 wait "$start_pid" 2>/dev/null || rc=$?
 ha_log=$(cat "$home"/.lima/t/ha.stderr.log 2>/dev/null || true)
+tr -d '\r' <"$serial" >"$work/serial.txt" 2>/dev/null || true
+guest_complete guest "$work/serial.txt"
 
 if grep -q "Using .*$want_bin\|virtiofsd.*$want_bin\|$want_bin" <<<"$ha_log$(cat "$work/daemon-args.txt")"; then
     ok lima_found_backend_by_descriptor

@@ -1,13 +1,9 @@
-# shellcheck shell=sh disable=SC2016,SC2317 # sh -c bodies expand in the guest; check calls the helpers
-# Guest side of tests/e2e/migrate.sh (busybox sh, run in /mnt by the test init).
+# shellcheck shell=sh disable=SC2016 # sh -c bodies expand in the guest
+# Guest side of tests/e2e/migrate.sh (busybox sh, run in /mnt by the test init, after the
+# guest helpers of tests/e2e/guest/lib.sh: check, bad, guest_end).
 # Holds a working directory and open files on the share, says MIGRATE-READY, waits
 # for the host's marker file ../migrated (written once the VM runs where it should), then
 # checks that what it held still works and that new work does.
-fail=0
-check() { # check NAME CMD...: one CHECK line per step
-    n=$1; shift
-    if "$@"; then echo "CHECK PASS $n"; else echo "CHECK FAIL $n"; fail=1; fi
-}
 mkdir -p work && cd work || exit 125
 echo "written before migration" >held
 exec 3<held
@@ -19,7 +15,7 @@ i=0
 while [ ! -e ../migrated ]; do
     sleep 0.2
     i=$((i + 1))
-    [ $i -lt 6000 ] || { echo "CHECK FAIL marker: no ../migrated after 20 min"; exit 1; }
+    [ $i -lt 6000 ] || { bad marker "no ../migrated after 20 min"; guest_end; }
 done
 echo "MIGRATE-RESUMED on $(cat ../migrated)"
 read_fd3() { read -r l <&3 && [ "$l" = "written before migration" ]; }
@@ -32,4 +28,4 @@ check append_fd_opened_before append_fd4
 check mkdir_in_cwd sh -c 'mkdir sub && echo x >sub/f && [ "$(ls sub)" = f ]'
 check rename sh -c 'mv created renamed && [ -f renamed ] && [ ! -e created ]'
 exec 3<&- 4>&-
-exit $fail
+guest_end
