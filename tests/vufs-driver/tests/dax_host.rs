@@ -260,8 +260,9 @@ fn fanotify_marks(pid: u32) -> usize {
 /// reach QEMU, so a host open of a mapped file waits for the device to run again, up to a
 /// bound. 20 host opens of 20 mapped files at once must all be done within that one bound
 /// (with one worker waiting 10 s per event in turn they took 20 x 10 s). And once the last
-/// mapping of a file goes, its fanotify mark goes too: later host opens of it no longer pass
-/// through the daemon.
+/// mapping of a file goes, no fanotify mark of it is left: later host opens of it no longer
+/// pass through the daemon. (The daemon removes the mark; here the kernel also dropped the
+/// evictable marks without it, so that part guards against a regression only.)
 #[test]
 fn a_paused_vm_bounds_a_batch_of_host_opens_and_drops_marks_of_unmapped_files() {
     const FILES: u64 = 20;
