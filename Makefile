@@ -112,9 +112,11 @@ test-dax: kernel initramfs qemu build
 	tests/e2e/run.sh -p dax -o dax=always -a --dax-window=256M
 
 # The VM lifecycle: stop/cont through QEMU's monitor (pci: daxfsd and upstream virtiofsd; dax:
-# DAX window), SIGTERM with dirty DAX shadow tails.
+# DAX window), SIGTERM with dirty DAX shadow tails; 80 guest lock waiters on an overlayfs share
+# all get the lock after the holder's close (about 30 s).
 test-lifecycle: kernel initramfs qemu virtiofsd build
 	tests/e2e/lifecycle.sh
+	tests/e2e/lock-waiters.sh
 
 # The DAX checks again with the guest kernel's upstream (Linux 6.12) window policy,
 # -o dax_policy=upstream; test-dax covers the default (hybrid) policy of guest-kernel/patches.

@@ -6,8 +6,10 @@
 # host's vfstest and fio; `remount` stops and restarts the daemon), the host-side checks of
 # tests/e2e/host-check.sh on the share, the host escape checks below, and for daxfsd the
 # SIGUSR1 report (passthrough: backing files opened > 0; devfuse: no passthrough at all) and
-# a clean SIGTERM (exit 0, unmounted). Then a SIGKILLed daemon's stale mount must be
-# refused at the next start with the fix named, and nothing unmounted.
+# a clean SIGTERM (exit 0, unmounted). 70 lock waiters (more than the 64 lock threads) on an
+# overlayfs share must all get the lock in turn after the holder's close. Then a SIGKILLed
+# daemon's stale mount must be refused at the next start with the fix named, and nothing
+# unmounted.
 # Transport io-uring (not in the default list): daxfsd --io-uring=on, without passthrough;
 # the SIGUSR1 report must show requests served from the rings and none but INIT through
 # read(2) besides FORGET/INTERRUPT. It needs fuse.enable_uring=Y: tests/host/io-uring.sh
@@ -30,7 +32,7 @@ while (($#)); do
         -d) (($# >= 2)) || die "-d needs a value"; daxfsd=$2; shift 2 ;;
         --skip) (($# >= 2)) || die "--skip needs a value"; skip=$2; shift 2 ;;
         -v) verbose=1; shift ;;
-        -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (see --help)" ;;
     esac
 done
@@ -54,7 +56,7 @@ chmod 0755 "$run"
 RIG_CLEANUP+=("cleanup_mounts")
 cleanup_mounts() {
     local m
-    for m in "$run"/*/mnt; do
+    for m in "$run"/*/mnt "$run"/waiters/share; do
         if grep -q " $m " /proc/mounts; then umount -l "$m" 2>/dev/null || true; fi
     done
     [[ -f $run/pid ]] && kill -KILL "$(cat "$run/pid")" 2>/dev/null
@@ -313,6 +315,44 @@ PY
         rm -f "$run/pid"
     else
         bad "lock_waits_leave_workers_free" "could not mount: $(tail -n 3 "$d/log")"
+    fi
+
+    # More lock waiters than lock threads (64) on a share on overlayfs (FLUSH is a long
+    # request there): the holder's close must still be served and every waiter get the lock in
+    # turn. Served on the readers beyond 64, the waits took all of them and the close never ran.
+    d=$run/waiters
+    mkdir -p "$d/lower" "$d/upper" "$d/work" "$d/share" "$d/mnt"
+    if mount -t overlay overlay -o "lowerdir=$d/lower,upperdir=$d/upper,workdir=$d/work" "$d/share"; then
+        "$daxfsd" --shared-dir "$d/share" --mount "$d/mnt" --posix-lock </dev/null >"$d/log" 2>&1 &
+        pid=$!
+        echo $pid >"$run/pid"
+        if wait_mounted "$d/mnt"; then
+            # The bound is the script's own (30 s after the close); a close that hangs is in an
+            # uninterruptible FLUSH, which only the daemon's end releases.
+            python3 tests/host/lock-waiters.py "$d/mnt" 70 30 >"$d/out" 2>&1 &
+            py=$!
+            for ((i = 0; i < 400; i++)); do kill -0 $py 2>/dev/null || break; sleep 0.1; done
+            if kill -0 $py 2>/dev/null; then
+                kill -KILL $pid; wait $pid 2>/dev/null || true
+                umount -l "$d/mnt" 2>/dev/null || true
+                wait $py 2>/dev/null || true
+                bad "lock_waiters_beyond_lock_threads_on_overlayfs" "hung for 40 s (daemon killed): $(grep -m1 'lock wait' "$d/log")"
+            else
+                rc=0; wait $py || rc=$?
+                if ((rc == 0)) && grep -q '^LOCK-WAITERS-OK' "$d/out"; then
+                    ok "lock_waiters_beyond_lock_threads_on_overlayfs ($(cut -d' ' -f2- "$d/out"))"
+                else
+                    bad "lock_waiters_beyond_lock_threads_on_overlayfs" "rc=$rc: $(cat "$d/out")"
+                fi
+                kill -TERM $pid; wait $pid || true
+            fi
+        else
+            bad "lock_waiters_beyond_lock_threads_on_overlayfs" "could not mount: $(tail -n 3 "$d/log")"
+        fi
+        rm -f "$run/pid"
+        umount -l "$d/share" 2>/dev/null || true
+    else
+        bad "lock_waiters_beyond_lock_threads_on_overlayfs" "cannot mount overlayfs on $d/share"
     fi
 
     # SIGTERM on a busy mount: detached at once (gone from the mount table), served until

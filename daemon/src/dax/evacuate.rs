@@ -13,8 +13,9 @@ use super::host_watch::{key_of, owner_keys, Key};
 use super::placement::{Plan, Source};
 use super::{DaxWindow, WindowSink};
 
-/// How long a host operation on a mapped file waits for a paused device to run again (no
-/// SHMEM request may go to QEMU 11.1 while it is stopped).
+/// How long host operations on mapped files wait for a paused device to run again (no SHMEM
+/// request may go to QEMU 11.1 while it is stopped): counted from the first that waits in a
+/// pause, so a batch of them (20 host opens) waits this long in all.
 const PAUSED_WAIT: Duration = Duration::from_secs(10);
 
 impl<S: WindowSink> DaxWindow<S> {
@@ -81,7 +82,17 @@ impl<S: WindowSink> DaxWindow<S> {
                 drop(self.idle.wait_timeout(t, Duration::from_millis(500)));
                 continue;
             }
-            let deadline = Instant::now() + PAUSED_WAIT;
+            // One bound for every host operation of a pause, not one each (set only while
+            // paused: `start` clears it).
+            let deadline = if self.running.load(Ordering::SeqCst) {
+                Instant::now()
+            } else {
+                *self
+                    .paused_until
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert_with(|| Instant::now() + PAUSED_WAIT)
+            };
             while !self.running.load(Ordering::SeqCst) && Instant::now() < deadline {
                 // A timed condvar wait, not a sleep: the seccomp allowlist has futex only.
                 let t = self.table.lock().unwrap_or_else(|e| e.into_inner());

@@ -97,6 +97,73 @@ pub fn backs_window(file: &File) -> bool {
     s.by_key.contains_key(&key)
 }
 
+/// Host files marked in the fanotify group: a descriptor of each (the mark is removed
+/// through it) and the window offsets mapping it directly. The mark goes with the last of
+/// them, so host opens of a file the window no longer maps do not pass through the daemon.
+/// Bounded by the window's mappings.
+#[derive(Default)]
+struct Marks {
+    by_key: HashMap<Key, (OwnedFd, HashSet<u64>)>,
+    by_off: HashMap<u64, Key>,
+}
+
+fn marks() -> &'static Mutex<Marks> {
+    static MARKS: OnceLock<Mutex<Marks>> = OnceLock::new();
+    MARKS.get_or_init(Mutex::default)
+}
+
+const MARK_MASK: u64 = FAN_PRE_ACCESS | libc::FAN_OPEN_PERM;
+
+fn unmark(w: &Watch, fd: &OwnedFd) {
+    // SAFETY: removes the mark of the inode of the open descriptor `fd` (no path); plain
+    // integer arguments.
+    let r = unsafe {
+        libc::fanotify_mark(
+            w.fd.as_raw_fd(),
+            libc::FAN_MARK_REMOVE | libc::FAN_MARK_INODE,
+            MARK_MASK,
+            fd.as_raw_fd(),
+            std::ptr::null(),
+        )
+    };
+    if r < 0 {
+        // ENOENT: the kernel evicted the mark with the inode (FAN_MARK_EVICTABLE).
+        log::debug!("fanotify mark removal: {}", io::Error::last_os_error());
+    }
+}
+
+/// Forgets window offset `moffset` in `m`; returns the descriptor of a file it was the last
+/// mapping of (whose mark is to go).
+fn forget_off(m: &mut Marks, moffset: u64) -> Option<OwnedFd> {
+    let key = m.by_off.remove(&moffset)?;
+    let (_, offs) = m.by_key.get_mut(&key)?;
+    offs.remove(&moffset);
+    if !offs.is_empty() {
+        return None;
+    }
+    m.by_key.remove(&key).map(|(fd, _)| fd)
+}
+
+/// The frontend mapping at window offset `moffset` went (SHMEM_UNMAP): when it was the last
+/// direct mapping of its file, the file's mark goes.
+pub(super) fn unmapped(moffset: u64) {
+    let Some(w) = WATCH.get() else { return };
+    let mut m = marks().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(fd) = forget_off(&mut m, moffset) {
+        unmark(w, &fd);
+    }
+}
+
+/// Every frontend mapping went (device reset): every mark goes.
+pub(super) fn unmapped_all() {
+    let Some(w) = WATCH.get() else { return };
+    let mut m = marks().lock().unwrap_or_else(|e| e.into_inner());
+    m.by_off.clear();
+    for (_, (fd, _)) in m.by_key.drain() {
+        unmark(w, &fd);
+    }
+}
+
 struct Job {
     fd: OwnedFd,
     /// The lowest file offset the operation may shrink the file to.
@@ -188,12 +255,47 @@ pub(crate) fn watch(f: &File, owner: u64, moffset: u64, foffset: u64, len: u64) 
     if w.off.load(Ordering::Relaxed) {
         return Expect(None);
     }
-    let mask = FAN_PRE_ACCESS | libc::FAN_OPEN_PERM;
     let how = libc::FAN_MARK_ADD | libc::FAN_MARK_INODE | libc::FAN_MARK_EVICTABLE;
+    // Under the registry's lock: a removal for the file's last old mapping cannot undo it.
+    let mut reg = marks().lock().unwrap_or_else(|e| e.into_inner());
     // SAFETY: marks the inode of the open descriptor `f` (no path); plain integer arguments.
     let r = unsafe {
-        libc::fanotify_mark(w.fd.as_raw_fd(), how, mask, f.as_raw_fd(), std::ptr::null())
+        libc::fanotify_mark(
+            w.fd.as_raw_fd(),
+            how,
+            MARK_MASK,
+            f.as_raw_fd(),
+            std::ptr::null(),
+        )
     };
+    if r == 0 {
+        // A mapping at this offset of another file (not unmapped first) stops counting.
+        if reg.by_off.get(&moffset).is_some_and(|k| *k != key) {
+            if let Some(fd) = forget_off(&mut reg, moffset) {
+                unmark(w, &fd);
+            }
+        }
+        let fresh = !reg.by_key.contains_key(&key);
+        let dup = if fresh {
+            f.as_fd().try_clone_to_owned().ok()
+        } else {
+            None
+        };
+        match (reg.by_key.get_mut(&key), dup) {
+            (Some((_, offs)), _) => {
+                offs.insert(moffset);
+                reg.by_off.insert(moffset, key);
+            }
+            (None, Some(fd)) => {
+                reg.by_key.insert(key, (fd, HashSet::from([moffset])));
+                reg.by_off.insert(moffset, key);
+            }
+            // No descriptor to remove it by later (EMFILE): the mark stays, as it is
+            // evictable it pins nothing.
+            (None, None) => {}
+        }
+    }
+    drop(reg);
     if r < 0 {
         let e = io::Error::last_os_error();
         match e.raw_os_error() {
@@ -261,24 +363,31 @@ pub fn spawn<S: WindowSink + 'static>(window: Weak<DaxWindow<S>>) {
         .spawn(move || {
             block_signals();
             loop {
-                let job = {
+                // Every event queued now, as one batch: each file is evacuated once, from the
+                // lowest offset any of its events may shrink it to, then all are answered.
+                let batch: Vec<Job> = {
                     let mut q = w.jobs.lock().unwrap_or_else(|e| e.into_inner());
-                    loop {
-                        if let Some(j) = q.pop_front() {
-                            break j;
-                        }
+                    while q.is_empty() {
                         q = w.more.wait(q).unwrap_or_else(|e| e.into_inner());
                     }
+                    q.drain(..).collect()
                 };
-                if let (Some(win), Some(key)) = (
-                    window.upgrade(),
-                    crate::sys::fstat(job.fd.as_fd())
-                        .ok()
-                        .map(|st| (st.st_dev, st.st_ino)),
-                ) {
-                    win.evacuate(key, job.from);
+                let mut files: HashMap<Key, u64> = HashMap::new();
+                for job in &batch {
+                    let Ok(st) = crate::sys::fstat(job.fd.as_fd()) else {
+                        continue;
+                    };
+                    let from = files.entry((st.st_dev, st.st_ino)).or_insert(job.from);
+                    *from = (*from).min(job.from);
                 }
-                respond(w, &job.fd);
+                if let Some(win) = window.upgrade() {
+                    for (key, from) in files {
+                        win.evacuate(key, from);
+                    }
+                }
+                for job in &batch {
+                    respond(w, &job.fd);
+                }
             }
         });
     if let Err(e) = reader.and(worker) {

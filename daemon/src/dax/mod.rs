@@ -152,6 +152,10 @@ pub struct DaxWindow<S: WindowSink = Backend> {
     guest_range: AtomicU64,
     sink: RwLock<Option<S>>,
     running: AtomicBool,
+    /// Until when host operations on mapped files wait for a paused device: set by the first
+    /// that waits in a pause and shared by every later one (a batch of host opens waits one
+    /// bound in all, not one each); cleared when the device runs again.
+    paused_until: Mutex<Option<std::time::Instant>>,
     /// Live mappings. Never held across a frontend round trip.
     table: Mutex<Table>,
     /// Signalled when a busy range is released.
@@ -229,6 +233,7 @@ impl<S: WindowSink> DaxWindow<S> {
             guest_range: AtomicU64::new(0),
             sink: RwLock::new(None),
             running: AtomicBool::new(false),
+            paused_until: Mutex::new(None),
             table: Mutex::new(Table::default()),
             idle: Condvar::new(),
             owners: Owners::new(),

@@ -61,6 +61,7 @@ impl WindowSink for Backend {
             ..Default::default()
         };
         super::window_io::note_unmap(moffset);
+        super::host_watch::unmapped(moffset);
         self.shmem_unmap(&req).map(|_| ())
     }
 }
@@ -91,6 +92,7 @@ impl<S: WindowSink> DaxWindow<S> {
     /// The guest started using the device: requests may go to the frontend.
     pub fn start(&self) {
         self.running.store(true, Ordering::SeqCst);
+        *self.paused_until.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     /// The device paused (a vring stopped: `stop` in the monitor, a snapshot, the source of a
@@ -98,6 +100,7 @@ impl<S: WindowSink> DaxWindow<S> {
     /// mappings across stop/cont).
     pub fn pause(&self) {
         self.running.store(false, Ordering::SeqCst);
+        *self.paused_until.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.wake_commit_waiters();
     }
 
@@ -108,6 +111,7 @@ impl<S: WindowSink> DaxWindow<S> {
     pub fn reset(&self) {
         self.running.store(false, Ordering::SeqCst);
         super::window_io::note_reset();
+        super::host_watch::unmapped_all();
         self.wake_commit_waiters();
         let (live, parked, _pool) = self.drain(true);
         // A merge in progress (the periodic write-back, a request's sync point) ends first:

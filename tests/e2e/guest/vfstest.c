@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -819,6 +820,87 @@ static int cmd_mmapdirty(const char *path, const char *off_s, const char *text)
         pause();
 }
 
+/*
+ * lockwaiters FILE N BOUND: N processes wait with F_SETLKW for a write lock this one holds on
+ * FILE, then this one closes FILE (its FLUSH frees the lock): every waiter must get the lock
+ * in turn, one at a time, within BOUND seconds of the close. Prints
+ * "LOCKWAITERS OK n=N took_ms=T" or fails.
+ */
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static int cmd_lockwaiters(const char *path, int n, int bound)
+{
+    ASSERT(n > 0 && n <= 1000 && bound > 0, "bad N %d or BOUND %d", n, bound);
+    int fd = OK(open(path, O_RDWR | O_CREAT | O_TRUNC, 0644));
+    OK(ftruncate(fd, 4096));
+    struct flock wl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0 };
+    OK(fcntl(fd, F_SETLK, &wl));
+    int p[2];
+    OK(pipe(p));
+    pid_t *kids = calloc((size_t)n, sizeof(pid_t));
+    ASSERT(kids != NULL, "calloc");
+    for (int i = 0; i < n; i++) {
+        pid_t pid = OK(fork());
+        if (pid == 0) {
+            close(p[0]);
+            close(fd);
+            int cfd = open(path, O_RDWR);
+            struct flock l = wl;
+            if (cfd < 0 || fcntl(cfd, F_SETLKW, &l) < 0)
+                _exit(1);
+            /* "+" with the lock, "-" just before the close that frees it. */
+            if (write(p[1], "+", 1) != 1)
+                _exit(1);
+            usleep(2000);
+            if (write(p[1], "-", 1) != 1)
+                _exit(1);
+            close(cfd);
+            _exit(0);
+        }
+        kids[i] = pid;
+    }
+    close(p[1]);
+    sleep(5);
+    struct pollfd pf = { .fd = p[0], .events = POLLIN };
+    ASSERT(poll(&pf, 1, 0) == 0, "a waiter had the lock while its holder held it");
+    double t0 = now_s();
+    OK(close(fd));
+    double closed = now_s() - t0;
+    int pluses = 0, minuses = 0;
+    while (minuses < n) {
+        int left = (int)((t0 + bound - now_s()) * 1000);
+        if (left <= 0 || poll(&pf, 1, left) <= 0)
+            fail("%d of %d waiters had the lock within %d s (the holder's close took %.2f s)",
+                 minuses, n, bound, closed);
+        char buf[256];
+        ssize_t r = read(p[0], buf, sizeof buf);
+        if (r <= 0)
+            fail("waiters ended early after %d of %d", minuses, n);
+        for (ssize_t i = 0; i < r; i++) {
+            if (buf[i] == '+')
+                pluses++;
+            else
+                minuses++;
+            ASSERT(pluses - minuses == 0 || pluses - minuses == 1,
+                   "two waiters held the lock at once (%d in, %d out)", pluses, minuses);
+        }
+    }
+    double took = now_s() - t0;
+    for (int i = 0; i < n; i++) {
+        int rc = wait_child(kids[i]);
+        ASSERT(rc == 0, "waiter %d failed with status %d", i, rc);
+    }
+    free(kids);
+    OK(unlink(path));
+    printf("LOCKWAITERS OK n=%d took_ms=%d close_ms=%d\n", n, (int)(took * 1000), (int)(closed * 1000));
+    return 0;
+}
+
 static void usage(void)
 {
     fprintf(stderr,
@@ -827,7 +909,7 @@ static void usage(void)
             "  unlinkopen DIR | sparse FILE | seekdata FILE | utimes FILE\n"
             "  rename2 DIR | readdir DIR COUNT | append FILE | special DIR | direct FILE\n"
             "  mmapdirty FILE OFFSET TEXT | timeedges DIR set|check | seekedges FILE\n"
-            "  mmapmtime FILE [SIZE] | busytext FILE\n");
+            "  mmapmtime FILE [SIZE] | busytext FILE | lockwaiters FILE N BOUND\n");
     exit(2);
 }
 
@@ -896,6 +978,8 @@ int main(int argc, char **argv)
     check_name = argv[1];
     const char *c = argv[1];
     if (!strcmp(c, "locks")) return cmd_locks(argv[2]);
+    if (!strcmp(c, "lockwaiters") && argc == 5)
+        return cmd_lockwaiters(argv[2], atoi(argv[3]), atoi(argv[4]));
     if (!strcmp(c, "mmap")) return cmd_mmap(argv[2]);
     if (!strcmp(c, "xattr") && argc == 4) return cmd_xattr(argv[2], argv[3]);
     if (!strcmp(c, "statfs") && argc == 4) return cmd_statfs(argv[2], argv[3]);

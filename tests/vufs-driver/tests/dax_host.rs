@@ -236,3 +236,120 @@ fn two_daemons_mapping_one_file_wait_for_no_one() {
         );
     }
 }
+
+/// The inode marks of `pid`'s fanotify group (its fdinfo lists one "fanotify ino:" line each).
+fn fanotify_marks(pid: u32) -> usize {
+    let mut n = 0;
+    for e in fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
+        let is_group =
+            fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().contains("[fanotify]"));
+        if is_group {
+            let fd = e.file_name();
+            let info = fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", fd.to_string_lossy()))
+                .unwrap_or_default();
+            n += info
+                .lines()
+                .filter(|l| l.starts_with("fanotify ino:"))
+                .count();
+        }
+    }
+    n
+}
+
+/// While the VM is paused (its vrings stopped: QEMU `stop`, a snapshot) no SHMEM request may
+/// reach QEMU, so a host open of a mapped file waits for the device to run again, up to a
+/// bound. 20 host opens of 20 mapped files at once must all be done within that one bound
+/// (with one worker waiting 10 s per event in turn they took 20 x 10 s). And once the last
+/// mapping of a file goes, no fanotify mark of it is left: later host opens of it no longer
+/// pass through the daemon. (The daemon removes the mark; here the kernel also dropped the
+/// evictable marks without it, so that part guards against a regression only.)
+#[test]
+fn a_paused_vm_bounds_a_batch_of_host_opens_and_drops_marks_of_unmapped_files() {
+    const FILES: u64 = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path();
+    for i in 0..FILES {
+        fs::write(p.join(format!("f{i}")), vec![0x5a; MIB2 as usize]).unwrap();
+    }
+    let mut d = host::spawn(
+        &host::daxfsd(),
+        p,
+        &["--dax-window=64M", "--dax-copy=off", "--dax-mapping=direct"],
+    );
+    let pid = d.pid().expect("the daemon's pid");
+    let s = host::connect(&d, &DriverConfig::default());
+    let w = s.dax().cloned().expect("a DAX window");
+    let mut open = Vec::new();
+    for i in 0..FILES {
+        let f = s.lookup(ROOT, format!("f{i}")).unwrap().nodeid;
+        let fh = s.open(f, libc::O_RDONLY as u32).unwrap().fh;
+        s.setupmapping(f, fh, 0, MIB2, READ, i * MIB2).unwrap();
+        open.push((f, fh));
+    }
+    assert_eq!(w.mappings().len() as u64, FILES, "{:?}", w.mappings());
+    let marks = fanotify_marks(pid);
+    assert!(
+        marks as u64 >= FILES,
+        "{marks} fanotify marks for {FILES} mapped files (no pre-content events here?)\n{}",
+        d.log_contents()
+    );
+
+    let bases = s.device().pause().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t0 = std::time::Instant::now();
+    for i in 0..FILES {
+        let (path, tx) = (p.join(format!("f{i}")), tx.clone());
+        std::thread::spawn(move || {
+            let r = fs::File::open(&path).map(|_| ());
+            let _ = tx.send(r.map_err(|e| e.to_string()));
+        });
+    }
+    drop(tx);
+    let mut done = 0;
+    while done < FILES {
+        match rx.recv_timeout(Duration::from_secs(40)) {
+            Ok(r) => {
+                r.unwrap();
+                done += 1;
+            }
+            Err(_) => {
+                let l = d.log_contents();
+                let _ = d.kill();
+                panic!(
+                    "{done} of {FILES} host opens done after {:?} while paused\n{l}",
+                    t0.elapsed()
+                );
+            }
+        }
+    }
+    let took = t0.elapsed();
+    eprintln!("{FILES} host opens of mapped files while paused: {took:?}");
+    assert!(
+        took < Duration::from_secs(15),
+        "{FILES} host opens while paused took {took:?} (bound: one 10 s wait for the batch)"
+    );
+    s.device().resume(&bases).unwrap();
+
+    // Every mapping goes: so do the marks.
+    for (i, &(f, _)) in open.iter().enumerate() {
+        s.removemapping(
+            f,
+            &[RemovemappingOne {
+                moffset: i as u64 * MIB2,
+                len: MIB2,
+            }],
+        )
+        .unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while fanotify_marks(pid) > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        fanotify_marks(pid),
+        0,
+        "marks left after every mapping went\n{}",
+        d.log_contents()
+    );
+    s.getattr(ROOT, None).unwrap();
+}
