@@ -2,5 +2,6 @@
 
 pub mod dev_fuse;
 pub mod fuse_uring;
+pub mod notify_queue;
 pub mod vhost_user;
 pub mod vring_chain;
