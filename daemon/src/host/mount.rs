@@ -189,10 +189,10 @@ fn io_uring_wanted(mode: IoUringMode) -> io::Result<bool> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 /// Notifications waiting for the kernel at most; past it, one broad invalidation.
 const NOTIFY_QUEUE_CAP: usize = 4096;
 
+#[allow(clippy::too_many_arguments)]
 fn serve(
     cli: &Cli,
     dev: std::fs::File,
