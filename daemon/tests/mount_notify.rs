@@ -108,6 +108,7 @@ fn host_change(m: &Mounted) {
 /// Caches through the mount, changes the share, and returns what the mount shows after
 /// `within` (polling: the first moment it is the new state, or the stale state at the end).
 fn after_change(args: &[&str], within: Duration) -> ((u64, u32), Duration) {
+    // SAFETY: geteuid has no arguments and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         panic!("run as root (mount(2))");
     }
