@@ -16,7 +16,7 @@ use crate::host::runfiles::RunFiles;
 use crate::host::sandbox::{self, Entered};
 use crate::host::startup::{self, capabilities_to_keep, signal_name, STOP_SIGNALS};
 use crate::protocol::mapper::{Mapper, NoMapper};
-use crate::protocol::notify::Notifier;
+use crate::protocol::notify::{Notification, Notifier};
 use crate::protocol::server::{Server, ServerOptions};
 use crate::transport::vhost_user::{BackendChannel, FsBackend, FsBackendConfig};
 
@@ -264,6 +264,17 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         }
         None => Arc::new(NoMapper),
     };
+    if let (Some(n), Some(w)) = (&notifier, window.clone()) {
+        // A host write to a file the window holds (pooled, copied or shadowed bytes) reaches
+        // them at once, not at the guest's next sync point of the file.
+        n.set_observer(Box::new(move |note| {
+            if let Notification::InvalInode { node, off, .. } = note {
+                if *off >= 0 {
+                    crate::dax::coherent::Coherence::refresh(&*w, *node);
+                }
+            }
+        }));
+    }
     // DAX coherence (shadow write-back, re-placement) wraps the filesystem.
     let fs = crate::dax::coherent::Coherent::new(fs, window.clone().map(|w| w as _));
     let server = Arc::new(Server::new(

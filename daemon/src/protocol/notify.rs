@@ -182,6 +182,9 @@ pub struct Notifier {
     live: AtomicBool,
     /// Called when the queue goes from empty to non-empty (the transport's wake-up).
     waker: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
+    /// Sees every notification pushed, whether a guest takes them or not (the DAX window
+    /// refreshes what it holds of a file the host changed).
+    observer: Mutex<Option<Box<dyn Fn(&Notification) + Send + Sync>>>,
     queued: AtomicU64,
     coalesced: AtomicU64,
     sent: AtomicU64,
@@ -206,6 +209,7 @@ impl Notifier {
             cap: cap.max(1),
             live: AtomicBool::new(false),
             waker: Mutex::new(None),
+            observer: Mutex::new(None),
             queued: AtomicU64::new(0),
             coalesced: AtomicU64::new(0),
             sent: AtomicU64::new(0),
@@ -220,6 +224,11 @@ impl Notifier {
     /// Sets the transport's wake-up.
     pub fn set_waker(&self, waker: Box<dyn Fn() + Send + Sync>) {
         *self.waker.lock().unwrap_or_else(|p| p.into_inner()) = Some(waker);
+    }
+
+    /// Sets what sees every notification pushed (it runs on the producer's thread).
+    pub fn set_observer(&self, observer: Box<dyn Fn(&Notification) + Send + Sync>) {
+        *self.observer.lock().unwrap_or_else(|p| p.into_inner()) = Some(observer);
     }
 
     /// Whether a guest receives notifications now (the transport says so).
@@ -245,6 +254,10 @@ impl Notifier {
 
     /// Queues `batch` in order (one host change: its invalidations, then its event).
     pub fn push(&self, batch: impl IntoIterator<Item = Notification>) {
+        let batch: Vec<Notification> = batch.into_iter().collect();
+        if let Some(o) = &*self.observer.lock().unwrap_or_else(|p| p.into_inner()) {
+            batch.iter().for_each(|n| o(n));
+        }
         if !self.live() {
             return;
         }

@@ -194,3 +194,63 @@ fn without_the_feature_the_device_serves_as_before() {
     rig.s.lookup(1, "f").unwrap();
     rig.assert_clean();
 }
+
+/// A host write to a file the guest maps through a pooled DAX range reaches the window at
+/// once (the watch refreshes the range), with no request of the guest in between and whether
+/// or not the guest takes notifications.
+#[test]
+fn a_host_write_reaches_a_pooled_dax_range_without_a_sync_point() {
+    if !only_daxfsd("a_host_write_reaches_a_pooled_dax_range_without_a_sync_point") {
+        return;
+    }
+    const MIB2: u64 = 2 << 20;
+    use daxfsd::abi::{SETUPMAPPING_FLAG_READ as READ, SETUPMAPPING_FLAG_WRITE as WRITE};
+    let mut rig = start_with(
+        &["--notify", "--dax-window=64M", "--dax-mapping=pooled"],
+        &DriverConfig::default(),
+        |root| std::fs::write(root.join("f"), vec![b'.'; 8192]).unwrap(),
+    );
+    let w = rig.s.dax().cloned().expect("no window");
+    let e = rig.s.lookup(1, "f").unwrap();
+    let o = rig.s.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+    rig.s
+        .setupmapping(e.nodeid, o.fh, 0, MIB2, READ | WRITE, 0)
+        .unwrap();
+    let mut win = vec![0u8; 16];
+    w.read(100, &mut win).unwrap();
+    assert_eq!(win, [b'.'; 16]);
+    // The guest stores elsewhere in the same range meanwhile: both survive.
+    w.write(5000, b"guest").unwrap();
+    sh(&format!(
+        "printf 'host bytes here!' | dd of={} bs=1 seek=100 conv=notrunc status=none",
+        rig.host("f").display()
+    ));
+    let start = Instant::now();
+    loop {
+        w.read(100, &mut win).unwrap();
+        if &win == b"host bytes here!" {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "the window still shows {:?}\nlog:\n{}",
+            String::from_utf8_lossy(&win),
+            rig.daemon.log_contents()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    eprintln!(
+        "host write visible in the window after {:?}",
+        start.elapsed()
+    );
+    assert!(start.elapsed() < Duration::from_millis(1500));
+    let mut g = [0u8; 5];
+    w.read(5000, &mut g).unwrap();
+    assert_eq!(&g, b"guest", "the guest's store survived the refresh");
+    rig.s.fsync(e.nodeid, o.fh, false).unwrap();
+    let file = std::fs::read(rig.host("f")).unwrap();
+    assert_eq!(&file[100..116], b"host bytes here!");
+    assert_eq!(&file[5000..5005], b"guest");
+    rig.s.release(e.nodeid, o.fh, libc::O_RDWR as u32).unwrap();
+    rig.assert_clean();
+}
