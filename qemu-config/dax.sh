@@ -3,15 +3,20 @@
 # >= 11.1 asks the daemon GET_SHMEM_CONFIG and maps its shared-memory region 0
 # (the DAX cache window) as a 64-bit BAR. The tag comes from the daemon's
 # virtio config space (GET_CONFIG, 40 bytes: tag[36] + num_request_queues).
+# DAXFSD_FS_NOTIFY=1 in the environment (tests/e2e/notify.sh) gives the device the
+# notification queue: num_vqs = 2 + request queues and the 44-byte config space
+# (+ notify_buf_size); the daemon must then serve it (--notify or --cache=coherent).
 PROFILE_DESC="q35, vhost-user-test-device-pci as virtio-fs with the DAX window (QEMU >= 11.1)"
 PROFILE_QEMU=11
 PROFILE_APPEND=""
 profile_args() {
+    local notify=0
+    [[ ${DAXFSD_FS_NOTIFY:-0} == 1 ]] && notify=1
     common_args
     common_memfd
     QEMU_ARGS+=(
         -M q35 -numa node,memdev=mem
-        -device "vhost-user-test-device-pci,chardev=vfs,virtio-id=26,num_vqs=$((1 + VM_NUM_QUEUES)),config_size=40"
+        -device "vhost-user-test-device-pci,chardev=vfs,virtio-id=26,num_vqs=$((1 + notify + VM_NUM_QUEUES)),config_size=$((notify ? 44 : 40))"
     )
 }
 # The device has no tag property: the daemon must serve it (--tag=TAG).
