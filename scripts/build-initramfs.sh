@@ -104,8 +104,9 @@ missing=$("$root/usr/lib64/ld-linux-x86-64.so.2" --inhibit-cache \
     --library-path "$root/usr/lib/x86_64-linux-gnu" "$root/usr/bin/fio" --version 2>&1 >/dev/null || true)
 [[ -z $missing ]] || die "fio does not run inside the image: $missing"
 for t in "${TOOLS[@]}"; do
+    # --help: inotifywait has no --version.
     missing=$("$root/usr/lib64/ld-linux-x86-64.so.2" --inhibit-cache \
-        --library-path "$root/usr/lib/x86_64-linux-gnu" "$root$t" --version 2>&1 >/dev/null || true)
+        --library-path "$root/usr/lib/x86_64-linux-gnu" "$root$t" --help 2>&1 >/dev/null || true)
     [[ -z $missing ]] || die "$t does not run inside the image: $missing"
 done
 

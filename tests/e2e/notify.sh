@@ -2,7 +2,7 @@
 # Host changes reach the guest (issue #42): the virtio-fs notification queue on QEMU 11.1
 # (profile dax, TCG), guest kernel patches 0011-0012, daxfsd --cache=coherent.
 #
-#   tests/e2e/notify.sh [-v] [-d DAEMON] [-a DAEMON_ARG]... [--bound-ms MS]
+#   tests/e2e/notify.sh [-v] [-d DAEMON] [-a DAEMON_ARG]... [--kernel BZIMAGE] [--bound-ms MS]
 #
 # Boot 1: the generic device with the notification queue (DAXFSD_FS_NOTIFY=1: num_vqs =
 # 2 + request queues, config_size=44), daxfsd --cache=coherent, `-o dax=never` (so cached
@@ -36,9 +36,10 @@ while (($#)); do
         -v) verbose=(-v); shift ;;
         -d) [[ -n ${2:-} ]] || die "-d needs a daemon path"; daemon=(-d "$2"); shift 2 ;;
         -a) [[ -n ${2:-} ]] || die "-a needs a daemon argument"; daemon+=(-a "$2"); shift 2 ;;
+        --kernel) [[ -r ${2:-} ]] || die "--kernel needs a readable bzImage"; daemon+=(--kernel "$2"); shift 2 ;;
         --bound-ms) [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || die "--bound-ms needs a number"; bound_ms=$2; shift 2 ;;
         -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) die "unknown argument '$1' (use -v, -d DAEMON, -a ARG, --bound-ms MS)" ;;
+        *) die "unknown argument '$1' (use -v, -d DAEMON, -a ARG, --kernel BZIMAGE, --bound-ms MS)" ;;
     esac
 done
 
@@ -83,6 +84,7 @@ for e in "CREATE /mnt/w/own" "MODIFY /mnt/w/own" "ATTRIB /mnt/w/own" "MOVED_FROM
     echo "@@OWN $(grep -c "^EV $e " /tmp/ev) $e"
 done
 echo "@@OWN-ALL $(grep -c ' /mnt/w/own' /tmp/ev)"
+dmesg | grep -i 'virtio-fs\|virtiofs' | tail -n 20
 echo "@@NOTIFY-DONE@@"
 EOF
 
@@ -96,6 +98,8 @@ DAXFSD_FS_NOTIFY=1 scripts/vm.sh "${verbose[@]}" "${daemon[@]}" -p dax --cache c
     -s "$share" --script "$work/guest.sh" -T 300 -l "$logf" >"$work/out1.txt" 2>"$work/err1.txt" &
 vmpid=$!
 
+# The console log stamps each line ("[   5.499] text"): C is the start of a line's text.
+C='^(\[ *[0-9.]+\] )?'
 # wait_line REGEX [SECONDS]: until the console has a line matching REGEX (grep -E).
 wait_line() {
     local deadline=$((SECONDS + ${2:-60}))
@@ -126,7 +130,7 @@ step() {
 }
 
 if wait_line '@@NOTIFY-READY@@' 240; then
-    if grep -aq '@@QUEUE notification queue: 16 buffers' "$logf"; then ok queue_up; else
+    if grep -aqE "${C}@@QUEUE notification queue: 16 buffers" "$logf"; then ok queue_up; else
         bad queue_up "guest dmesg: $(grep -a 'virtiofs\|virtio-fs' "$logf" | tail -n 3 | tr '\n' ' ')"
     fi
     new='new bytes from the host, longer than before'
@@ -134,22 +138,24 @@ if wait_line '@@NOTIFY-READY@@' 240; then
     want_size=$(stat -c %s "$share/cached") want_md5=$(md5sum <"$share/cached" | cut -d' ' -f1)
     touch "$share/ctl/go-read"
     if wait_line '@@CACHED ' 30; then
-        got=$(grep -ao '@@CACHED [^@]*@@' "$logf" | head -n 1)
+        got=$(grep -ao '@@CACHED [^@]*@@' "$logf" | head -n 1 || true)
         if [[ $got == "@@CACHED size=$want_size md5=$want_md5@@" ]]; then ok cached_edit; else
             bad cached_edit "guest read '$got', host has size=$want_size md5=$want_md5"
         fi
     else
         bad cached_edit "the guest never saw ctl/go-read"
     fi
-    step host_create '^EV CREATE /mnt/w/a 0' sh -c ': >w/a'
-    step host_write '^EV MODIFY /mnt/w/a ' sh -c 'printf hello >>w/a'
-    step host_chmod '^EV ATTRIB /mnt/w/a ' chmod 600 w/a
-    step host_rename '^EV MOVED_TO /mnt/w/sub/b [1-9]' mv w/a w/sub/b
-    step host_delete '^EV DELETE /mnt/w/sub/b ' rm w/sub/b
+    step host_create "${C}EV CREATE /mnt/w/a 0" sh -c ': >w/a'
+    step host_write "${C}EV MODIFY /mnt/w/a " sh -c 'printf hello >>w/a'
+    step host_chmod "${C}EV ATTRIB /mnt/w/a " chmod 600 w/a
+    step host_rename "${C}EV MOVED_TO /mnt/w/sub/b [1-9]" mv w/a w/sub/b
+    step host_delete "${C}EV DELETE /mnt/w/sub/b " rm w/sub/b
     sleep 1
-    seq_got=$(grep -aoE '^EV [A-Z_,]+ /mnt/w/(a|sub/b) [0-9]+' "$logf" | tr -d '\r' | awk '{print $2, $3}' | paste -sd';')
+    # Every event line of the watched tree, in order (the guest's own come later).
+    seq_got=$(grep -aE "${C}EV " "$logf" | tr -d '\r' | sed -E 's/^\[[^]]*\] //' |
+        awk '$3 !~ /^\/mnt\/w\/own/ {print $2, $3}' | paste -sd';' || true)
     seq_want='CREATE /mnt/w/a;MODIFY /mnt/w/a;ATTRIB /mnt/w/a;MOVED_FROM /mnt/w/a;MOVED_TO /mnt/w/sub/b;DELETE /mnt/w/sub/b'
-    cookies=$(grep -aoE '^EV MOVED_(FROM|TO) /mnt/w/(a|sub/b) [0-9]+' "$logf" | awk '{print $4}' | sort -u)
+    cookies=$(grep -aE "${C}EV MOVED_(FROM|TO) /mnt/w/(a|sub/b) " "$logf" | tr -d '\r' | awk '{print $NF}' | sort -u || true)
     if [[ $seq_got == "$seq_want" && $cookies =~ ^[1-9][0-9]*$ ]]; then ok host_order; else
         bad host_order "watcher saw '$seq_got' (move cookies: $(echo "$cookies" | paste -sd' '))"
     fi
@@ -159,10 +165,12 @@ else
 fi
 wait "$vmpid" || rc=$?
 if grep -aq '@@NOTIFY-DONE@@' "$logf"; then
-    n_bad=$(grep -a '^@@OWN ' "$logf" | tr -d '\r' | awk '$2 != 1' | wc -l)
-    all=$(grep -a '^@@OWN-ALL ' "$logf" | tr -d '\r' | awk '{print $2}')
-    if ((n_bad == 0)) && [[ $all == 6 ]]; then ok own_once; else
-        bad own_once "$(grep -a '^@@OWN' "$logf" | tr -d '\r' | paste -sd' ')"
+    own=$(grep -aoE '@@OWN(-ALL)? .*' "$logf" | tr -d '\r' || true)
+    n_bad=$(echo "$own" | awk '$1 == "@@OWN" && $2 != 1' | wc -l)
+    n_own=$(echo "$own" | grep -c '^@@OWN ' || true)
+    all=$(echo "$own" | awk '$1 == "@@OWN-ALL" {print $2}')
+    if ((n_bad == 0 && n_own == 6)) && [[ $all == 6 ]]; then ok own_once; else
+        bad own_once "$(echo "$own" | paste -sd' ')"
     fi
 else
     bad own_once "the guest did not finish (vm rc=$rc, console $logf)"
@@ -190,12 +198,12 @@ rc=0
 scripts/vm.sh "${verbose[@]}" "${daemon[@]}" -p dax --cache auto -s "$share2" --script "$work/guest2.sh" \
     -T 240 -l "$logf2" >"$work/out2.txt" 2>"$work/err2.txt" || rc=$?
 if ((rc == 0)) && [[ $(cat "$share2/g" 2>/dev/null) == hello-from-the-guest ]] &&
-    grep -aq '^@@READ hello-from-the-host' "$logf2"; then
+    grep -aqE "${C}@@READ hello-from-the-host" "$logf2"; then
     ok no_feature_io
 else
     bad no_feature_io "vm rc=$rc, host sees '$(cat "$share2/g" 2>/dev/null)' (console $logf2)"
 fi
-if grep -aq '^@@QUEUE 0' "$logf2"; then ok no_feature_quiet; else
-    bad no_feature_quiet "$(grep -a '@@QUEUE\|notification' "$logf2" | head -n 3 | tr '\n' ' ')"
+if grep -aqE "${C}@@QUEUE 0" "$logf2"; then ok no_feature_quiet; else
+    bad no_feature_quiet "$(grep -a '@@QUEUE\|notification' "$logf2" | head -n 3 | tr '\n' ' ' || true)"
 fi
 rig_summary e2e-notify
