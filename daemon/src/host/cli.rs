@@ -21,6 +21,9 @@ pub enum CachePolicy {
     Always,
     /// Cache metadata only.
     Metadata,
+    /// Cache as `always` while the guest takes host-change notifications (implies
+    /// --notify), as `auto` when it does not.
+    Coherent,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -151,9 +154,18 @@ pub struct Cli {
     pub queues: usize,
 
     /// Caching: never (no guest cache, DAX still possible), auto (1 s timeouts), always
-    /// (cache until changed through the guest), metadata (cache metadata only).
+    /// (cache until changed through the guest), metadata (cache metadata only), coherent
+    /// (`always` while host changes are reported to the guest, see --notify; else `auto`).
     #[arg(long, value_enum, default_value = "auto")]
     pub cache: CachePolicy,
+
+    /// Report host changes to the guest over the virtio-fs notification queue
+    /// (VIRTIO_FS_F_NOTIFICATION): its caches are invalidated and its inotify watchers see
+    /// host creates, writes, attribute changes, renames and deletes. Adds one virtqueue: with
+    /// QEMU's vhost-user-test-device-pci set num_vqs=2+queues and config_size=44.
+    /// vhost-user-fs-pci cannot offer the feature; guests without support never negotiate it.
+    #[arg(long)]
+    pub notify: bool,
 
     /// Enable the guest's writeback cache (FUSE_WRITEBACK_CACHE).
     #[arg(long)]
@@ -508,6 +520,11 @@ fn parse_passthrough(s: &str) -> Result<PassthroughPolicy, String> {
 }
 
 impl Cli {
+    /// Whether host changes are reported to the guest (`--notify`, or `--cache=coherent`).
+    pub fn wants_notify(&self) -> bool {
+        self.notify || self.cache == CachePolicy::Coherent
+    }
+
     /// `--uid-map`/`--gid-map`, parsed.
     pub fn user_ns_maps(&self) -> Result<crate::host::sandbox::UserNsMaps, String> {
         let parse = |opt: &str, v: &[String]| {

@@ -16,8 +16,13 @@ use crate::host::runfiles::RunFiles;
 use crate::host::sandbox::{self, Entered};
 use crate::host::startup::{self, capabilities_to_keep, signal_name, STOP_SIGNALS};
 use crate::protocol::mapper::{Mapper, NoMapper};
+use crate::protocol::notify::Notifier;
 use crate::protocol::server::{Server, ServerOptions};
 use crate::transport::vhost_user::{BackendChannel, FsBackend, FsBackendConfig};
+
+/// Notifications waiting for the guest at most (about 300 bytes each); past it, one broad
+/// invalidation replaces them.
+const NOTIFY_QUEUE_CAP: usize = 4096;
 
 /// Gives the socket file to `group`.
 fn chown_socket_group(path: &std::path::Path, group: &str) -> io::Result<()> {
@@ -219,6 +224,13 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     let host_watch = cli.dax_window > 0
         && cli.dax_mapping == crate::dax::mode::MapMode::Direct
         && crate::dax::host_watch::init();
+    // Host changes for the guest (--notify): the group is made while capabilities last.
+    let notify = cli.wants_notify();
+    let watch_group = if notify {
+        crate::passthrough::open_watch_group()
+    } else {
+        None
+    };
     caps::drop_to(keep)?;
     let kept = keep.names();
     log::debug!(
@@ -233,6 +245,10 @@ pub fn run(cli: &Cli) -> io::Result<()> {
 
     let dax_proc_fd = inside.proc_self_fd.try_clone()?;
     let fs = startup::passthrough_fs(cli, inside, |_| {})?;
+    let notifier = notify.then(|| Arc::new(Notifier::new(NOTIFY_QUEUE_CAP)));
+    if let (Some(n), Some(group)) = (&notifier, watch_group) {
+        fs.watch_host(group, n.clone())?;
+    }
 
     let window: Option<Arc<DaxWindow<Backend>>> = match cli.dax_window {
         0 => None,
@@ -263,6 +279,7 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         tag: cli.tag.clone(),
         request_queues: cli.queues,
         thread_pool_size: cli.thread_pool_size,
+        notify: notifier,
     };
     let migration = crate::migration::Migration::new(server.state_host(cli.migration_options()));
     let backend =
@@ -299,6 +316,13 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         log::info!("stopped before a frontend connected");
         drop(run_files);
         return Ok(());
+    }
+    if let Some((fd, event)) = backend.notify_wake() {
+        // Notifications are delivered on the thread serving the hiprio queue.
+        if let Some(h) = daemon.get_epoll_handlers().first() {
+            h.register_listener(fd, vmm_sys_util::epoll::EventSet::IN, event)
+                .map_err(|e| io::Error::other(format!("notification wake-up: {e}")))?;
+        }
     }
     daemon
         .start(&mut listener)

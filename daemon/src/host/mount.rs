@@ -189,6 +189,9 @@ fn io_uring_wanted(mode: IoUringMode) -> io::Result<bool> {
     }
 }
 
+/// Notifications waiting for the kernel at most; past it, one broad invalidation.
+const NOTIFY_QUEUE_CAP: usize = 4096;
+
 #[allow(clippy::too_many_arguments)]
 fn serve(
     cli: &Cli,
@@ -208,13 +211,25 @@ fn serve(
     // SAFETY: `blocked` is a valid signal set; this changes only this thread's mask.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &blocked, std::ptr::null_mut()) };
 
+    // Host changes for the kernel's caches (--notify): the group is made while capabilities
+    // last.
+    let watch_group = if cli.wants_notify() {
+        crate::passthrough::open_watch_group()
+    } else {
+        None
+    };
     caps::drop_to(keep)?;
     // Linux offers FUSE_SUBMOUNTS to virtio-fs only: nothing to announce on a host mount.
     let fs = startup::passthrough_fs(cli, inside, |cfg| cfg.announce_submounts = false)?;
+    let dev = Arc::new(dev);
+    if let Some(group) = watch_group {
+        let n = Arc::new(crate::protocol::notify::Notifier::new(NOTIFY_QUEUE_CAP));
+        fs.watch_host(group, n.clone())?;
+        crate::transport::dev_fuse_notify::spawn(dev.clone(), n)?;
+    }
     let mapper: Arc<dyn Mapper> = Arc::new(NoMapper);
     // No DAX window here: the decorator only forwards.
     let fs = crate::dax::coherent::Coherent::new(fs, None);
-    let dev = Arc::new(dev);
     let policy = match can_pass_through {
         true => passthrough_policy(cli),
         false => backing::Policy::Off,

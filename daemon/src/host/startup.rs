@@ -150,6 +150,7 @@ pub fn passthrough_config(cli: &Cli) -> io::Result<passthrough::Config> {
             CachePolicy::Auto => passthrough::CachePolicy::Auto,
             CachePolicy::Always => passthrough::CachePolicy::Always,
             CachePolicy::Metadata => passthrough::CachePolicy::Metadata,
+            CachePolicy::Coherent => passthrough::CachePolicy::Coherent,
         },
         writeback: cli.writeback,
         xattr: cli.xattr,

@@ -118,7 +118,7 @@ impl PassthroughFs {
                 if !matches!(added, Ok(true)) {
                     // The guest did not get this entry: drop the reference we took for it.
                     if let Some(e) = &entry {
-                        self.inodes.forget(e.inode, 1);
+                        self.forget_inode(e.inode, 1);
                     }
                     return added.map(drop);
                 }

@@ -50,7 +50,7 @@ impl PassthroughFs {
     pub(super) fn do_getattr(&self, inode: Inode) -> io::Result<(Attr, Duration)> {
         let data = self.inode(inode)?;
         let st = stat_fd(data.fd()?.as_fd())?;
-        Ok((self.guest_attr(&st), self.timeout))
+        Ok((self.guest_attr(&st), self.timeout()))
     }
 
     pub(super) fn do_setattr(

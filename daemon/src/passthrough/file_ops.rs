@@ -208,7 +208,7 @@ impl PassthroughFs {
                 let fd = match opened {
                     Ok(fd) => fd,
                     Err(e) => {
-                        self.inodes.forget(entry.inode, 1);
+                        self.forget_inode(entry.inode, 1);
                         return Err(e);
                     }
                 };

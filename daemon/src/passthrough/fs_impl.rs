@@ -37,11 +37,17 @@ filesystem_impl! {
             .store(agreed & f::HANDLE_KILLPRIV_V2 != 0, Ordering::Relaxed);
         let acl = f::POSIX_ACL | f::DONT_MASK;
         n.posix_acl.store(agreed & acl == acl, Ordering::Relaxed);
+        if let (Some(w), Ok(root)) = (self.watch.get(), self.inodes.get(crate::protocol::abi::ROOT_ID)) {
+            w.note(&root);
+        }
         Ok(want)
     }
 
     fn destroy(&self) {
         self.handles.clear();
+        if let Some(w) = self.watch.get() {
+            w.clear();
+        }
         self.inodes.clear();
         let n = &self.negotiated;
         n.writeback.store(false, Ordering::Relaxed);
@@ -54,7 +60,7 @@ filesystem_impl! {
     }
 
     fn lookup(&self, _, parent, name) { self.do_lookup_op(parent, name) }
-    fn forget(&self, _, inode, count) { self.inodes.forget(inode, count) }
+    fn forget(&self, _, inode, count) { self.forget_inode(inode, count) }
     fn getattr(&self, _, inode, _) { self.do_getattr(inode) }
     fn setattr(&self, _, inode, attr, handle) { self.do_setattr(inode, attr, handle) }
     fn readlink(&self, _, inode) { self.do_readlink(inode) }

@@ -293,25 +293,29 @@ impl InodeStore {
         Ok(data)
     }
 
-    /// Drops `count` references; the inode goes away at zero. Unknown ids and the root are
-    /// ignored.
-    pub fn forget(&self, id: Inode, count: u64) {
+    /// Drops `count` references; the inode goes away at zero (then it is returned). Unknown
+    /// ids and the root are ignored.
+    pub fn forget(&self, id: Inode, count: u64) -> Option<Arc<InodeData>> {
         if id == ROOT_ID {
-            return;
+            return None;
         }
         let mut t = self.lock();
-        let Some(slot) = t.by_id.get_mut(&id) else {
-            return;
-        };
+        let slot = t.by_id.get_mut(&id)?;
         slot.refs = slot.refs.saturating_sub(count);
-        if slot.refs == 0 {
-            if let Some(slot) = t.by_id.remove(&id) {
-                // Only remove the key if it still points at this inode.
-                if t.by_key.get(&slot.data.key) == Some(&id) {
-                    t.by_key.remove(&slot.data.key);
-                }
-            }
+        if slot.refs > 0 {
+            return None;
         }
+        let slot = t.by_id.remove(&id)?;
+        // Only remove the key if it still points at this inode.
+        if t.by_key.get(&slot.data.key) == Some(&id) {
+            t.by_key.remove(&slot.data.key);
+        }
+        Some(slot.data)
+    }
+
+    /// The guest's number for host file `key`, if the guest holds it (no reference taken).
+    pub fn id_of(&self, key: &InodeKey) -> Option<Inode> {
+        self.lock().by_key.get(key).copied()
     }
 
     /// Drops every inode but the root.

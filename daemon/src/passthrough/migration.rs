@@ -589,6 +589,14 @@ impl PassthroughFs {
         n.posix_acl
             .store(state.negotiated & NEG_POSIX_ACL != 0, Ordering::Relaxed);
         self.inodes.replace(inodes, state.next_inode);
+        if let Some(w) = self.watch.get() {
+            // The guest's directories, by the ids it knows, are watched again.
+            w.clear();
+            let (all, _) = self.inodes.export();
+            for (data, _) in all {
+                w.note(&data);
+            }
+        }
         self.handles.replace(handles, state.next_handle);
         Ok((failed, failed_handles))
     }

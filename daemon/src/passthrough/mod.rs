@@ -47,6 +47,7 @@ pub mod idmap;
 mod inode;
 mod migration;
 pub mod state;
+mod watch;
 mod xattr_ops;
 pub mod xattrmap;
 
@@ -56,7 +57,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::protocol::abi::{attr_flags, fopen, Attr};
@@ -66,6 +67,7 @@ use crate::sys;
 use creds::Creds;
 use handle::HandleStore;
 use inode::{InodeData, InodeFile, InodeKey, InodeStore};
+pub use watch::open_group as open_watch_group;
 
 /// How much the guest may cache (virtiofsd's `--cache`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -79,6 +81,9 @@ pub enum CachePolicy {
     Always,
     /// Metadata for a day; data uncached (`FOPEN_DIRECT_IO`).
     Metadata,
+    /// `always`'s caching while the guest takes host-change notifications (every host change
+    /// invalidates what the guest holds, [`PassthroughFs::watch_host`]); `auto`'s otherwise.
+    Coherent,
 }
 
 /// When inodes are kept as file handles instead of `O_PATH` descriptors (virtiofsd's
@@ -181,13 +186,16 @@ struct Negotiated {
 /// Serves [`Config::root_dir`] to the guest.
 pub struct PassthroughFs {
     cfg: Config,
-    inodes: InodeStore,
+    inodes: Arc<InodeStore>,
     handles: HandleStore,
     /// `O_PATH` descriptor of `/proc/self/fd`, to reach an inode through its magic link.
     proc_self_fd: OwnedFd,
     creds: Creds,
     negotiated: Negotiated,
     timeout: Duration,
+    /// Host changes reported to the guest (`--notify`), when on.
+    watch: OnceLock<Arc<watch::HostWatch>>,
+    notifier: OnceLock<Arc<crate::protocol::notify::Notifier>>,
     /// Bumped by `interrupt_waits`: a waiting SETLKW that sees it change gives up (EINTR).
     wait_generation: std::sync::atomic::AtomicU64,
     /// The file-handle mode in effect (`Prefer` becomes `Never` when handles do not work).
@@ -352,16 +360,18 @@ impl PassthroughFs {
         sys::umask(0);
         let timeout = match cfg.cache {
             CachePolicy::Never => Duration::ZERO,
-            CachePolicy::Auto => Duration::from_secs(1),
+            CachePolicy::Auto | CachePolicy::Coherent => Duration::from_secs(1),
             CachePolicy::Always | CachePolicy::Metadata => Duration::from_secs(86400),
         };
         Ok(PassthroughFs {
-            inodes: InodeStore::new(root, key_of(&st)),
+            inodes: Arc::new(InodeStore::new(root, key_of(&st))),
             handles: HandleStore::new(),
             proc_self_fd,
             creds: Creds::detect(),
             negotiated: Negotiated::default(),
             timeout,
+            watch: OnceLock::new(),
+            notifier: OnceLock::new(),
             wait_generation: Default::default(),
             fh_mode,
             mount_fds,
@@ -385,6 +395,54 @@ impl PassthroughFs {
         );
         fhandle::open_handle(mount.as_fd(), &handle, libc::O_PATH | libc::O_NOFOLLOW)?;
         Ok(mount)
+    }
+
+    /// Reports host changes to the guest through `notifier` (issue #42): `fan` is the group
+    /// [`open_watch_group`] made. The watch starts with the shared directory; every directory
+    /// the guest looks up joins it until the guest forgets it.
+    pub fn watch_host(
+        &self,
+        fan: OwnedFd,
+        notifier: Arc<crate::protocol::notify::Notifier>,
+    ) -> io::Result<()> {
+        let proc_self_fd = self.proc_self_fd.try_clone()?;
+        let w = watch::HostWatch::new(fan, proc_self_fd, notifier.clone(), self.inodes.clone());
+        w.spawn()?;
+        if let Ok(root) = self.inodes.get(crate::protocol::abi::ROOT_ID) {
+            w.note(&root);
+        }
+        let _ = self.watch.set(w);
+        let _ = self.notifier.set(notifier);
+        Ok(())
+    }
+
+    /// Directories whose host changes reach the guest now.
+    pub fn watched_dirs(&self) -> usize {
+        self.watch.get().map_or(0, |w| w.len())
+    }
+
+    /// `--cache=coherent` with a guest that takes notifications: cache as `always` does.
+    fn coherent_now(&self) -> bool {
+        self.notifier.get().is_some_and(|n| n.live())
+    }
+
+    /// Entry and attribute timeout under the cache policy.
+    fn timeout(&self) -> Duration {
+        if self.cfg.cache == CachePolicy::Coherent && self.coherent_now() {
+            Duration::from_secs(86400)
+        } else {
+            self.timeout
+        }
+    }
+
+    /// Drops `count` guest references to `id`; a directory the guest no longer holds leaves
+    /// the host watch.
+    fn forget_inode(&self, id: Inode, count: u64) {
+        if let Some(gone) = self.inodes.forget(id, count) {
+            if let Some(w) = self.watch.get() {
+                w.forget(gone.id);
+            }
+        }
     }
 
     /// The file-handle mode in effect.
@@ -538,6 +596,8 @@ impl PassthroughFs {
             CachePolicy::Never | CachePolicy::Metadata => fopen::DIRECT_IO,
             CachePolicy::Auto => 0,
             CachePolicy::Always => fopen::KEEP_CACHE,
+            CachePolicy::Coherent if self.coherent_now() => fopen::KEEP_CACHE,
+            CachePolicy::Coherent => 0,
         };
         if self.cfg.posix_lock || self.negotiated.writeback.load(Ordering::Relaxed) {
             return cache;
@@ -558,7 +618,8 @@ impl PassthroughFs {
         match self.cfg.cache {
             CachePolicy::Never => fopen::DIRECT_IO,
             CachePolicy::Always | CachePolicy::Metadata => fopen::CACHE_DIR | fopen::KEEP_CACHE,
-            CachePolicy::Auto => 0,
+            CachePolicy::Coherent if self.coherent_now() => fopen::CACHE_DIR | fopen::KEEP_CACHE,
+            CachePolicy::Auto | CachePolicy::Coherent => 0,
         }
     }
 
@@ -609,10 +670,13 @@ impl PassthroughFs {
             if same {
                 return Ok(self.entry_of(&data, &st, parent_mnt));
             }
-            self.inodes.forget(data.id, 1);
+            self.forget_inode(data.id, 1);
         }
         let file = self.inode_file(path_fd, &st)?;
         let data = self.inodes.insert_or_ref(key, file, kind)?;
+        if let Some(w) = self.watch.get() {
+            w.note(&data);
+        }
         Ok(self.entry_of(&data, &st, parent_mnt))
     }
 
@@ -651,8 +715,8 @@ impl PassthroughFs {
             inode: data.id,
             generation: 0,
             attr,
-            attr_timeout: self.timeout,
-            entry_timeout: self.timeout,
+            attr_timeout: self.timeout(),
+            entry_timeout: self.timeout(),
         }
     }
 

@@ -684,6 +684,9 @@ pub struct SyncfsIn {
 pub struct VirtioFsConfig {
     pub tag: [u8; 36],
     pub num_request_queues: u32,
+    /// Size of each notification buffer the driver posts (`VIRTIO_FS_F_NOTIFICATION`);
+    /// 0 when the device offers no notification queue.
+    pub notify_buf_size: u32,
 }
 
 impl Default for VirtioFsConfig {
@@ -691,6 +694,7 @@ impl Default for VirtioFsConfig {
         VirtioFsConfig {
             tag: [0; 36],
             num_request_queues: 0,
+            notify_buf_size: 0,
         }
     }
 }
@@ -716,7 +720,7 @@ wire_structs! {
     AccessIn = 8, InitIn = 64, InitOut = 64, InterruptIn = 8, InHeader = 40, OutHeader = 16,
     Dirent = 24, DirentPlus = 152, FallocateIn = 32, LseekIn = 24, LseekOut = 8,
     CopyFileRangeIn = 56, SetupmappingIn = 40, RemovemappingIn = 4, RemovemappingOne = 16,
-    SyncfsIn = 8, VirtioFsConfig = 40,
+    SyncfsIn = 8, VirtioFsConfig = 44,
 }
 
 /// Size of a directory entry record with a name of `namelen` bytes, padded to 8 bytes.

@@ -7,6 +7,7 @@ pub mod backing;
 pub mod filesystem;
 pub mod iobuf;
 pub mod mapper;
+pub mod notify;
 pub mod policy;
 pub mod secctx;
 pub mod server;

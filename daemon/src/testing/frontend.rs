@@ -53,6 +53,7 @@ fn new_daemon() -> Kept {
         tag: Some("fuzz".into()),
         request_queues: 1,
         thread_pool_size: 0,
+        notify: None,
     };
     let backend = Arc::new(FsBackend::new(server, &cfg, None).expect("backend"));
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());

@@ -1,8 +1,10 @@
 //! The vhost-user transport: virtqueue descriptor chains in, FUSE requests to the server,
 //! replies back into the chains.
 //!
-//! Queue 0 is the high-priority queue (FORGET), queues 1..=N are request queues. Queues 0
-//! and 1 share a worker thread, each further queue has its own (`thread_masks`), so a
+//! Queue 0 is the high-priority queue (FORGET), queues 1..=N are request queues; with a
+//! negotiated notification queue ([`super::notify_queue`]) queue 1 is that one and the
+//! request queues are 2..=N+1. Queue 0, the notification queue and the first request queue
+//! share a worker thread, each further queue has its own (`thread_masks`), so a
 //! multi-queue guest is served on several cores. Guest memory comes from the frontend's
 //! memory table; every descriptor is resolved to host memory through `vm-memory`, which
 //! bounds-checks it.
@@ -33,9 +35,11 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
+use super::notify_queue::{NotifyQueue, VIRTIO_FS_F_NOTIFICATION};
 use crate::protocol::abi::{InHeader, OutHeader, VirtioFsConfig};
 use crate::protocol::filesystem::FileSystem;
 use crate::protocol::iobuf::{FarIo, Reader, Seg, Writer};
+use crate::protocol::notify::{Notifier, NOTIFY_BUF_SIZE};
 use crate::protocol::policy::Wait;
 use crate::protocol::server::Server;
 use crate::transport::vring_chain::{walk, ChainAt, Malformed, Split, WindowAt};
@@ -163,6 +167,8 @@ pub struct FsBackendConfig {
     /// Requests that may block indefinitely always run on threads of their own, whatever
     /// this is.
     pub thread_pool_size: usize,
+    /// Host changes for the guest: offers the notification queue (one more vring).
+    pub notify: Option<Arc<Notifier>>,
 }
 
 /// Whether requests go to a `--thread-pool-size` pool. A pool of one thread behind one request
@@ -599,10 +605,13 @@ pub struct FsBackend<F: FileSystem> {
     window: Option<Arc<Window>>,
     /// Live migration (DEVICE_STATE), when the filesystem supports it.
     device_state: Option<Arc<dyn DeviceStateTransfer>>,
+    /// The notification queue, when offered.
+    notify: Option<NotifyQueue>,
 }
 
-/// Which queues each worker thread serves (`queues_per_thread`): the hiprio queue (0) and
-/// the first request queue (1) share a thread, every further request queue has its own.
+/// Which queues each worker thread serves (`queues_per_thread`): the first `shared` queues
+/// (the hiprio queue, the notification queue when offered, and the first request queue)
+/// share a thread, every further request queue has its own.
 ///
 /// FORGETs arrive on the hiprio queue and take the inode table's lock that the LOOKUPs of
 /// the request queue take. On threads of their own the two contended for it: a `--cache
@@ -610,18 +619,18 @@ pub struct FsBackend<F: FileSystem> {
 /// futex calls in the daemon, against 2,100 futex calls on one shared thread (virtiofsd
 /// serves all its queues on one thread: 5). A hiprio request is short and never waits, so
 /// sharing delays no request queue for long.
-fn thread_masks(num_queues: usize) -> Vec<u64> {
-    let mut masks = vec![(1u64 << num_queues.min(2)) - 1];
-    masks.extend((2..num_queues.min(64)).map(|q| 1u64 << q));
+fn thread_masks(num_queues: usize, shared: usize) -> Vec<u64> {
+    let mut masks = vec![(1u64 << num_queues.min(shared)) - 1];
+    masks.extend((shared..num_queues.min(64)).map(|q| 1u64 << q));
     masks
 }
 
 /// The queue behind `device_event` of worker `thread` ([`thread_masks`]): vhost-user-backend
 /// numbers a thread's events by the rank of the queue's bit in the thread's mask.
-fn queue_of(thread: usize, device_event: u16) -> usize {
+fn queue_of(thread: usize, device_event: u16, shared: usize) -> usize {
     match thread {
         0 => usize::from(device_event),
-        t => t + 1,
+        t => t + shared - 1,
     }
 }
 
@@ -655,6 +664,9 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 }
                 config.tag[..tag.len()].copy_from_slice(tag);
                 config.num_request_queues = cfg.request_queues as u32;
+                if cfg.notify.is_some() {
+                    config.notify_buf_size = NOTIFY_BUF_SIZE;
+                }
                 Some(config)
             }
         };
@@ -670,7 +682,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             event_idx: AtomicBool::new(false),
             mem: RwLock::new(None),
             running: AtomicU64::new(0),
-            queues: (0..=cfg.request_queues)
+            queues: (0..=cfg.request_queues + usize::from(cfg.notify.is_some()))
                 .map(|_| Arc::new(QueueShared::default()))
                 .collect(),
             awake,
@@ -686,7 +698,30 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             }),
             channel,
             device_state: None,
+            notify: cfg.notify.clone().map(NotifyQueue::new).transpose()?,
         })
+    }
+
+    /// Queues on the first worker thread ([`thread_masks`]).
+    fn shared_queues(&self) -> usize {
+        2 + usize::from(self.notify.is_some())
+    }
+
+    /// Whether vring `queue` is the notification queue (offered and negotiated).
+    fn is_notify_queue(&self, queue: usize) -> bool {
+        queue == 1 && self.notify.as_ref().is_some_and(|n| n.acked())
+    }
+
+    /// The notification queue's wake-up: the descriptor and the event id to register on the
+    /// first worker thread's epoll (`VringEpollHandler::register_listener`).
+    pub fn notify_wake(&self) -> Option<(std::os::fd::RawFd, u64)> {
+        self.notify
+            .as_ref()
+            .map(|n| (n.wake_fd(), self.notify_wake_event()))
+    }
+
+    fn notify_wake_event(&self) -> u64 {
+        self.num_queues() as u64 + 1
     }
 
     /// Offers live migration (protocol feature DEVICE_STATE) through `t`.
@@ -697,6 +732,11 @@ impl<F: FileSystem + 'static> FsBackend<F> {
 
     pub fn server(&self) -> &Arc<Server<F>> {
         &self.server
+    }
+
+    /// The guest memory, once the frontend set the table.
+    fn memory(&self) -> Option<GuestMem> {
+        self.mem.read().ok().and_then(|m| m.clone())
     }
 
     /// Ends the FUSE session and the DAX state of a reset device.
@@ -1358,7 +1398,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
     type Vring = FsVring;
 
     fn num_queues(&self) -> usize {
-        self.request_queues + 1
+        self.request_queues + 1 + usize::from(self.notify.is_some())
     }
 
     fn max_queue_size(&self) -> usize {
@@ -1372,6 +1412,13 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
             // Dirty-page logging (QEMU refuses to migrate without it).
             | VhostUserVirtioFeatures::LOG_ALL.bits()
+            | if self.notify.is_some() { VIRTIO_FS_F_NOTIFICATION } else { 0 }
+    }
+
+    fn acked_features(&self, features: u64) {
+        if let Some(n) = &self.notify {
+            n.set_acked(features & VIRTIO_FS_F_NOTIFICATION != 0);
+        }
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
@@ -1403,6 +1450,10 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             s.unsignalled = 0;
         }
         self.running.store(0, Ordering::SeqCst);
+        if let Some(n) = &self.notify {
+            // Node ids die with the session; SET_FEATURES says again what the guest takes.
+            n.set_acked(false);
+        }
         self.end_session("reset");
     }
 
@@ -1470,7 +1521,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
     }
 
     fn queues_per_thread(&self) -> Vec<u64> {
-        thread_masks(self.num_queues())
+        thread_masks(self.num_queues(), self.shared_queues())
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
@@ -1511,7 +1562,16 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         vrings: &[FsVring],
         thread_id: usize,
     ) -> io::Result<()> {
-        let queue = queue_of(thread_id, device_event);
+        if thread_id == 0 && u64::from(device_event) == self.notify_wake_event() {
+            if let Some(n) = &self.notify {
+                n.woken();
+                if let (Some(vring), Some(mem)) = (vrings.get(1), self.memory()) {
+                    n.deliver(vring, &mem);
+                }
+            }
+            return Ok(());
+        }
+        let queue = queue_of(thread_id, device_event, self.shared_queues());
         if evset != EventSet::IN {
             log::warn!("queue {queue}: unexpected event set {evset:?}");
             return Ok(());
@@ -1531,8 +1591,17 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             }
             self.mark_running(queue);
         }
-        // The hiprio vring, served in between by the request queue sharing its thread.
-        let hiprio = (queue == 1).then(|| vrings.first()).flatten();
+        if self.is_notify_queue(queue) {
+            // The guest posted buffers: messages waiting go out.
+            if let (Some(n), Some(mem)) = (&self.notify, self.memory()) {
+                n.deliver(vring, &mem);
+            }
+            return Ok(());
+        }
+        // The hiprio vring, served in between by the request queue(s) sharing its thread.
+        let hiprio = (thread_id == 0 && queue != 0)
+            .then(|| vrings.first())
+            .flatten();
         // A broken queue must not end the worker: log and wait for the next kick.
         if let Err(e) = self.process_queue(queue, vring, hiprio) {
             log::error!("queue {queue}: {e}");
@@ -1634,6 +1703,7 @@ mod tests {
             tag: None,
             request_queues,
             thread_pool_size,
+            notify: None,
         };
         assert!(!uses_pool(&cfg(1, 0)));
         assert!(!uses_pool(&cfg(1, 1)));
@@ -1816,6 +1886,7 @@ mod tests {
             tag: Some("fs".into()),
             request_queues: 2,
             thread_pool_size: 0,
+            notify: None,
         };
         FsBackend::new(server, &cfg, None).unwrap()
     }
@@ -1970,21 +2041,24 @@ mod tests {
     /// gives its kick there (the rank of its bit in the thread's mask) leads back to it.
     #[test]
     fn every_queue_has_one_thread_and_its_events_lead_back_to_it() {
-        for n in 1..=10 {
-            let masks = thread_masks(n);
-            assert_eq!(masks.len(), n.max(2) - 1, "{n} queues");
-            for q in 0..n {
-                let owners: Vec<usize> = (0..masks.len())
-                    .filter(|&t| masks[t] >> q & 1 == 1)
-                    .collect();
-                assert_eq!(owners.len(), 1, "queue {q} of {n}");
-                let t = owners[0];
-                // vhost-user-backend's rule (handler.rs, set_vring_kick).
-                let evt = masks[t].count_ones() - (masks[t] >> q).count_ones();
-                assert_eq!(queue_of(t, evt as u16), q, "queue {q} of {n}");
+        for shared in [2, 3] {
+            for n in 1..=10 {
+                let masks = thread_masks(n, shared);
+                assert_eq!(masks.len(), n.max(shared) - shared + 1, "{n} queues");
+                for q in 0..n {
+                    let owners: Vec<usize> = (0..masks.len())
+                        .filter(|&t| masks[t] >> q & 1 == 1)
+                        .collect();
+                    assert_eq!(owners.len(), 1, "queue {q} of {n}");
+                    let t = owners[0];
+                    // vhost-user-backend's rule (handler.rs, set_vring_kick).
+                    let evt = masks[t].count_ones() - (masks[t] >> q).count_ones();
+                    assert_eq!(queue_of(t, evt as u16, shared), q, "queue {q} of {n}");
+                }
             }
         }
-        assert_eq!(thread_masks(3), vec![0b11, 0b100]);
+        assert_eq!(thread_masks(3, 2), vec![0b11, 0b100]);
+        assert_eq!(thread_masks(4, 3), vec![0b111, 0b1000]);
     }
 
     #[test]
@@ -2013,6 +2087,7 @@ mod tests {
             tag: None,
             request_queues: 1,
             thread_pool_size: 0,
+            notify: None,
         };
         let b = FsBackend::new(server, &cfg, None).unwrap();
         assert!(

@@ -26,6 +26,8 @@ use crate::queue::{Chain, Completion, Pending, Queue};
 
 /// `VIRTIO_F_VERSION_1`.
 pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+/// `VIRTIO_FS_F_NOTIFICATION`.
+pub const VIRTIO_FS_F_NOTIFICATION: u64 = 1 << 0;
 /// `VIRTIO_RING_F_INDIRECT_DESC`.
 pub const VIRTIO_RING_F_INDIRECT_DESC: u64 = 1 << 28;
 /// `VIRTIO_RING_F_EVENT_IDX`.
@@ -70,6 +72,9 @@ pub struct DriverConfig {
     /// Put the DAX window at this guest-physical address and report each window mapping in
     /// the memory table, as QEMU 11.1 does (`None`: the window is in no memory table).
     pub window_gpa: Option<u64>,
+    /// Negotiate the notification queue (`VIRTIO_FS_F_NOTIFICATION`) when offered: queue 1
+    /// is then the notification queue and request queues start at 2.
+    pub notification: bool,
 }
 
 impl Default for DriverConfig {
@@ -92,6 +97,7 @@ impl Default for DriverConfig {
             need_reply: true,
             poison: true,
             window_gpa: None,
+            notification: false,
         }
     }
 }
@@ -115,6 +121,8 @@ pub struct DeviceInfo {
     pub shmem_sizes: Vec<u64>,
     pub event_idx: bool,
     pub indirect_desc: bool,
+    /// The notification queue was negotiated (queue 1; requests on 2..).
+    pub notification: bool,
 }
 
 /// A started virtio-fs device on a vhost-user connection.
@@ -226,16 +234,28 @@ impl Device {
         fe.get_features().map_err(vu("GET_FEATURES"))?;
 
         let (config, tag) = if pf.contains(VhostUserProtocolFeatures::CONFIG) {
-            let size = std::mem::size_of::<VirtioFsConfig>() as u32;
+            // Tag and request queues (40 bytes) every device has; notify_buf_size only with
+            // the notification feature.
+            let mut raw = vec![0u8; std::mem::size_of::<VirtioFsConfig>()];
+            let size = if features & VIRTIO_FS_F_NOTIFICATION != 0 {
+                raw.len()
+            } else {
+                40
+            };
             let (_, buf) = fe
                 .get_config(
                     0,
-                    size,
+                    size as u32,
                     VhostUserConfigFlags::empty(),
-                    &vec![0u8; size as usize],
+                    &vec![0u8; size],
                 )
                 .map_err(vu("GET_CONFIG"))?;
-            let c = VirtioFsConfig::from_slice(&buf)
+            if buf.len() < 40 {
+                return Err(io::Error::other("GET_CONFIG: short config space"));
+            }
+            let n = buf.len().min(raw.len());
+            raw[..n].copy_from_slice(&buf[..n]);
+            let c = VirtioFsConfig::from_slice(&raw)
                 .copied()
                 .ok_or_else(|| io::Error::other("GET_CONFIG: short config space"))?;
             let end = c.tag.iter().position(|b| *b == 0).unwrap_or(c.tag.len());
@@ -254,14 +274,16 @@ impl Device {
             Vec::new()
         };
 
-        // Queues: hiprio + request queues.
+        // Queues: hiprio, the notification queue when negotiated, request queues.
+        let notification = cfg.notification && features & VIRTIO_FS_F_NOTIFICATION != 0;
+        let fixed = 1 + usize::from(notification);
         let mut nreq = match (&config, queue_num) {
             (Some(c), _) if c.num_request_queues > 0 => c.num_request_queues as usize,
-            (_, Some(n)) => n as usize - 1,
+            (_, Some(n)) => (n as usize).saturating_sub(fixed).max(1),
             _ => 1,
         };
         if let Some(n) = queue_num {
-            nreq = nreq.min(n as usize - 1);
+            nreq = nreq.min((n as usize).saturating_sub(fixed).max(1));
         }
         if let Some(m) = cfg.max_request_queues {
             nreq = nreq.min(m.max(1));
@@ -307,7 +329,7 @@ impl Device {
                 return Err(io::Error::other("window reporter set twice"));
             }
         }
-        let queues = (0..=nreq)
+        let queues = (0..nreq + fixed)
             .map(|i| {
                 Queue::new(
                     Arc::clone(&mem),
@@ -333,6 +355,9 @@ impl Device {
         }
         if indirect {
             acked_features |= VIRTIO_RING_F_INDIRECT_DESC;
+        }
+        if notification {
+            acked_features |= VIRTIO_FS_F_NOTIFICATION;
         }
         start_vrings(
             &mut fe,
@@ -367,6 +392,7 @@ impl Device {
                 shmem_sizes,
                 event_idx,
                 indirect_desc: indirect,
+                notification,
             },
             queues,
             dax,

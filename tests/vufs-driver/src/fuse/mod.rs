@@ -203,15 +203,17 @@ impl Session {
         Ok(Self::new(Device::connect(socket, cfg)?))
     }
 
-    /// A session on a started device, on request queue 1.
+    /// A session on a started device, on the first request queue (1, or 2 after the
+    /// notification queue).
     pub fn new(dev: Arc<Device>) -> Session {
+        let queue = 1 + usize::from(dev.info().notification);
         Session {
             dev,
             shared: Arc::new(Shared {
                 unique: AtomicU64::new(0),
                 init: Mutex::new(None),
             }),
-            queue: 1,
+            queue,
             uid: 0,
             gid: 0,
             pid: std::process::id(),
