@@ -1,17 +1,18 @@
-# shellcheck shell=bash disable=SC2034,SC2054 # PROFILE_* are read by vm.sh; commas are QEMU syntax
+# shellcheck shell=bash disable=SC2034,SC2054,SC2154 # PROFILE_* are read by vm.sh; commas are QEMU syntax; cache and daemon_args are vm.sh's
 # dax: q35 + the generic vhost-user device as virtio-fs (virtio-id 26). QEMU
 # >= 11.1 asks the daemon GET_SHMEM_CONFIG and maps its shared-memory region 0
 # (the DAX cache window) as a 64-bit BAR. The tag comes from the daemon's
 # virtio config space (GET_CONFIG, 40 bytes: tag[36] + num_request_queues).
-# DAXFSD_FS_NOTIFY=1 in the environment (tests/e2e/notify.sh) gives the device the
-# notification queue: num_vqs = 2 + request queues and the 44-byte config space
-# (+ notify_buf_size); the daemon must then serve it (--notify or --cache=coherent).
+# When the daemon serves the notification queue (--notify or --cache=coherent; or
+# DAXFSD_FS_NOTIFY=1 in the environment) the device gets it too: num_vqs = 2 + request
+# queues and the 44-byte config space (+ notify_buf_size).
 PROFILE_DESC="q35, vhost-user-test-device-pci as virtio-fs with the DAX window (QEMU >= 11.1)"
 PROFILE_QEMU=11
 PROFILE_APPEND=""
 profile_args() {
-    local notify=0
-    [[ ${DAXFSD_FS_NOTIFY:-0} == 1 ]] && notify=1
+    local notify=0 a
+    [[ ${DAXFSD_FS_NOTIFY:-0} == 1 || ${cache:-} == coherent ]] && notify=1
+    for a in "${daemon_args[@]}"; do [[ $a == --notify ]] && notify=1; done
     common_args
     common_memfd
     QEMU_ARGS+=(

@@ -4,8 +4,8 @@
 #
 #   tests/e2e/notify.sh [-v] [-d DAEMON] [-a DAEMON_ARG]... [--kernel BZIMAGE] [--bound-ms MS]
 #
-# Boot 1: the generic device with the notification queue (DAXFSD_FS_NOTIFY=1: num_vqs =
-# 2 + request queues, config_size=44), daxfsd --cache=coherent, `-o dax=never` (so cached
+# Boot 1: the generic device with the notification queue (the dax profile gives it num_vqs =
+# 2 + request queues and config_size=44 for a daemon with --cache=coherent), daxfsd --cache=coherent, `-o dax=never` (so cached
 # data lives in the guest's page cache). A guest inotifywait (inotify-tools) watches the
 # tree /mnt/w (recursive) while the host acts:
 #   queue_up        the guest negotiated the feature and posted its buffers (dmesg)
@@ -94,7 +94,7 @@ printf 'old bytes\n' >"$share/cached"
 logf="$logs/e2e-notify-$(date +%Y%m%d-%H%M%S)-$$.log"
 log "boot 1: notification queue, daxfsd --cache=coherent (console $logf)"
 rc=0
-DAXFSD_FS_NOTIFY=1 scripts/vm.sh "${verbose[@]}" "${daemon[@]}" -p dax --cache coherent -o dax=never \
+scripts/vm.sh "${verbose[@]}" "${daemon[@]}" -p dax --cache coherent -o dax=never \
     -s "$share" --script "$work/guest.sh" -T 300 -l "$logf" >"$work/out1.txt" 2>"$work/err1.txt" &
 vmpid=$!
 
