@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the test guest's initramfs: busybox (static), fio, setfacl/getfacl
-# (acl) and setfattr/getfattr (attr) with every library they link and the
+# (acl), setfattr/getfattr (attr) and inotifywait (inotify-tools) with every
+# library they link and the
 # loader, the static helper tests/e2e/guest/vfstest.c, the
 # guest /init and the e2e suite. Uncompressed newc cpio (fastest to unpack
 # under TCG), reproducible, cached by a hash of all its inputs at
@@ -15,8 +16,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 GUEST="$RIG_ROOT/tests/e2e/guest"
 BUSYBOX=/bin/busybox
 FIO=/usr/bin/fio
-# ACL and xattr tools for the guest checks of --posix-acl and --xattrmap (tests/e2e/acl.sh).
-TOOLS=(/usr/bin/setfacl /usr/bin/getfacl /usr/bin/setfattr /usr/bin/getfattr)
+# ACL and xattr tools for the guest checks of --posix-acl and --xattrmap (tests/e2e/acl.sh);
+# a real file watcher for the notification checks (tests/e2e/notify.sh).
+TOOLS=(/usr/bin/setfacl /usr/bin/getfacl /usr/bin/setfattr /usr/bin/getfattr /usr/bin/inotifywait)
 
 force=0
 case ${1:-} in
@@ -34,7 +36,7 @@ need_cmd ldd libc-bin
     die "$BUSYBOX is missing or not static; run 'make vm-deps' (package busybox-static)"
 [[ -r /usr/lib/x86_64-linux-gnu/libc.a ]] || die "static libc missing; run 'make vm-deps' (libc6-dev)"
 for t in "${TOOLS[@]}"; do
-    [[ -x $t ]] || die "$t missing; run 'make vm-deps' (packages acl and attr)"
+    [[ -x $t ]] || die "$t missing; run 'make vm-deps' (packages acl, attr and inotify-tools)"
 done
 
 # The libraries of fio and the tools as "host-path" lines, plus the program interpreter.
@@ -102,8 +104,9 @@ missing=$("$root/usr/lib64/ld-linux-x86-64.so.2" --inhibit-cache \
     --library-path "$root/usr/lib/x86_64-linux-gnu" "$root/usr/bin/fio" --version 2>&1 >/dev/null || true)
 [[ -z $missing ]] || die "fio does not run inside the image: $missing"
 for t in "${TOOLS[@]}"; do
+    # --help: inotifywait has no --version.
     missing=$("$root/usr/lib64/ld-linux-x86-64.so.2" --inhibit-cache \
-        --library-path "$root/usr/lib/x86_64-linux-gnu" "$root$t" --version 2>&1 >/dev/null || true)
+        --library-path "$root/usr/lib/x86_64-linux-gnu" "$root$t" --help 2>&1 >/dev/null || true)
     [[ -z $missing ]] || die "$t does not run inside the image: $missing"
 done
 

@@ -24,8 +24,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 RIG=(
     # guest kernel
     linux-source-6.12 build-essential flex bison bc libelf-dev libssl-dev lz4 xz-utils patch perl
-    # initramfs (the guest's fio, ACL and xattr tools are copied from the host)
-    busybox-static fio libc6-dev python3 acl attr
+    # initramfs (the guest's fio, ACL and xattr tools and inotifywait are copied from the host)
+    busybox-static fio libc6-dev python3 acl attr inotify-tools
     # QEMU: Debian's (profiles pci, mmio) and the trixie tree for QEMU 11 (dax)
     qemu-system-x86 debootstrap debian-archive-keyring ca-certificates
     # upstream virtiofsd built with cargo
