@@ -174,6 +174,9 @@ pub struct NotifyStats {
     pub overflows: u64,
 }
 
+/// What sees every notification pushed ([`Notifier::set_observer`]).
+pub type Observer = Box<dyn Fn(&Notification) + Send + Sync>;
+
 /// The bounded queue of notifications between a file system and a transport.
 pub struct Notifier {
     pending: Mutex<Pending>,
@@ -184,7 +187,7 @@ pub struct Notifier {
     waker: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
     /// Sees every notification pushed, whether a guest takes them or not (the DAX window
     /// refreshes what it holds of a file the host changed).
-    observer: Mutex<Option<Box<dyn Fn(&Notification) + Send + Sync>>>,
+    observer: Mutex<Option<Observer>>,
     queued: AtomicU64,
     coalesced: AtomicU64,
     sent: AtomicU64,
@@ -227,7 +230,7 @@ impl Notifier {
     }
 
     /// Sets what sees every notification pushed (it runs on the producer's thread).
-    pub fn set_observer(&self, observer: Box<dyn Fn(&Notification) + Send + Sync>) {
+    pub fn set_observer(&self, observer: Observer) {
         *self.observer.lock().unwrap_or_else(|p| p.into_inner()) = Some(observer);
     }
 
@@ -256,7 +259,7 @@ impl Notifier {
     pub fn push(&self, batch: impl IntoIterator<Item = Notification>) {
         let batch: Vec<Notification> = batch.into_iter().collect();
         if let Some(o) = &*self.observer.lock().unwrap_or_else(|p| p.into_inner()) {
-            batch.iter().for_each(|n| o(n));
+            batch.iter().for_each(o);
         }
         if !self.live() {
             return;
