@@ -55,6 +55,7 @@ cat >"$work/guest.sh" <<'EOF'
 # Poll (lookups) for a control file the host creates; 60 s at most.
 waitfor() { i=0; while [ ! -e "$1" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done; [ -e "$1" ]; }
 dmesg | grep -o 'notification queue: .*' | sed 's/^/@@QUEUE /'
+check guest_notify_queue sh -c "dmesg | grep -q 'notification queue: '"
 grep ' /mnt ' /proc/mounts | sed 's/^/@@MOUNT /'
 # The file the host will edit: its data and attributes in the guest's caches.
 cat /mnt/cached >/dev/null
@@ -86,6 +87,7 @@ done
 echo "@@OWN-ALL $(grep -c ' /mnt/w/own' /tmp/ev)"
 dmesg | grep -i 'virtio-fs\|virtiofs' | tail -n 20
 echo "@@NOTIFY-DONE@@"
+guest_end
 EOF
 
 share=$work/share
@@ -164,6 +166,7 @@ else
     bad queue_up "the guest never got ready (vm: $(grep -ao 'FAIL (.*' "$work/err1.txt" | head -n 1))"
 fi
 wait "$vmpid" || rc=$?
+guest_complete guest1 "$work/out1.txt" "$rc"
 if grep -aq '@@NOTIFY-DONE@@' "$logf"; then
     own=$(grep -aoE '@@OWN(-ALL)? .*' "$logf" | tr -d '\r' || true)
     n_bad=$(echo "$own" | awk '$1 == "@@OWN" && $2 != 1' | wc -l)
@@ -188,6 +191,8 @@ echo hello-from-the-guest >/mnt/g && sync
 echo "@@READ $(cat /mnt/h)"
 ls /mnt | tr '\n' ' ' | sed 's/^/@@LS /'
 echo
+check guest_no_queue sh -c "! dmesg | grep -q 'notification queue: '"
+guest_end
 EOF
 share2=$work/share2
 mkdir -p "$share2"
@@ -197,6 +202,7 @@ log "boot 2: no notification queue, daxfsd --cache=auto (console $logf2)"
 rc=0
 scripts/vm.sh "${verbose[@]}" "${daemon[@]}" -p dax --cache auto -s "$share2" --script "$work/guest2.sh" \
     -T 240 -l "$logf2" >"$work/out2.txt" 2>"$work/err2.txt" || rc=$?
+guest_complete guest2 "$work/out2.txt" "$rc"
 if ((rc == 0)) && [[ $(cat "$share2/g" 2>/dev/null) == hello-from-the-guest ]] &&
     grep -aqE "${C}@@READ hello-from-the-host" "$logf2"; then
     ok no_feature_io
