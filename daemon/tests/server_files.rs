@@ -819,15 +819,43 @@ fn killpriv_v2_clears_suid_on_write_and_truncate() {
     };
     h.send(op::OPEN, ino, &[&raw(&oi)]).result().unwrap();
     assert_eq!(host_mode(&h.host("f")) & 0o7777, 0o0755);
+}
 
-    // Not negotiated: the flag is ignored (the guest kernel handles it itself).
+/// Without `FUSE_HANDLE_KILLPRIV_V2` the guest kernel still flags its direct writes
+/// (`--cache=never`, O_DIRECT) by a caller without CAP_FSETID with `WRITE_KILL_SUIDGID`, and
+/// clears nothing itself on that path: the daemon must clear the bits as a local file system
+/// would (fstests generic/355), and only those a local file system clears.
+#[test]
+fn write_kill_suidgid_clears_without_killpriv_v2() {
     let n = Harness::new();
     let ino = n.make_file(ROOT, "f", b"data");
     let o = n.open(ino, libc::O_RDWR).unwrap();
-    std::fs::set_permissions(n.host("f"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let set = |mode| {
+        std::fs::set_permissions(n.host("f"), std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    set(0o6755);
+    n.write(ino, o.fh, 0, b"x").unwrap();
+    assert_eq!(
+        host_mode(&n.host("f")) & 0o7777,
+        0o6755,
+        "no kill flag: kept"
+    );
     n.write_flags(ino, o.fh, 0, b"x", WRITE_KILL_SUIDGID)
         .unwrap();
-    assert_eq!(host_mode(&n.host("f")) & 0o7777, 0o4755);
+    assert_eq!(
+        host_mode(&n.host("f")) & 0o7777,
+        0o0755,
+        "suid and sgid (group exec) cleared"
+    );
+    set(0o6644);
+    n.write_flags(ino, o.fh, 0, b"y", WRITE_KILL_SUIDGID)
+        .unwrap();
+    assert_eq!(
+        host_mode(&n.host("f")) & 0o7777,
+        0o2644,
+        "suid cleared; sgid without group exec (mandatory locking) stays"
+    );
+    assert_eq!(std::fs::read(n.host("f")).unwrap(), b"yata");
 }
 
 /// `lseek` of a host descriptor: the offset or the errno.

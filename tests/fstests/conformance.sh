@@ -9,6 +9,8 @@
 #   daxfsd-auto daxfsd-never daxfsd-always   --cache=MODE, vhost-user-fs-pci
 #   daxfsd-dax-pooled daxfsd-dax-direct      --cache=auto, 256M window, -o dax=always, QEMU 11.1
 #   virtiofsd-auto virtiofsd-never virtiofsd-always
+# and, by name only: daxfsd-never-acl-kp (--cache=never --posix-acl --killpriv-v2: the ACL
+# tests and set-uid clearing with the daemon handling them).
 # Under TCG each configuration takes about as long as the list (1-3 hours for the default list
 # on all eight). Status 1 when a test that passes on ext4 fails on daxfsd outside
 # tests/fstests/accepted.list, or when a test passes on virtiofsd and fails on daxfsd in the
@@ -40,6 +42,7 @@ for cfg in "${names[@]}"; do
     args=(-n "$cfg" -f "$list" --out "$outdir/$cfg" -T 14400 -a --xattr)
     case $cfg in
         daxfsd-auto|daxfsd-never|daxfsd-always) args+=(-d daxfsd --cache "${cfg#daxfsd-}") ;;
+        daxfsd-never-acl-kp) args+=(-d daxfsd --cache never -a --posix-acl -a --killpriv-v2) ;;
         daxfsd-dax-pooled) args+=(-d daxfsd -p dax --cache auto -a --dax-window=256M -o dax=always) ;;
         daxfsd-dax-direct) args+=(-d daxfsd -p dax --cache auto -a --dax-window=256M -a --dax-mapping=direct -o dax=always) ;;
         virtiofsd-auto|virtiofsd-never|virtiofsd-always) args+=(-d virtiofsd --cache "${cfg#virtiofsd-}") ;;
@@ -68,5 +71,8 @@ for cfg in "${names[@]}"; do
 done
 echo
 print_table "$outdir" "${names[@]}" | tee "$outdir/table.txt"
+"$HERE/report.sh" "$outdir" "$outdir/table.md" "$outdir/table.json" "${names[@]}" ||
+    bad "fstests-conformance/report" "no markdown/JSON table (see above)"
+echo "tables: $outdir/table.md $outdir/table.json (commit them under bench/results/)"
 echo "results: $outdir"
 rig_summary fstests-conformance

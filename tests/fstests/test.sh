@@ -3,7 +3,8 @@
 # configurations, each against ext4 on virtio-blk in the same guest kernel and root:
 #   auto   --cache=auto --xattr, vhost-user-fs-pci (Debian's QEMU); the guest also runs the
 #          list on ext4 (the reference for both configurations)
-#   dax    --cache=auto --xattr --dax-window=256M (pooled mappings), -o dax=always, QEMU 11.1
+#   dax    --cache=auto --xattr --posix-acl --dax-window=256M (pooled mappings),
+#          -o dax=always, QEMU 11.1 (the ACL tests, which auto reports as not run, run here)
 # then the negative control: the harness against daemons started --readonly must fail.
 #
 #   tests/fstests/test.sh [-d DAEMON] [--out DIR] [--no-control]
@@ -47,7 +48,7 @@ run_config() {
 }
 
 run_config auto -d "$daemon" --cache auto -a --xattr --ext4
-run_config dax -d "$daemon" -p dax --cache auto -a --xattr -a --dax-window=256M -o dax=always
+run_config dax -d "$daemon" -p dax --cache auto -a --xattr -a --posix-acl -a --dax-window=256M -o dax=always
 
 ref=$outdir/auto.txt
 for cfg in auto dax; do

@@ -270,7 +270,12 @@ impl PassthroughFs {
     ) -> io::Result<usize> {
         self.check_writable()?;
         let h = self.handles.get_file(inode, handle)?;
-        if kill_priv && self.negotiated.killpriv_v2.load(Ordering::Relaxed) {
+        // Honoured whether or not FUSE_HANDLE_KILLPRIV_V2 is negotiated: the guest kernel
+        // sets the flag on every direct write (`--cache=never`, O_DIRECT) by a caller without
+        // CAP_FSETID and clears nothing itself on that path, and our writes run with
+        // CAP_FSETID, so the host kernel would keep the bits. A local file system clears
+        // them (fstests generic/355).
+        if kill_priv {
             self.kill_suidgid(h.fd())?;
         }
         transfer(size, offset, "write", |left, off| {

@@ -122,7 +122,8 @@ pub struct Config {
     /// Flag directories on another host mount as submounts.
     pub announce_submounts: bool,
     /// Negotiate `FUSE_HANDLE_KILLPRIV_V2` (we clear suid/sgid on write, truncate and
-    /// `O_TRUNC`). Off by default, as in virtiofsd.
+    /// `O_TRUNC`). Off by default, as in virtiofsd. A WRITE flagged `WRITE_KILL_SUIDGID`
+    /// clears them either way (the guest's direct writes need it).
     pub killpriv_v2: bool,
     /// Serve POSIX locks on the host (`FUSE_POSIX_LOCKS`), per guest lock owner. Off by
     /// default, as in virtiofsd: the guest kernel then keeps its locks itself.

@@ -1,6 +1,15 @@
 //! Extended attributes (only with `Config::xattr`; otherwise `ENOSYS`, like virtiofsd),
 //! with names translated by `Config::xattrmap` when set (see [`super::xattrmap`]).
 //!
+//! The POSIX ACL attributes (`system.posix_acl_access`, `system.posix_acl_default`) are
+//! served only when `FUSE_POSIX_ACL` is negotiated (`--posix-acl`). Without it the guest
+//! kernel does not apply ACLs (no permission checks, no default-ACL inheritance, no mode
+//! update on set) but would still pass them through as plain attributes: storing them would
+//! give the guest ACLs that look set and have no effect, and would leave host-side ACLs that
+//! the host kernel then enforces. So get, set and remove answer `EOPNOTSUPP` and the list
+//! leaves them out, as upstream virtiofsd does; the guest sees a file system without ACLs and
+//! relies on the mode bits.
+//!
 //! The path-based calls go through the magic link `N` of the inode's `O_PATH` descriptor in
 //! `/proc/self/fd`: it lands on the inode itself, so this works for every file type without
 //! opening it (a device node is never opened) and without following a symlink's target.
@@ -33,6 +42,25 @@ thread_local! {
 
 /// Largest attribute list we fetch (Linux `XATTR_LIST_MAX`).
 const XATTR_LIST_MAX: usize = 65536;
+
+/// The names of the POSIX ACL attributes (`<linux/posix_acl_xattr.h>`).
+const POSIX_ACL_NAMES: [&[u8]; 2] = [b"system.posix_acl_access", b"system.posix_acl_default"];
+
+fn is_posix_acl(name: &[u8]) -> bool {
+    POSIX_ACL_NAMES.contains(&name)
+}
+
+/// `list` (NUL-terminated names) without the POSIX ACL names.
+fn without_acls(list: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(list.len());
+    for name in list.split(|&c| c == 0).filter(|n| !n.is_empty()) {
+        if !is_posix_acl(name) {
+            out.extend_from_slice(name);
+            out.push(0);
+        }
+    }
+    out
+}
 
 /// Gives the calling thread its own `fs_struct` (working directory, umask), once.
 fn own_fs() -> io::Result<()> {
@@ -75,8 +103,12 @@ impl PassthroughFs {
         f(&fd_name(fd))
     }
 
-    /// The host name for a guest attribute name (`--xattrmap`).
+    /// The host name for a guest attribute name (`--xattrmap`); `EOPNOTSUPP` for the POSIX
+    /// ACL names unless `FUSE_POSIX_ACL` is negotiated (see the module docs).
     fn host_xattr_name<'a>(&self, name: &'a CStr) -> io::Result<Cow<'a, CStr>> {
+        if !self.negotiated.posix_acl.load(Ordering::Relaxed) && is_posix_acl(name.to_bytes()) {
+            return Err(err(libc::EOPNOTSUPP));
+        }
         match &self.cfg.xattrmap {
             None => Ok(Cow::Borrowed(name)),
             Some(m) => match m.client(name) {
@@ -165,16 +197,23 @@ impl PassthroughFs {
     pub(super) fn do_listxattr(&self, inode: Inode, size: u32) -> io::Result<XattrReply> {
         self.check_xattr()?;
         let data = self.inode(inode)?;
-        let Some(map) = &self.cfg.xattrmap else {
+        let acls = self.negotiated.posix_acl.load(Ordering::Relaxed);
+        if acls && self.cfg.xattrmap.is_none() {
             let buf = (size as usize).min(XATTR_LIST_MAX);
             let got = self.at_proc_fd(data.fd()?.as_fd(), |p| sys::listxattr(p, buf))?;
             return reply(got, size);
-        };
+        }
         // The guest's list differs from the host's: fetch the whole host list (bounded by
         // XATTR_LIST_MAX), translate it, then answer the size or the list.
         let (host, _) =
             self.at_proc_fd(data.fd()?.as_fd(), |p| sys::listxattr(p, XATTR_LIST_MAX))?;
-        let list = map.server_list(&host);
+        let mut list = match &self.cfg.xattrmap {
+            Some(map) => map.server_list(&host),
+            None => host,
+        };
+        if !acls {
+            list = without_acls(&list);
+        }
         if size != 0 && list.len() > size as usize {
             return Err(err(libc::ERANGE));
         }

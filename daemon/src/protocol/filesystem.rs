@@ -347,7 +347,8 @@ macro_rules! with_filesystem_methods {
         /// opened with `O_APPEND` appends, as `pwrite(2)` does); returns how many were
         /// written (at most `size`).
         /// `kill_priv` asks to clear set-user-ID and set-group-ID as an unprivileged write
-        /// would (`WRITE_KILL_SUIDGID`).
+        /// would (`WRITE_KILL_SUIDGID`); the guest sends it on direct writes whether or not
+        /// `FUSE_HANDLE_KILLPRIV_V2` was negotiated.
         fn write(
             &self,
             ctx: &Context,

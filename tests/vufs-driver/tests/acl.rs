@@ -233,3 +233,83 @@ fn acl_kill_sgid_clears_setgid() {
     assert_eq!(host_mode(&r.host("keep")), 0o2755);
     r.assert_clean();
 }
+
+/// Without `--posix-acl` the guest kernel does not apply ACLs but passes the ACL attributes
+/// through as plain ones: both daemons refuse them (`EOPNOTSUPP`, so the guest sees a file
+/// system without ACLs and uses the mode bits) and leave them out of the list, and nothing
+/// reaches the host file.
+#[test]
+fn acl_xattrs_refused_without_posix_acl() {
+    let mut r = common::start(&["--xattr"]);
+    assert_eq!(r.s.negotiated() & f::POSIX_ACL, 0, "POSIX_ACL not agreed");
+    let (e, o) =
+        r.s.create(ROOT, "f", libc::O_RDWR as u32, 0o644, 0)
+            .unwrap();
+    r.s.release(e.nodeid, o.fh, 0).unwrap();
+    let d = r.s.mkdir(ROOT, "d", 0o755, 0).unwrap();
+    let value = acl(&[
+        (USER_OBJ, 6, UNDEFINED),
+        (USER, 6, 4321),
+        (GROUP_OBJ, 4, UNDEFINED),
+        (MASK, 6, UNDEFINED),
+        (OTHER, 4, UNDEFINED),
+    ]);
+    let refused = |what: &str, res: std::io::Result<()>| {
+        let e = res.expect_err(what);
+        assert_eq!(common::errno(&e), libc::EOPNOTSUPP, "{what}: {e}");
+    };
+    refused("SETXATTR access", r.s.setxattr(e.nodeid, ACCESS, &value, 0));
+    refused(
+        "SETXATTR default",
+        r.s.setxattr(d.nodeid, DEFAULT, &default_acl(), 0),
+    );
+    assert_eq!(host_getxattr(&r.host("f"), ACCESS), None, "nothing stored");
+    assert_eq!(host_getxattr(&r.host("d"), DEFAULT), None, "nothing stored");
+
+    // An ACL set on the host is neither read nor removed through the share, nor listed;
+    // the other attributes are.
+    let set_on_host = |rel: &str, name: &str, v: &[u8]| {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        let p = CString::new(r.host(rel).as_os_str().as_bytes()).unwrap();
+        let n = CString::new(name).unwrap();
+        // SAFETY: valid NUL-terminated strings and a value of the length passed.
+        let rc = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+        assert_eq!(
+            rc,
+            0,
+            "host setxattr {name}: {}",
+            std::io::Error::last_os_error()
+        );
+    };
+    set_on_host("f", ACCESS, &value);
+    set_on_host("f", "user.kept", b"v");
+    let got = r.s.getxattr(e.nodeid, ACCESS, 1024).map(|_| ());
+    refused("GETXATTR access", got);
+    let got = r.s.getxattr(e.nodeid, ACCESS, 0).map(|_| ());
+    refused("GETXATTR access (size)", got);
+    refused("REMOVEXATTR access", r.s.removexattr(e.nodeid, ACCESS));
+    assert!(
+        host_getxattr(&r.host("f"), ACCESS).is_some(),
+        "host ACL kept"
+    );
+    let want = b"user.kept\0".to_vec();
+    match r.s.listxattr(e.nodeid, 1024).unwrap() {
+        Xattr::Data(v) => assert_eq!(v, want, "LISTXATTR"),
+        other => panic!("LISTXATTR: {other:?}"),
+    }
+    // The size probe: daxfsd answers the size of the list it serves; virtiofsd 1.14 answers
+    // the host list's size (an upper bound, which is all listxattr(2) callers rely on).
+    match r.s.listxattr(e.nodeid, 0).unwrap() {
+        Xattr::Size(n) if common::kind() == vufs_driver::DaemonKind::Daxfsd => {
+            assert_eq!(n as usize, want.len(), "LISTXATTR size");
+            match r.s.listxattr(e.nodeid, n).unwrap() {
+                Xattr::Data(v) => assert_eq!(v, want, "LISTXATTR of the probed size"),
+                other => panic!("LISTXATTR: {other:?}"),
+            }
+        }
+        Xattr::Size(n) => assert!(n as usize >= want.len(), "LISTXATTR size {n}"),
+        other => panic!("LISTXATTR size: {other:?}"),
+    }
+    r.assert_clean();
+}
