@@ -597,6 +597,11 @@ impl PassthroughFs {
                 w.note(&data);
             }
         }
+        if let Some(n) = self.notifier.get() {
+            // Host changes between the source's last event and our first went unseen: the
+            // guest drops what it caches once, with its first notification.
+            n.mark_stale();
+        }
         self.handles.replace(handles, state.next_handle);
         Ok((failed, failed_handles))
     }

@@ -163,6 +163,10 @@ struct Pending {
     waiting: HashSet<Notification>,
     /// The queue overflowed: an INC_EPOCH goes first.
     overflow: bool,
+    /// What the guest caches may be stale (a session imported from a migration source,
+    /// whose watch stopped before ours started): an INC_EPOCH goes first, and what is
+    /// pushed meanwhile still follows it.
+    stale: bool,
 }
 
 /// Counters, for the log and the tests.
@@ -253,6 +257,17 @@ impl Notifier {
         p.queue.clear();
         p.waiting.clear();
         p.overflow = false;
+        p.stale = false;
+    }
+
+    /// The guest's caches may be stale (changes went unwatched): its first message will be
+    /// one INC_EPOCH, even when it negotiates notifications only later (a migration
+    /// destination imports the session before the guest's features arrive).
+    pub fn mark_stale(&self) {
+        self.lock().stale = true;
+        if let Some(w) = &*self.waker.lock().unwrap_or_else(|p| p.into_inner()) {
+            w();
+        }
     }
 
     /// Queues `batch` in order (one host change: its invalidations, then its event).
@@ -307,7 +322,7 @@ impl Notifier {
     /// The next message to deliver, encoded, without taking it off the queue.
     pub fn front(&self) -> Option<Vec<u8>> {
         let p = self.lock();
-        if p.overflow {
+        if p.overflow || p.stale {
             return Some(Notification::Epoch.encode());
         }
         p.queue.front().map(Notification::encode)
@@ -316,8 +331,9 @@ impl Notifier {
     /// Takes the message [`front`](Self::front) gave off the queue (it was delivered).
     pub fn pop_front(&self) {
         let mut p = self.lock();
-        if p.overflow {
+        if p.overflow || p.stale {
             p.overflow = false;
+            p.stale = false;
         } else if let Some(n) = p.queue.pop_front() {
             if n.coalesces() {
                 p.waiting.remove(&n);
@@ -331,7 +347,7 @@ impl Notifier {
     /// Messages waiting (an overflow counts as one).
     pub fn len(&self) -> usize {
         let p = self.lock();
-        p.queue.len() + usize::from(p.overflow)
+        p.queue.len() + usize::from(p.overflow || p.stale)
     }
 
     /// Whether nothing waits.
@@ -452,6 +468,19 @@ mod tests {
         assert_eq!(i32::from_le_bytes(out[0][4..8].try_into().unwrap()), 8);
         assert!(out.len() <= 100);
         assert!(n.stats().overflows >= 1);
+    }
+
+    #[test]
+    fn a_stale_session_starts_with_one_epoch_and_keeps_what_follows() {
+        let n = Notifier::new(16);
+        n.mark_stale();
+        n.set_live(true);
+        n.push([ev(1, mask::CREATE, "a")]);
+        let out = drain(&n);
+        assert_eq!(out.len(), 2, "the epoch, then the event pushed after it");
+        assert_eq!(i32::from_le_bytes(out[0][4..8].try_into().unwrap()), 8);
+        assert_eq!(i32::from_le_bytes(out[1][4..8].try_into().unwrap()), 128);
+        assert!(n.is_empty());
     }
 
     #[test]

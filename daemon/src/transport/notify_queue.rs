@@ -79,6 +79,16 @@ impl NotifyQueue {
             );
         }
         self.notifier.set_live(on);
+        if on && !self.notifier.is_empty() {
+            // Messages queued before the guest's features arrived (a migrated session's
+            // INC_EPOCH): the hiprio thread delivers them once buffers are there.
+            let _ = self.wake.write(1);
+        }
+    }
+
+    /// Whether messages wait.
+    pub fn waiting(&self) -> bool {
+        !self.notifier.is_empty()
     }
 
     /// Puts waiting messages into the buffers the guest posted, one per buffer, while both
@@ -97,7 +107,12 @@ impl NotifyQueue {
                 v.get_queue_mut().pop_descriptor_chain(mem.clone())
             };
             let Some(chain) = chain else {
-                break;
+                // No buffer: ask for a kick when the guest posts one (with EVENT_IDX the
+                // driver kicks only past the index we publish), then look once more.
+                match vring.enable_notification() {
+                    Ok(true) => continue,
+                    _ => break,
+                }
             };
             let head = chain.head_index();
             let used = match write_into(&mem, chain, &msg) {

@@ -1606,6 +1606,17 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         if let Err(e) = self.process_queue(queue, vring, hiprio) {
             log::error!("queue {queue}: {e}");
         }
+        if thread_id == 0 {
+            // Messages that found the notification vring not yet running (a wake-up before
+            // the device started) go out with the first requests.
+            if let (Some(n), Some(nq)) = (&self.notify, vrings.get(1)) {
+                if n.acked() && n.waiting() {
+                    if let Some(mem) = self.memory() {
+                        n.deliver(nq, &mem);
+                    }
+                }
+            }
+        }
         Ok(())
     }
 

@@ -2,6 +2,8 @@
 //! virtqueue 1, after the driver negotiated VIRTIO_FS_F_NOTIFICATION. Only daxfsd offers it.
 
 mod common;
+#[path = "common/host.rs"]
+mod host;
 
 use std::time::{Duration, Instant};
 
@@ -253,4 +255,74 @@ fn a_host_write_reaches_a_pooled_dax_range_without_a_sync_point() {
     assert_eq!(&file[5000..5005], b"guest");
     rig.s.release(e.nodeid, o.fh, libc::O_RDWR as u32).unwrap();
     rig.assert_clean();
+}
+
+/// A migrated session: host changes between the source's last event and the destination's
+/// first went unwatched, so the destination's first notification is one INC_EPOCH.
+#[test]
+fn a_migrated_session_starts_with_a_broad_invalidation() {
+    if !only_daxfsd("a_migrated_session_starts_with_a_broad_invalidation") {
+        return;
+    }
+    use vhost::vhost_user::message::VhostUserProtocolFeatures;
+    use vufs_driver::migrate::{load_state, save_state};
+    use vufs_driver::Session;
+    let mut c = cfg();
+    c.protocol_features |= VhostUserProtocolFeatures::DEVICE_STATE;
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("d")).unwrap();
+    let kind = common::kind();
+    let a = host::spawn(&kind, root.path(), &["--notify"]);
+    let src = host::connect(&a, &c);
+    let d = src.lookup(1, "d").unwrap().nodeid;
+    src.device().stop(false).unwrap();
+    let state = save_state(src.device()).unwrap();
+    // Unwatched: the source stopped, the destination has not loaded yet.
+    sh(&format!(": > {}/d/while-moving", root.path().display()));
+    let b = host::spawn(&kind, root.path(), &["--notify"]);
+    let dst = Session::connect_with(b.socket_path(), &c).unwrap();
+    dst.device().stop(false).unwrap();
+    load_state(dst.device(), &state)
+        .unwrap_or_else(|e| panic!("load: {e}\nlog:\n{}", b.log_contents()));
+    dst.device().restart().unwrap();
+    let dst = Session::new(dst.device().clone());
+    let nq = dst.device().queue(1).unwrap();
+    let first = nq
+        .submit(&Chain {
+            segs: vec![Seg::Writable(4096)],
+            indirect: false,
+        })
+        .unwrap()
+        .wait(Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("no notification: {e}\nlog:\n{}", b.log_contents()));
+    assert_eq!(parse(&first.data[..first.used_len as usize]).0, INC_EPOCH);
+    // The destination watches the guest's directories by the ids it knows.
+    let next = nq
+        .submit(&Chain {
+            segs: vec![Seg::Writable(4096)],
+            indirect: false,
+        })
+        .unwrap();
+    sh(&format!(": > {}/d/after", root.path().display()));
+    let mut got = Vec::new();
+    let mut p = Some(next);
+    while let Some(pending) = p.take() {
+        let c = pending
+            .wait(Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("{e}; got {got:?}\nlog:\n{}", b.log_contents()));
+        let n = parse(&c.data[..c.used_len as usize]);
+        let done = n.0 == FSNOTIFY && n.1 == d && n.3 == "after";
+        got.push(n);
+        if !done {
+            assert!(got.len() < 8, "{got:?}");
+            p = Some(
+                nq.submit(&Chain {
+                    segs: vec![Seg::Writable(4096)],
+                    indirect: false,
+                })
+                .unwrap(),
+            );
+        }
+    }
+    drop(src);
 }
