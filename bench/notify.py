@@ -59,6 +59,9 @@ CAL = 50
 # The guest leaves a phase when it has seen nothing new for IDLE_S (longer than a timeout
 # plus the longest gap, so it never leaves while the host still waits for an edit it could see).
 IDLE_S = int(TIMEOUT_S + GAP_MAX + 3)
+# The watch phase's idle limit: the host may still be in its read phase that much longer
+# (MISS_STOP misses after the guest's last sighting), and the watch phase must outlast it.
+IDLE_WATCH_S = IDLE_S + int(MISS_STOP * (TIMEOUT_S + GAP_MAX) + 1)
 # Seconds, for --estimate: a boot, an edit (gap and latency), a phase that stops on misses.
 EST_BOOT = 25.0
 EST_EDIT = 1.0
@@ -84,7 +87,7 @@ def estimate(a):
     for c in plan(a):
         read_ok = c[3] != "always"
         watch_ok = c[3] == "coherent"
-        t += EST_BOOT + 2 * IDLE_S
+        t += EST_BOOT + IDLE_S + IDLE_WATCH_S
         t += n * EST_EDIT if read_ok else EST_MISS_PHASE
         t += n * EST_EDIT if watch_ok else EST_MISS_PHASE
     return t
@@ -96,6 +99,7 @@ F=__FILE__
 D=${F%/*}
 C=/mnt/ctl
 IDLE=__IDLE__
+IDLE_WATCH=__IDLE_WATCH__
 __MOUNT__
 [ -r "$F" ] || { echo "NOTIFY-ERROR $F not readable"; exit 1; }
 # The acknowledgement's own cost: __CAL__ markers created back to back between two clock
@@ -142,7 +146,7 @@ while :; do
     sleep 0.5
     k=$(ls "$C" | grep -c '^ev-')
     if [ "$k" != "$seen" ]; then seen=$k t=$(uptime_s); fi
-    [ $(($(uptime_s) - t)) -ge "$IDLE" ] && break
+    [ $(($(uptime_s) - t)) -ge "$IDLE_WATCH" ] && break
 done
 echo "NOTIFY-WATCH-EVENTS $seen"
 kill $(pidof inotifywait) 2>/dev/null
@@ -221,6 +225,7 @@ def run_config(a, raw, cfg, n):
         from meta import GUEST_NOW, vm_cmd  # bench/meta.py
         with open(script, "w") as f:
             f.write(GUEST.replace("__NOW__", GUEST_NOW).replace("__FILE__", gfile)
+                    .replace("__IDLE_WATCH__", str(IDLE_WATCH_S))
                     .replace("__IDLE__", str(IDLE_S)).replace("__MOUNT__", mount)
                     .replace("__CAL__", str(CAL)))
         stats = os.path.join(d, "daemon-stats.json")
@@ -247,7 +252,7 @@ def run_config(a, raw, cfg, n):
             return os.path.join(ctl, f"ev-{len([x for x in os.listdir(ctl) if x.startswith('ev-')]) + 1}")
         res["watch"], _ = run_phase("watch", fpath, ev_marker, n, proc, k, by_number=False)
         res["watch"]["events_before"] = base
-        if wait_path(os.path.join(ctl, "watch-done"), time.monotonic() + IDLE_S + 60,
+        if wait_path(os.path.join(ctl, "watch-done"), time.monotonic() + IDLE_WATCH_S + 60,
                      proc) is None:
             raise RuntimeError("the guest did not finish the watch phase")
         proc.wait(timeout=120)
