@@ -864,8 +864,9 @@ def render_md(res, w):
             goals = [g for g in COHERENT_GOALS if g[0] in cfgs]
             if goals:
                 w("\nThe coherent mode against its goal (issue 42): daxfsd-coherent's median "
-                  "over the peer's, and the goal; `ok` when met. With one boot a side, a ratio "
-                  "is only as good as the spread between boots (a few % to 2-5x here).\n")
+                  "over the peer's, and the goal; `ok` when met. With "
+                  f"{m['repeats']} boot(s) a side a ratio is only as good as the spread "
+                  "between boots (a few % to 2-5x here).\n")
                 heads = [f"coherent / {p} (goal {gl})" for p, _, gl in goals]
 
                 def goal_cell(g, st):
