@@ -864,7 +864,8 @@ def render_md(res, w):
             goals = [g for g in COHERENT_GOALS if g[0] in cfgs]
             if goals:
                 w("\nThe coherent mode against its goal (issue 42): daxfsd-coherent's median "
-                  "over the peer's, and the goal; `ok` when met. With "
+                  "over the peer's, and the goal; `ok` when met; with more than one boot a side, the "
+                  "rank-sum verdict of coherent's boots against the peer's. With "
                   f"{m['repeats']} boot(s) a side a ratio is only as good as the spread "
                   "between boots (a few % to 2-5x here).\n")
                 heads = [f"coherent / {p} (goal {gl})" for p, _, gl in goals]
@@ -873,7 +874,9 @@ def render_md(res, w):
                     x, y = get(res, "daxfsd-coherent", st), get(res, g[0], st)
                     if x is None or not y:
                         return "-"
-                    return f"{ratio(x, y)} {'ok' if x / y <= g[1] else 'MISSED'}"
+                    v = verdict(boots(res, "daxfsd-coherent", st), boots(res, g[0], st))
+                    return (f"{ratio(x, y)} {'ok' if x / y <= g[1] else 'MISSED'}"
+                            + ("" if v == "-" else f", {v}"))
                 step_table(w, heads, goals, goal_cell)
         w("\nConfigurations:\n")
         for c in cfgs:
