@@ -11,8 +11,8 @@ re-renders a run's report from its JSON (default: next to the JSON, same base na
 `--only pressure` run): the report then says which sections come from which run.
 --proto-from replaces the `proto` section with the one of RUN.json (an `--only proto` run).
 --host-from adds (or replaces) the `host` section with the one of RUN.json (an `--only host`
-run); its heading names that run. --meta-from does the same for the `meta` and `density`
-sections (bench/meta.py) of RUN.json, for those RUN.json has; given again, a later run's
+run); its heading names that run. --meta-from does the same for the `meta`, `density` and
+`notify` sections (bench/meta.py, bench/notify.py) of RUN.json, for those RUN.json has; given again, a later run's
 sections replace an earlier one's (`--meta-from A --meta-from B`: B's meta, A's density when
 B ran no density).
 """
@@ -23,6 +23,7 @@ import sys
 
 import host as host_report  # bench/host.py: the `host` section (daxfsd over /dev/fuse)
 import meta as meta_report  # bench/meta.py: the `meta` and `density` sections
+import notify as notify_report  # bench/notify.py: the `notify` section (host edit -> guest)
 
 CONFIGS = {
     "daxfsd-never": "daxfsd cache=never",
@@ -340,17 +341,19 @@ def render_md(res):
     w(f"# daxfsd benchmark report: run {res['run_id']}\n")
     if res.get("combined"):
         full, pr = res["combined"]
-        others = [(k, res[k]["from_run"]["run_id"]) for k in ("host", "proto", "meta", "density")
+        others = [(k, res[k]["from_run"]["run_id"]) for k in ("host", "proto", "meta", "density",
+                                                                 "notify")
                   if isinstance(res.get(k), dict) and res[k].get("from_run")]
         what = {"host": "host-mount section", "proto": "protocol section",
-                "meta": "meta section", "density": "density section"}
+                "meta": "meta section", "density": "density section",
+                "notify": "notify section"}
         runs = dict(others)
         if runs.get("density") and runs.get("meta") == runs.get("density"):
             # One run gave both.
             others = [(k, x) for k, x in others if k != "density"]
             what["meta"] = "meta and density sections"
         # The density run first: a later --meta-from replaces an earlier one's sections.
-        extra = "".join(f" --{'meta' if k == 'density' else k}-from {r}.json"
+        extra = "".join(f" --{'meta' if k in ('density', 'notify') else k}-from {r}.json"
                         for k, r in sorted(others, key=lambda o: o[0] != "density"))
         w(f"**{2 + len(others)} runs combined** (`bench/report.py {full['run_id']}.json --pressure-from "
           f"{pr['run_id']}.json{extra}`): the window-pressure section comes from run {pr['run_id']} "
@@ -632,6 +635,7 @@ def render_md(res):
           "planned duration of a matrix without running it.\n")
     host_report.render_md(res, w)
     meta_report.render_md(res, w)
+    notify_report.render_md(res, w)
     return "\n".join(out) + "\n"
 
 
@@ -891,7 +895,7 @@ def main():
                 res.setdefault("settings", {})[k] = q["settings"][k]
     for f in mfrom:
         q = json.load(open(f))
-        for k in ("meta", "density"):
+        for k in ("meta", "density", "notify"):
             if k in q:
                 res[k] = dict(q[k], from_run={"run_id": q["run_id"], "started": q["started"]})
     render(res, md, png)

@@ -40,6 +40,7 @@ sys.dont_write_bytecode = True  # no bench/__pycache__ in the work tree
 import report  # noqa: E402  (bench/report.py)
 import host  # noqa: E402  (bench/host.py: the host-mount section)
 import meta  # noqa: E402  (bench/meta.py: the meta and density sections)
+import notify  # noqa: E402  (bench/notify.py: the notify section)
 
 T0 = time.time()
 
@@ -250,7 +251,7 @@ def machine(a):
     first = lambda s: s.splitlines()[0] if s else ""  # noqa: E731
     rev = sh(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"])
     dirty = sh(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"])
-    kernel_path = sh([os.path.join(ROOT, "guest-kernel/build.sh"), "--print-path"])
+    kernel_path = a.kernel or sh([os.path.join(ROOT, "guest-kernel/build.sh"), "--print-path"])
     m = re.search(r"/(\d+\.\d+\.\d+)[^/]*/bzImage$", kernel_path or "")
     return {
         "cpu_model": cpu,
@@ -541,7 +542,7 @@ def run_proto(a, raw, results, save):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--only", default="proto,matrix,pressure,mq,host,meta,density")
+    p.add_argument("--only", default="proto,matrix,pressure,mq,host,meta,density,notify")
     p.add_argument("--runtime", type=int)
     p.add_argument("--repeats", type=int)
     p.add_argument("--file-size")
@@ -558,10 +559,12 @@ def main():
     p.add_argument("--protobench")
     p.add_argument("--daxfsd", default=os.path.join(ROOT, "target/release/daxfsd"))
     p.add_argument("--virtiofsd")
+    p.add_argument("--kernel", help="meta, density, notify: guest bzImage (default: "
+                   "guest-kernel/build.sh's)")
     a = p.parse_args()
     a.only = [s.strip() for s in a.only.split(",") if s.strip()]
     bad = [s for s in a.only if s not in ("proto", "matrix", "pressure", "mq", "host", "meta",
-                                          "density")]
+                                          "density", "notify")]
     if bad:
         sys.exit(f"bench: unknown section(s) {bad}")
     if a.quick:
@@ -588,6 +591,7 @@ def main():
     if "host" in a.only:
         est += host.estimate(a)
     est += meta.estimate(a)
+    est += notify.estimate(a)
     ncells = sum(len(b["jobs"]) for b in boots)
     mode = "quick" if a.quick else "full"
     log(f"plan ({mode}): {len(boots)} guest boots, {ncells} fio cells ({a.runtime}s each, "
@@ -605,6 +609,8 @@ def main():
         if "meta" in a.only or "density" in a.only:
             mb = meta.plan(a) if "meta" in a.only else []
             log(f"  meta/density: {len(mb)} meta boots; ~{fmt_dur(meta.estimate(a))}")
+        if "notify" in a.only:
+            log(f"  notify  : {len(notify.plan(a))} boots; ~{fmt_dur(notify.estimate(a))}")
         return 0
     for f, what in ((a.daxfsd, "daxfsd (make release)"), (a.virtiofsd, "virtiofsd (make virtiofsd)")):
         if not f or not os.access(f, os.X_OK):
@@ -691,6 +697,10 @@ def main():
             t_d0 = time.time()
             meta.run_density(a, raw, results, save)
             results["density_wall_s"] = round(time.time() - t_d0, 1)
+        if "notify" in a.only:
+            t_n0 = time.time()
+            notify.run_notify(a, raw, results, save)
+            results["notify_wall_s"] = round(time.time() - t_n0, 1)
     except KeyboardInterrupt:
         interrupted = True
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
@@ -724,6 +734,8 @@ def main():
     meta_err += [f"density {c.get('config', c.get('daemon'))}: {c.get('error')}"
                  for k in ("configs", "walk") for c in results.get("density", {}).get(k, [])
                  if c.get("status") != "ok"]
+    meta_err += [f"notify {r['config']}: {r.get('error')}"
+                 for r in results.get("notify", {}).get("rows", []) if r.get("status") != "ok"]
     for e in meta_err:
         log(f"FAILED {e}")
     if interrupted:

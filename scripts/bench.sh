@@ -6,7 +6,7 @@
 #
 #   --quick             reduced matrix (6 jobs, 3 s, 1 repeat) for a fast look (< 10 min)
 #   --only LIST         sections to run, comma separated
-#                       (default: proto,matrix,pressure,mq,host,meta,density)
+#                       (default: proto,matrix,pressure,mq,host,meta,density,notify)
 #                         proto     requests/s and instructions per request, no VM (vufs-driver)
 #                         matrix    the seed's fio matrix x 5 configurations
 #                         pressure  randread over 4x the DAX window, DAX vs no DAX
@@ -17,14 +17,18 @@
 #                                   guest: daxfsd, virtiofsd per cache mode, DAX, virtio-9p
 #                         density   4 guests read one 256 MiB file, DAX vs not (guest and host
 #                                   memory); daemon RSS after 100k inodes; exec to socket
+#                         notify    host edit -> guest sees it (re-read loop, inotify watcher):
+#                                   daxfsd never/auto/always/coherent, virtiofsd, 9p
 #   --runtime SEC       seconds per fio job (default 5; quick 3)
 #   --repeats N         boots per configuration; medians reported (default 3; quick 1)
 #   --file-size SIZE    matrix data file size (default 128M; quick 64M)
 #   --cpus N            guest vCPUs for matrix and pressure (default 2)
 #   --jobs REGEX        only matrix jobs whose name matches, e.g. 'randread|seqread'
-#   --configs REGEX     only matrix, pressure, meta, density configurations whose name matches
+#   --configs REGEX     only matrix, pressure, meta, density, notify configurations whose
+#                       name matches
 #   --meta-tree LIST    meta: Linux source subtrees to unpack (default arch/x86, 1,551
 #                       entries; arch/arm 4,627; arch 18,344: ~4-5 h under TCG)
+#   --kernel BZIMAGE    meta, density, notify: this guest kernel (default guest-kernel/build.sh's)
 #   --estimate          print the plan and its estimated duration, run nothing
 #   --results DIR       where results go (default bench/results)
 # Environment: ACCEL (tcg or kvm), DAXFSD_CACHE (raw data and console logs go to
@@ -40,7 +44,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$RIG_ROOT"
 
 for a in "$@"; do
-    case $a in -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+    case $a in -h|--help) sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 done
 estimate=0
 for a in "$@"; do [[ $a == --estimate ]] && estimate=1; done
