@@ -29,11 +29,12 @@
 # /mnt/p/cached and watches both trees (inotifywait into a guest file; the guest's inotify
 # queue raised to 1M, so a gap cannot come from the watcher's own queue):
 #   burst_memory_bounded       one host process creates --burst N (default 100,000) files in
-#                              /mnt/burst; the daemon's RssAnon, sampled every 0.2 s until the
-#                              guest starts listing, and its VmHWM over its VmRSS before the
-#                              burst, grow by at most 16 MiB (its queue holds
-#                              4096 messages, then one INC_EPOCH; the growth from the guest's
-#                              own listing is logged apart)
+#                              /mnt/burst; the serving daemon process's RssAnon, sampled every
+#                              0.2 s until the guest starts listing, grows by at most 24 MiB
+#                              (its queue holds 4096 messages, then one INC_EPOCH. Measured,
+#                              debug build, Nov 2026: 11 MiB; 42 MiB with the cap lifted.
+#                              VmHWM, and the growth from the guest's own listing, which
+#                              registers every entry, are logged apart)
 #   burst_guest_consistent     without dropping caches, the guest's `ls | wc -l` is N, the
 #                              burst's last name (looked up, absent, before the burst: a
 #                              negative dentry) exists, and /mnt/burst's mtime is the host's.
@@ -58,7 +59,7 @@ RIG_TAG=e2e-notify
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 cd "$RIG_ROOT"
 
-verbose=() daemon=() bound_ms=1000 burst_n=100000 pause_n=1000 rss_bound_kib=16384 boots=123
+verbose=() daemon=() bound_ms=1000 burst_n=100000 pause_n=1000 rss_bound_kib=24576 boots=123
 while (($#)); do
     case $1 in
         -v) verbose=(-v); shift ;;
@@ -326,7 +327,13 @@ logf=$logf3
 # rss KEY: the daemon's /proc status line KEY (VmRSS, RssAnon) in KiB.
 rss() { awk -v k="$1:" '$1 == k {print $2}' "/proc/$dpid/status" 2>/dev/null || echo 0; }
 if wait_line '@@BURST-READY@@' 240; then
+    # The pid vm.sh started waits while its child serves (--sandbox namespace): follow
+    # the first child down to the process that serves.
     dpid=$(cat "$mon3.daemon-pid")
+    while c=$(cat /proc/"$dpid"/task/*/children 2>/dev/null | awk '{print $1; exit}') && [[ -n $c ]]; do
+        dpid=$c
+    done
+    log "daemon: pid $dpid ($(cat "/proc/$dpid/comm" 2>/dev/null), $(awk '$1 == "Threads:" {print $2}' "/proc/$dpid/status" 2>/dev/null) threads)"
     rss0=$(rss VmRSS) anon0=$(rss RssAnon)
     t0=$(now_ms)
     python3 -c 'import os, sys
@@ -353,10 +360,10 @@ for i in range(n):
     rss_ls=$(rss VmRSS) anon_ls=$(rss RssAnon)
     log "after the guest's ls of $burst_n entries: daemon ($(cat "/proc/$dpid/comm" 2>/dev/null)) VmRSS $rss_ls KiB, RssAnon $anon_ls KiB, VmHWM $(rss VmHWM) KiB"
     log "burst: $burst_n creates on the host in $((${t1:-$t0} - t0)) ms; daemon VmRSS ${rss0} -> peak ${peak} KiB (VmHWM $hwm), RssAnon ${anon0} -> peak ${peak_anon} KiB"
-    if [[ -n $t1 ]] && ((peak_anon - anon0 <= rss_bound_kib && hwm - rss0 <= rss_bound_kib)); then
+    if [[ -n $t1 ]] && ((peak_anon - anon0 <= rss_bound_kib)); then
         ok burst_memory_bounded
     else
-        bad burst_memory_bounded "daemon RssAnon grew $((peak_anon - anon0)) KiB, VmHWM $((hwm - rss0)) KiB over VmRSS (bound $rss_bound_kib KiB; burst ended: ${t1:-no})"
+        bad burst_memory_bounded "daemon RssAnon grew $((peak_anon - anon0)) KiB (bound $rss_bound_kib KiB; burst ended: ${t1:-no})"
     fi
     if wait_line '@@BEV ' 120; then
         bls=$(grep -aoE '@@BLS [0-9]+ settle_s=[0-9]+' "$logf3" | head -n 1 || true)
