@@ -13,6 +13,7 @@
 #   io-uring   tests/host/io-uring.sh (tests/host/run.sh -t io-uring died)
 #   pjdfstest  tests/host/pjdfstest.sh -t guest (its guest script died)
 #   acl fhandles dax dax-buffers dax-host dax-full lifecycle escape migrate soak notify
+#   notify-burst (tests/e2e/notify.sh --boots 3: its third guest script)
 #              tests/e2e/NAME.sh, the cheapest options that reach a guest script (its first
 #              guest script died: no GUEST END line)
 # Each runner stops at the first sub-suite it finds cut short, so a case costs one boot.
@@ -25,7 +26,7 @@ RIG_TAG=rig-selftest
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 cd "$RIG_ROOT"
 
-all="lib launchers lima e2e host io-uring pjdfstest acl fhandles dax dax-buffers dax-host dax-full lifecycle escape migrate soak notify"
+all="lib launchers lima e2e host io-uring pjdfstest acl fhandles dax dax-buffers dax-host dax-full lifecycle escape migrate soak notify notify-burst"
 only=$all
 while (($#)); do
     case $1 in
@@ -136,6 +137,7 @@ for part in $only; do
         migrate) runner_case migrate tests/e2e/migrate.sh -m find-paths ;;
         soak) runner_case soak tests/e2e/soak.sh --seconds 5 --pause-every 0 ;;
         notify) runner_case notify tests/e2e/notify.sh -d "$daxfsd" ;;
+        notify-burst) runner_case notify-burst tests/e2e/notify.sh -d "$daxfsd" --boots 3 --burst 1000 ;;
         *) die "unknown part '$part' ($all)" ;;
     esac
 done

@@ -3,6 +3,7 @@
 # (profile dax, TCG), guest kernel patches 0011-0012, daxfsd --cache=coherent.
 #
 #   tests/e2e/notify.sh [-v] [-d DAEMON] [-a DAEMON_ARG]... [--kernel BZIMAGE] [--bound-ms MS]
+#                       [--burst N] [--boots LIST]
 #
 # Boot 1: the generic device with the notification queue (the dax profile gives it num_vqs =
 # 2 + request queues and config_size=44 for a daemon with --cache=coherent), daxfsd --cache=coherent, `-o dax=never` (so cached
@@ -24,14 +25,41 @@
 # Boot 2: the device without the queue (num_vqs = 1 + request queues, config_size=40), daxfsd
 # without --notify: the same kernel still mounts and works (no_feature_io), and does not
 # set up a notification queue (no_feature_quiet).
-# Prints the measured latencies (median, max). Ends with "e2e-notify: N passed, M failed".
+# Boot 3: daxfsd --cache=coherent again, the guest lists /mnt/burst (empty), caches
+# /mnt/p/cached and watches both trees (inotifywait into a guest file; the guest's inotify
+# queue raised to 1M, so a gap cannot come from the watcher's own queue):
+#   burst_memory_bounded       one host process creates --burst N (default 100,000) files in
+#                              /mnt/burst; the serving daemon process's RssAnon, sampled every
+#                              0.2 s until the guest starts listing, grows by at most 24 MiB
+#                              (its queue holds 4096 messages, then one INC_EPOCH. Measured,
+#                              debug build, Nov 2026: 11 MiB; 42 MiB with the cap lifted.
+#                              VmHWM, and the growth from the guest's own listing, which
+#                              registers every entry, are logged apart)
+#   burst_guest_consistent     without dropping caches, the guest's `ls | wc -l` is N, the
+#                              burst's last name (looked up, absent, before the burst: a
+#                              negative dentry) exists, and /mnt/burst's mtime is the host's.
+#                              The guest stats /mnt/burst every 0.2 s during the burst, so
+#                              after the daemon's queue overflowed only its INC_EPOCH can
+#                              refresh the last two (READDIR is not cached: `ls` always asks)
+#   burst_watcher_events_or_overflow
+#                              the watcher saw every create once, or an IN_Q_OVERFLOW; no
+#                              other event, no duplicate
+#   pause_mid_burst            QEMU `stop` (monitor) lands while a host process creates 1000
+#                              files in /mnt/p (2 ms apart); the rest, and a rewrite of
+#                              /mnt/p/cached (new bytes, new size), happen while paused; `cont`
+#   pause_cached_edit          the guest's next read of /mnt/p/cached gives the host's bytes
+#                              and size
+#   pause_watcher_events       the watcher saw all 1000 creates once and the cached file's
+#                              MODIFY (or an overflow), no other event
+# --boots LIST runs only those boots (e.g. 3). Prints the measured latencies (median, max),
+# the burst's timings and the daemon's memory. Ends with "e2e-notify: N passed, M failed".
 set -euo pipefail
 RIG_TAG=e2e-notify
 # shellcheck source=../../scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 cd "$RIG_ROOT"
 
-verbose=() daemon=() bound_ms=1000
+verbose=() daemon=() bound_ms=1000 burst_n=100000 pause_n=1000 rss_bound_kib=24576 boots=123
 while (($#)); do
     case $1 in
         -v) verbose=(-v); shift ;;
@@ -39,8 +67,10 @@ while (($#)); do
         -a) [[ -n ${2:-} ]] || die "-a needs a daemon argument"; daemon+=(-a "$2"); shift 2 ;;
         --kernel) [[ -r ${2:-} ]] || die "--kernel needs a readable bzImage"; daemon+=(--kernel "$2"); shift 2 ;;
         --bound-ms) [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || die "--bound-ms needs a number"; bound_ms=$2; shift 2 ;;
-        -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) die "unknown argument '$1' (use -v, -d DAEMON, -a ARG, --kernel BZIMAGE, --bound-ms MS)" ;;
+        --burst) [[ ${2:-} =~ ^[1-9][0-9]{0,5}$ ]] || die "--burst needs a number up to 999999"; burst_n=$2; shift 2 ;;
+        --boots) [[ ${2:-} =~ ^[123]+$ ]] || die "--boots needs boot numbers, e.g. 3 or 12"; boots=$2; shift 2 ;;
+        -h|--help) sed -n '2,49p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown argument '$1' (use -v, -d DAEMON, -a ARG, --kernel BZIMAGE, --bound-ms MS, --burst N, --boots LIST)" ;;
     esac
 done
 
@@ -50,7 +80,24 @@ logs="$DAXFSD_CACHE/logs"
 mkdir -p "$logs"
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
+# The console log stamps each line ("[   5.499] text"): C is the start of a line's text.
+C='^(\[ *[0-9.]+\] )?'
+# wait_line REGEX [SECONDS]: until the console $logf has a line matching REGEX (grep -E),
+# while the VM $vmpid runs.
+wait_line() {
+    local deadline=$((SECONDS + ${2:-60}))
+    while ((SECONDS < deadline)); do
+        grep -aqE -- "$1" "$logf" 2>/dev/null && return 0
+        kill -0 "$vmpid" 2>/dev/null || { grep -aqE -- "$1" "$logf" 2>/dev/null; return; }
+        sleep 0.02
+    done
+    return 1
+}
+
+# Each boot's section sits in `if [[ $boots == *N* ]]` (not indented: its guest script is
+# a heredoc).
 # ---- boot 1: the notification queue ---------------------------------------------------
+if [[ $boots == *1* ]]; then
 cat >"$work/guest.sh" <<'EOF'
 # Poll (lookups) for a control file the host creates; 60 s at most.
 waitfor() { i=0; while [ ! -e "$1" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done; [ -e "$1" ]; }
@@ -99,19 +146,6 @@ rc=0
 scripts/vm.sh "${verbose[@]}" "${daemon[@]}" -p dax --cache coherent -o dax=never \
     -s "$share" --script "$work/guest.sh" -T 300 -l "$logf" >"$work/out1.txt" 2>"$work/err1.txt" &
 vmpid=$!
-
-# The console log stamps each line ("[   5.499] text"): C is the start of a line's text.
-C='^(\[ *[0-9.]+\] )?'
-# wait_line REGEX [SECONDS]: until the console has a line matching REGEX (grep -E).
-wait_line() {
-    local deadline=$((SECONDS + ${2:-60}))
-    while ((SECONDS < deadline)); do
-        grep -aqE -- "$1" "$logf" 2>/dev/null && return 0
-        kill -0 "$vmpid" 2>/dev/null || { grep -aqE -- "$1" "$logf" 2>/dev/null; return; }
-        sleep 0.02
-    done
-    return 1
-}
 
 lat=()
 # step NAME REGEX COMMAND...: run COMMAND in the share, then wait (the bound, plus slack to
@@ -183,8 +217,10 @@ if ((${#lat[@]})); then
     med=$(echo "$sorted" | awk '{a[NR]=$1} END {print a[int((NR + 1) / 2)]}')
     log "host change -> guest watcher event (ms, ${#lat[@]} changes): median $med, max $(echo "$sorted" | tail -n 1), bound $bound_ms"
 fi
+fi
 
 # ---- boot 2: no notification queue ------------------------------------------------------
+if [[ $boots == *2* ]]; then
 cat >"$work/guest2.sh" <<'EOF'
 echo "@@QUEUE $(dmesg | grep -c 'notification queue')"
 echo hello-from-the-guest >/mnt/g && sync
@@ -211,5 +247,195 @@ else
 fi
 if grep -aqE "${C}@@QUEUE 0" "$logf2"; then ok no_feature_quiet; else
     bad no_feature_quiet "$(grep -a '@@QUEUE\|notification' "$logf2" | head -n 3 | tr '\n' ' ' || true)"
+fi
+fi
+
+# ---- boot 3: a host burst, and a pause in the middle of one -----------------------------
+if [[ $boots == *3* ]]; then
+# The guest lists /mnt/burst (empty) and caches /mnt/p/cached, and one inotifywait watches
+# both trees into a file in the guest (not the console: 100,000 lines would not fit TCG's
+# serial line), with the guest's inotify queue raised above the burst so that every gap the
+# watcher sees comes from the path host -> daemon -> guest kernel, not from its own queue.
+cat >"$work/guest3.sh" <<'EOF'
+echo 1048576 >/proc/sys/fs/inotify/max_queued_events
+echo "@@BLS0 $(ls /mnt/burst | wc -l)"
+# The burst's last name, looked up before it exists: a negative dentry in the guest.
+last=/mnt/burst/f$(cat /mnt/ctl/last)
+[ -e "$last" ] && echo "@@BLAST-EARLY@@"
+cat /mnt/p/cached >/dev/null
+stat -c %s /mnt/p/cached >/dev/null
+inotifywait -m -r -e create,modify,attrib,moved_from,moved_to,delete \
+    --format '%e %w%f' /mnt/burst /mnt/p >/tmp/ev 2>/tmp/iw.err &
+i=0
+while ! grep -q 'Watches established' /tmp/iw.err && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+# settle PATTERN: until the watcher's count of lines matching PATTERN holds still for 2 s
+# (60 s at most).
+settle() {
+    _last=-1 _same=0 _i=0
+    while [ $_i -lt 120 ]; do
+        _n=$(grep -c "$1" /tmp/ev)
+        if [ "$_n" = "$_last" ]; then _same=$((_same + 1)); [ $_same -ge 4 ] && return 0; else _same=0; fi
+        _last=$_n
+        sleep 0.5
+        _i=$((_i + 1))
+    done
+}
+check guest_burst_watcher_up grep -q 'Watches established' /tmp/iw.err
+echo "@@BURST-READY@@"
+# While the host creates, the guest keeps fetching /mnt/burst's attributes, so it has taken
+# in every invalidation of the directory that came before the daemon's queue overflowed:
+# after that only the INC_EPOCH can tell it the listing changed.
+i=0
+while [ ! -e /mnt/ctl/burst-done ] && [ $i -lt 3000 ]; do stat -c %Y /mnt/burst >/dev/null; sleep 0.2; i=$((i + 1)); done
+t0=$(date +%s)
+settle ' /mnt/burst/'
+echo "@@BLIST-START@@"
+# Before the listing: READDIR(PLUS) would refresh both.
+echo "@@BSTAT last=$([ -e "$last" ] && echo yes || echo no) mtime=$(stat -c %Y /mnt/burst)@@"
+echo "@@BLS $(ls /mnt/burst | wc -l) settle_s=$(($(date +%s) - t0))"
+# Every watcher line is CREATE of one of the host's names, each once, or an overflow.
+awk '$1 == "CREATE" && $2 ~ /^\/mnt\/burst\/f[0-9][0-9][0-9][0-9][0-9][0-9]$/ {if (!seen[$2]++) good++; else dup++; next}
+     $1 ~ /Q_OVERFLOW/ {ovf++; next}
+     $2 ~ /^\/mnt\/burst/ || $1 ~ /Q_OVERFLOW/ {wrong++; if (wrong <= 3) print "@@BWRONG " $0}
+     END {printf "@@BEV good=%d dup=%d wrong=%d overflow=%d\n", good, dup, wrong, ovf}' /tmp/ev
+echo "@@PAUSE-READY@@"
+waitfor /mnt/ctl/cont-done 300
+echo "@@PCACHED size=$(stat -c %s /mnt/p/cached) md5=$(md5 /mnt/p/cached)@@"
+settle ' /mnt/p/'
+awk '$1 == "CREATE" && $2 ~ /^\/mnt\/p\/m[0-9][0-9][0-9][0-9]$/ {if (!seen[$2]++) good++; else dup++; next}
+     ($1 == "MODIFY" || $1 == "ATTRIB") && $2 == "/mnt/p/cached" {mod++; next}
+     $1 ~ /Q_OVERFLOW/ {ovf++; next}
+     $2 ~ /^\/mnt\/p/ {wrong++; if (wrong <= 3) print "@@PWRONG " $0}
+     END {printf "@@PEV good=%d dup=%d cached=%d wrong=%d overflow=%d\n", good, dup, mod, wrong, ovf}' /tmp/ev
+kill "$(pidof inotifywait)" 2>/dev/null
+wait 2>/dev/null
+dmesg | grep -i 'virtio-fs\|virtiofs\|fuse' | tail -n 5
+echo "@@BURST-DONE@@"
+guest_end
+EOF
+share3=$work/share3 mon3=$work/vm3.mon
+mkdir -p "$share3/burst" "$share3/p" "$share3/ctl"
+printf 'cached before the pause\n' >"$share3/p/cached"
+printf '%06d\n' $((burst_n - 1)) >"$share3/ctl/last"
+logf3="$logs/e2e-notify-burst-$(date +%Y%m%d-%H%M%S)-$$.log"
+log "boot 3: a host burst of $burst_n creates, then stop/cont in the middle of a burst (console $logf3)"
+rc=0
+scripts/vm.sh "${verbose[@]}" "${daemon[@]}" -p dax --cache coherent -o dax=never --monitor "$mon3" \
+    -s "$share3" --script "$work/guest3.sh" -T 600 -l "$logf3" >"$work/out3.txt" 2>"$work/err3.txt" &
+vmpid=$!
+logf=$logf3
+# rss KEY: the daemon's /proc status line KEY (VmRSS, RssAnon) in KiB.
+rss() { awk -v k="$1:" '$1 == k {print $2}' "/proc/$dpid/status" 2>/dev/null || echo 0; }
+if wait_line '@@BURST-READY@@' 240; then
+    # The pid vm.sh started waits while its child serves (--sandbox namespace): follow
+    # the first child down to the process that serves.
+    dpid=$(cat "$mon3.daemon-pid")
+    while c=$(cat /proc/"$dpid"/task/*/children 2>/dev/null | awk '{print $1; exit}') && [[ -n $c ]]; do
+        dpid=$c
+    done
+    log "daemon: pid $dpid ($(cat "/proc/$dpid/comm" 2>/dev/null), $(awk '$1 == "Threads:" {print $2}' "/proc/$dpid/status" 2>/dev/null) threads)"
+    rss0=$(rss VmRSS) anon0=$(rss RssAnon)
+    t0=$(now_ms)
+    python3 -c 'import os, sys
+d, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    os.close(os.open("%s/f%06d" % (d, i), os.O_CREAT | os.O_WRONLY, 0o644))' "$share3/burst" "$burst_n" &
+    maker=$!
+    # The daemon's peak during the burst and while the guest takes it in (sampled; VmHWM,
+    # the kernel's own high-water mark, is logged too).
+    peak=$rss0 peak_anon=$anon0 t1=""
+    while ! grep -aq '@@BLIST-START@@' "$logf3" && kill -0 "$vmpid" 2>/dev/null; do
+        r=$(rss VmRSS) a=$(rss RssAnon)
+        ((r > peak)) && peak=$r
+        ((a > peak_anon)) && peak_anon=$a
+        if [[ -z $t1 ]] && ! kill -0 "$maker" 2>/dev/null; then
+            wait "$maker"
+            t1=$(now_ms)
+            touch "$share3/ctl/burst-done"
+        fi
+        sleep 0.2
+    done
+    hwm=$(rss VmHWM)
+    wait_line '@@BLS ' 300 || true
+    rss_ls=$(rss VmRSS) anon_ls=$(rss RssAnon)
+    log "after the guest's ls of $burst_n entries: daemon ($(cat "/proc/$dpid/comm" 2>/dev/null)) VmRSS $rss_ls KiB, RssAnon $anon_ls KiB, VmHWM $(rss VmHWM) KiB"
+    log "burst: $burst_n creates on the host in $((${t1:-$t0} - t0)) ms; daemon VmRSS ${rss0} -> peak ${peak} KiB (VmHWM $hwm), RssAnon ${anon0} -> peak ${peak_anon} KiB"
+    if [[ -n $t1 ]] && ((peak_anon - anon0 <= rss_bound_kib)); then
+        ok burst_memory_bounded
+    else
+        bad burst_memory_bounded "daemon RssAnon grew $((peak_anon - anon0)) KiB (bound $rss_bound_kib KiB; burst ended: ${t1:-no})"
+    fi
+    if wait_line '@@BEV ' 120; then
+        bls=$(grep -aoE '@@BLS [0-9]+ settle_s=[0-9]+' "$logf3" | head -n 1 || true)
+        bstat=$(grep -aoE '@@BSTAT [^@]*@@' "$logf3" | head -n 1 || true)
+        want_stat="@@BSTAT last=yes mtime=$(stat -c %Y "$share3/burst")@@"
+        log "guest: ${bls#@@}; ${bstat//@@/} (host: ${want_stat//@@/})"
+        if [[ $bls == "@@BLS $burst_n "* && $bstat == "$want_stat" ]] &&
+            grep -aqE "${C}@@BLS0 0" "$logf3" && ! grep -aq '@@BLAST-EARLY@@' "$logf3"; then
+            ok burst_guest_consistent
+        else
+            bad burst_guest_consistent "guest lists '${bls#@@BLS }' entries, the host has $burst_n; guest ${bstat//@@/}, host ${want_stat//@@/}"
+        fi
+        bev=$(grep -aoE '@@BEV [^@]*' "$logf3" | head -n 1 | tr -d '\r' || true)
+        log "guest watcher: ${bev#@@BEV }$(grep -aoE '@@BWRONG .*' "$logf3" | tr -d '\r' | paste -sd' ' || true)"
+        if [[ $bev =~ good=([0-9]+)\ dup=0\ wrong=0\ overflow=([0-9]+) ]] &&
+            { ((BASH_REMATCH[1] == burst_n)) || ((BASH_REMATCH[2] > 0)); }; then
+            ok burst_watcher_events_or_overflow
+        else
+            bad burst_watcher_events_or_overflow "watcher: ${bev#@@BEV } of $burst_n creates (neither all events nor an overflow)"
+        fi
+    else
+        bad burst_guest_consistent "the guest never listed /mnt/burst after the burst"
+    fi
+    if wait_line '@@PAUSE-READY@@' 120; then
+        # A burst of $pause_n creates at a steady pace; `stop` lands in the middle of it, the
+        # rest and a rewrite of the cached file happen while the guest is paused.
+        python3 -c 'import os, sys, time
+d, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    os.close(os.open("%s/m%04d" % (d, i), os.O_CREAT | os.O_WRONLY, 0o644))
+    time.sleep(0.002)' "$share3/p" "$pause_n" &
+        maker=$!
+        sleep 0.5
+        st=$(python3 scripts/hmp.py "$mon3" stop "info status" 2>&1 || true)
+        made_at_stop=$(find "$share3/p" -name 'm*' | wc -l)
+        wait "$maker"
+        new='the host rewrote this file while the guest was paused, and made it longer'
+        printf '%s\n' "$new" >"$share3/p/cached"
+        want_size=$(stat -c %s "$share3/p/cached") want_md5=$(md5sum <"$share3/p/cached" | cut -d' ' -f1)
+        sleep 1
+        st2=$(python3 scripts/hmp.py "$mon3" "info status" cont "info status" 2>&1 || true)
+        log "stop after $made_at_stop of $pause_n creates; status then: $(echo "$st" | grep -o 'VM status: .*' | tail -n 1), before cont: $(echo "$st2" | grep -o 'VM status: .*' | head -n 1)"
+        if [[ $st == *paused* && $st2 == *"VM status: paused"*"VM status: running"* ]] &&
+            ((made_at_stop > 0 && made_at_stop < pause_n)); then
+            ok pause_mid_burst
+        else
+            bad pause_mid_burst "stop after $made_at_stop of $pause_n creates; monitor: $(echo "$st $st2" | tr '\n' ' ')"
+        fi
+        touch "$share3/ctl/cont-done"
+        if wait_line '@@PEV ' 120; then
+            got=$(grep -ao '@@PCACHED [^@]*@@' "$logf3" | head -n 1 || true)
+            if [[ $got == "@@PCACHED size=$want_size md5=$want_md5@@" ]]; then ok pause_cached_edit; else
+                bad pause_cached_edit "guest read '$got', host has size=$want_size md5=$want_md5"
+            fi
+            pev=$(grep -aoE '@@PEV [^@]*' "$logf3" | head -n 1 | tr -d '\r' || true)
+            log "guest watcher after cont: ${pev#@@PEV }$(grep -aoE '@@PWRONG .*' "$logf3" | tr -d '\r' | paste -sd' ' || true)"
+            if [[ $pev =~ good=([0-9]+)\ dup=0\ cached=([0-9]+)\ wrong=0\ overflow=([0-9]+) ]] &&
+                { ((BASH_REMATCH[1] == pause_n && BASH_REMATCH[2] > 0)) || ((BASH_REMATCH[3] > 0)); }; then
+                ok pause_watcher_events
+            else
+                bad pause_watcher_events "watcher: ${pev#@@PEV } of $pause_n creates + the cached file's change"
+            fi
+        else
+            bad pause_cached_edit "the guest did not report after cont"
+        fi
+    else
+        bad pause_mid_burst "the guest never got to the pause phase"
+    fi
+else
+    bad burst_memory_bounded "the guest never got ready (vm: $(grep -ao 'FAIL (.*' "$work/err3.txt" | head -n 1))"
+fi
+wait "$vmpid" || rc=$?
+guest_complete guest3 "$work/out3.txt" "$rc"
 fi
 rig_summary e2e-notify
