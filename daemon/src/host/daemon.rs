@@ -20,10 +20,6 @@ use crate::protocol::notify::{Notification, Notifier};
 use crate::protocol::server::{Server, ServerOptions};
 use crate::transport::vhost_user::{BackendChannel, FsBackend, FsBackendConfig};
 
-/// Notifications waiting for the guest at most (about 300 bytes each); past it, one broad
-/// invalidation replaces them.
-const NOTIFY_QUEUE_CAP: usize = 4096;
-
 /// Gives the socket file to `group`.
 fn chown_socket_group(path: &std::path::Path, group: &str) -> io::Result<()> {
     let cgroup =
@@ -245,7 +241,7 @@ pub fn run(cli: &Cli) -> io::Result<()> {
 
     let dax_proc_fd = inside.proc_self_fd.try_clone()?;
     let fs = startup::passthrough_fs(cli, inside, |_| {})?;
-    let notifier = notify.then(|| Arc::new(Notifier::new(NOTIFY_QUEUE_CAP)));
+    let notifier = notify.then(|| Arc::new(Notifier::new(crate::protocol::notify::QUEUE_CAP)));
     if let (Some(n), Some(group)) = (&notifier, watch_group) {
         fs.watch_host(group, n.clone())?;
     }

@@ -189,9 +189,6 @@ fn io_uring_wanted(mode: IoUringMode) -> io::Result<bool> {
     }
 }
 
-/// Notifications waiting for the kernel at most; past it, one broad invalidation.
-const NOTIFY_QUEUE_CAP: usize = 4096;
-
 #[allow(clippy::too_many_arguments)]
 fn serve(
     cli: &Cli,
@@ -223,7 +220,9 @@ fn serve(
     let fs = startup::passthrough_fs(cli, inside, |cfg| cfg.announce_submounts = false)?;
     let dev = Arc::new(dev);
     if let Some(group) = watch_group {
-        let n = Arc::new(crate::protocol::notify::Notifier::new(NOTIFY_QUEUE_CAP));
+        let n = Arc::new(crate::protocol::notify::Notifier::new(
+            crate::protocol::notify::QUEUE_CAP,
+        ));
         fs.watch_host(group, n.clone())?;
         crate::transport::dev_fuse_notify::spawn(dev.clone(), n)?;
     }

@@ -58,6 +58,14 @@ struct RawHandle {
 /// The file handle of the file behind `fd` (not following a symlink), with the mount id the
 /// kernel reports for it.
 pub(super) fn name_to_handle(fd: BorrowedFd) -> io::Result<(FileHandleBytes, u64)> {
+    name_to_handle_flags(fd, 0)
+}
+
+/// [`name_to_handle`] with more `name_to_handle_at` flags (e.g. `AT_HANDLE_FID`).
+pub(super) fn name_to_handle_flags(
+    fd: BorrowedFd,
+    flags: libc::c_int,
+) -> io::Result<(FileHandleBytes, u64)> {
     let mut h = RawHandle {
         handle_bytes: MAX_FILE_HANDLE as u32,
         handle_type: 0,
@@ -73,7 +81,7 @@ pub(super) fn name_to_handle(fd: BorrowedFd) -> io::Result<(FileHandleBytes, u64
             c"".as_ptr(),
             (&mut h as *mut RawHandle).cast::<libc::file_handle>(),
             &mut mount_id,
-            libc::AT_EMPTY_PATH,
+            libc::AT_EMPTY_PATH | flags,
         )
     };
     if r < 0 {

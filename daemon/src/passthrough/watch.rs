@@ -400,44 +400,12 @@ impl HostWatch {
     }
 }
 
-/// The file handle fanotify reports for the directory behind `fd`.
+/// The file handle fanotify reports for the directory behind `fd` (`AT_HANDLE_FID` where the
+/// kernel has it, else the exportable handle, which is the same for file systems that export).
 fn fid_of(fd: BorrowedFd) -> io::Result<Fid> {
-    const MAX: usize = 128;
-    #[repr(C)]
-    struct Raw {
-        handle_bytes: u32,
-        handle_type: i32,
-        f_handle: [u8; MAX],
-    }
-    let mut last = io::Error::from_raw_os_error(libc::EOPNOTSUPP);
-    for flags in [
-        libc::AT_EMPTY_PATH | libc::AT_HANDLE_FID,
-        libc::AT_EMPTY_PATH,
-    ] {
-        let mut h = Raw {
-            handle_bytes: MAX as u32,
-            handle_type: 0,
-            f_handle: [0; MAX],
-        };
-        let mut mount_id: libc::c_int = 0;
-        // SAFETY: `h` is a file_handle header followed by MAX bytes, as announced in
-        // handle_bytes; the empty path with AT_EMPTY_PATH names `fd` itself.
-        let r = unsafe {
-            libc::name_to_handle_at(
-                fd.as_raw_fd(),
-                c"".as_ptr(),
-                (&mut h as *mut Raw).cast::<libc::file_handle>(),
-                &mut mount_id,
-                flags,
-            )
-        };
-        if r == 0 {
-            let n = (h.handle_bytes as usize).min(MAX);
-            return Ok((h.handle_type, h.f_handle[..n].to_vec()));
-        }
-        last = io::Error::last_os_error();
-    }
-    Err(last)
+    let (h, _) = super::fhandle::name_to_handle_flags(fd, libc::AT_HANDLE_FID)
+        .or_else(|_| super::fhandle::name_to_handle_flags(fd, 0))?;
+    Ok((h.handle_type, h.bytes))
 }
 
 /// One fanotify event, with the records this group asks for.

@@ -47,6 +47,10 @@ pub mod mask {
 /// Largest message: header, the largest body (FSNOTIFY, 24 bytes) and a name with its NUL.
 pub const MAX_MESSAGE: usize = 16 + 24 + NAME_MAX + 1;
 
+/// Notifications a transport's queue holds at most (about 300 bytes each); past it, one
+/// broad invalidation replaces them.
+pub const QUEUE_CAP: usize = 4096;
+
 /// Notification buffer size the device asks the driver for (`notify_buf_size`).
 pub const NOTIFY_BUF_SIZE: u32 = 4096;
 

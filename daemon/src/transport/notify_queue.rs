@@ -20,7 +20,7 @@ use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddressSpace};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::vhost_user::{GuestMem, GuestMemoryLogged};
+use super::vhost_user::{FsVring, GuestMem, GuestMemoryLogged};
 use crate::protocol::notify::Notifier;
 
 /// The feature bit (`VIRTIO_FS_F_NOTIFICATION`).
@@ -95,7 +95,7 @@ impl NotifyQueue {
     /// last; signals the guest once at the end. A buffer too small for its message (the
     /// driver asked for less than `notify_buf_size`) is returned empty and the message is
     /// dropped, with a log line: a guest cannot make it wait for ever.
-    pub fn deliver<V: VringT<GuestMem>>(&self, vring: &V, atomic: &GuestMem) {
+    pub fn deliver(&self, vring: &FsVring, atomic: &GuestMem) {
         if !self.acked() || !vring.get_ref().get_queue().ready() {
             return;
         }
@@ -130,12 +130,7 @@ impl NotifyQueue {
             delivered += 1;
         }
         if delivered > 0 {
-            let due = vring.needs_notification().unwrap_or(true);
-            if due {
-                if let Err(e) = vring.signal_used_queue() {
-                    log::warn!("notifications: cannot signal the guest: {e}");
-                }
-            }
+            super::queue_state::notify(vring);
         }
     }
 }
