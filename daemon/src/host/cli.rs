@@ -81,6 +81,10 @@ pub enum InodeFileHandles {
     Mandatory,
 }
 
+/// The version `--version` prints and the log names at start: the package version, and
+/// `+ID` when the build's environment had `DAXFSD_BUILD_ID=ID` (to tell two builds apart).
+pub const VERSION: &str = env!("DAXFSD_VERSION");
+
 /// daxfsd: vhost-user virtio-fs daemon with a working DAX window.
 ///
 /// Serves --shared-dir to one virtio-fs device over the vhost-user socket --socket-path
@@ -93,7 +97,7 @@ pub enum InodeFileHandles {
 #[derive(Debug, Parser)]
 #[command(
     name = "daxfsd",
-    version,
+    version = VERSION,
     about,
     long_about = None,
     max_term_width = 100,
@@ -123,6 +127,14 @@ pub struct Cli {
     /// Inherited file descriptor of a listening (not yet connected) UNIX socket.
     #[arg(long, value_name = "FD", conflicts_with = "socket_path")]
     pub fd: Option<i32>,
+
+    /// Keep QEMU's connection in a small holder process and serve files in a child that can
+    /// be upgraded under a running guest: `kill -USR2` the holder (its pid is in the pid
+    /// file) and it hands the session to the binary now installed at the path it was
+    /// started from, at a quiet point. A file server that dies is started again (its
+    /// session is not yet kept across a crash). Not with a DAX window yet.
+    #[arg(long, conflicts_with = "mount")]
+    pub restartable: bool,
 
     /// Serve the shared directory on this host directory through /dev/fuse instead of to a
     /// VM (mount(2) as root; `fusermount3` for other users). Unmounted on SIGTERM, SIGINT

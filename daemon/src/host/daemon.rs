@@ -43,6 +43,17 @@ fn chown_socket_group(path: &std::path::Path, group: &str) -> io::Result<()> {
 /// The listening vhost-user socket: `--fd`, or a fresh socket on `--socket-path` behind its
 /// locked pid file (see [`RunFiles`]).
 fn listen(cli: &Cli) -> io::Result<(Listener, Option<RunFiles>)> {
+    if let Some(fd) = std::env::var_os(crate::host::holder::HOLDER_ENV) {
+        let fd: i32 = fd
+            .to_str()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| io::Error::other("bad holder listener number"))?;
+        // The variable goes so that no child takes the socket for its own.
+        std::env::remove_var(crate::host::holder::HOLDER_ENV);
+        // SAFETY: the holder started us with this inherited listening socket, which nothing
+        // else in this process uses.
+        return Ok((unsafe { Listener::from_raw_fd(fd) }, None));
+    }
     match (&cli.socket_path, cli.fd) {
         (_, Some(fd)) => {
             // SAFETY: the user passed this descriptor to us as a listening socket we now own
@@ -308,7 +319,8 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         .map_err(|e| io::Error::other(format!("cannot create the vhost-user daemon: {e}")))?;
     startup::install_seccomp(cli.seccomp, &[])?;
     log::info!(
-        "serving {} (tag {:?}, {} request queue(s), cache {:?}, DAX window {} bytes, sandbox {:?}, seccomp {:?}); waiting for the frontend",
+        "daxfsd {} serving {} (tag {:?}, {} request queue(s), cache {:?}, DAX window {} bytes, sandbox {:?}, seccomp {:?}); waiting for the frontend",
+        crate::host::cli::VERSION,
         shared_dir.display(),
         cli.tag,
         cli.queues,

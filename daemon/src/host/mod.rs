@@ -7,6 +7,7 @@ pub mod caps;
 pub mod cli;
 pub mod daemon;
 mod dax_channel;
+pub mod holder;
 pub mod mount;
 pub mod runfiles;
 pub mod sandbox;
@@ -15,10 +16,12 @@ pub mod startup;
 pub mod syslog;
 
 /// Runs the daemon in the mode the command line asks for: a /dev/fuse mount (`--mount`) or a
-/// vhost-user daemon.
+/// vhost-user daemon, under a holder with `--restartable` ([`holder`]).
 pub fn run(cli: &cli::Cli) -> std::io::Result<()> {
     if cli.mount.is_some() {
         mount::run(cli)
+    } else if cli.restartable && std::env::var_os(holder::HOLDER_ENV).is_none() {
+        holder::run(cli)
     } else {
         daemon::run(cli)
     }

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Planned upgrade of the file server under a running guest (issue #39): daxfsd --restartable
+# (the holder keeps QEMU's connection), profile pci (vhost-user-fs-pci), --cache=auto.
+#
+#   tests/e2e/restart.sh [-v]
+#
+# The guest holds an append fd on /mnt/log and a working directory on the share, and loops:
+# append a line, checksum an 8 MiB file, list and stat its cwd, create and remove a file.
+# Meanwhile the host upgrades the file server three times with SIGUSR2 to the holder: once to
+# the same build, then twice to a build whose version carries +restart-test (built here with
+# DAXFSD_BUILD_ID), installed over the binary's path as a package manager would (rename).
+# Checks: every upgrade done (a new server pid, the holder's "upgrade done" line), the new
+# version serving after the second, no guest operation failed, the log has every line the
+# guest wrote through the fd it kept, and the holder's own CPU time and memory (printed).
+# Ends with "e2e-restart: N passed, M failed".
+set -euo pipefail
+RIG_TAG=e2e-restart
+# shellcheck source=../../scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+cd "$RIG_ROOT"
+# ok, bad, check, md5 and rig_summary come from scripts/lib.sh.
+
+verbose=()
+while (($#)); do
+    case $1 in
+        -v) verbose=(-v); shift ;;
+        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown option '$1' (see --help)" ;;
+    esac
+done
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-e2e-restart.XXXXXX")
+vm_pid=""
+# shellcheck disable=SC2317 # called from the EXIT trap
+cleanup() {
+    [[ -n $vm_pid ]] && kill "$vm_pid" 2>/dev/null && wait "$vm_pid" 2>/dev/null
+    rm -rf -- "$work"
+}
+trap cleanup EXIT
+
+# Two builds: this tree's, and the same sources with another version string.
+log "building the upgrade target (DAXFSD_BUILD_ID=restart-test)"
+mkdir -p "$work/bin"
+DAXFSD_BUILD_ID=restart-test cargo build -q -p daxfsd --bin daxfsd
+cp target/debug/daxfsd "$work/new-daxfsd"
+cargo build -q -p daxfsd --bin daxfsd
+cp target/debug/daxfsd "$work/bin/daxfsd"
+new_version=$("$work/new-daxfsd" --version)
+[[ $new_version == *+restart-test ]] || die "the upgrade build says '$new_version'"
+
+mkdir -p "$work/share/dir"
+head -c 8M /dev/urandom >"$work/share/data"
+want=$(md5 "$work/share/data")
+cat >"$work/guest.sh" <<GUEST
+exec 3>>/mnt/log
+cd /mnt/dir
+touch /mnt/started
+i=0 errs=0
+while [ ! -e /mnt/stop ] && [ \$i -lt 3000 ]; do
+    echo "line \$i" >&3 || { errs=\$((errs + 1)); echo "FAILED append \$i"; }
+    m=\$(md5sum /mnt/data | cut -d' ' -f1) || errs=\$((errs + 1))
+    [ "\$m" = "$want" ] || { errs=\$((errs + 1)); echo "FAILED md5 \$i: \$m"; }
+    ls -la . >/dev/null && stat . >/dev/null || { errs=\$((errs + 1)); echo "FAILED cwd \$i"; }
+    echo x >f.\$i && rm f.\$i || { errs=\$((errs + 1)); echo "FAILED create \$i"; }
+    i=\$((i + 1))
+done
+exec 3>&-
+check guest_loop_ran_through_the_upgrades [ \$i -gt 20 ]
+check guest_no_failed_operation [ \$errs -eq 0 ]
+check guest_log_has_every_line [ "\$(wc -l </mnt/log)" -eq \$i ]
+check guest_cwd_still_usable ls -la .
+echo "LOOPS \$i"
+guest_end
+GUEST
+
+log "booting the guest (profile pci, daxfsd --restartable)"
+scripts/vm.sh "${verbose[@]}" -p pci -d "$work/bin/daxfsd" -a --restartable -s "$work/share" \
+    --monitor "$work/mon" -T 600 -l "$work/con.log" --script "$work/guest.sh" \
+    >"$work/out" 2>"$work/err" &
+vm_pid=$!
+for _ in $(seq 1 300); do
+    [[ -e $work/share/started ]] && break
+    kill -0 "$vm_pid" 2>/dev/null || break
+    sleep 0.2
+done
+[[ -e $work/share/started ]] || { tail -n 20 "$work/err" >&2; die "the guest did not start its loop"; }
+holder=$(cat "$work/mon.daemon-pid")
+dlog="$work/con.daemon.log"
+server_pid() { pgrep -P "$holder" -n || true; }
+
+upgrade() { # upgrade N: SIGUSR2, wait for the N-th "upgrade done" line
+    local n=$1 before after i
+    before=$(server_pid)
+    kill -USR2 "$holder"
+    for ((i = 0; i < 300; i++)); do
+        (($(grep -c 'holder: upgrade done' "$dlog" || true) >= n)) && break
+        sleep 0.1
+    done
+    after=$(server_pid)
+    if (($(grep -c 'holder: upgrade done' "$dlog" || true) >= n)) && [[ -n $after && $after != "$before" ]]; then
+        ok "upgrade_$n ($(grep 'holder: upgrade done' "$dlog" | sed -n "${n}p" | grep -o 'in [0-9]* ms'), server $before -> $after)"
+    else
+        bad "upgrade_$n" "server $before -> $after; $(grep -E 'holder:.*(fail|error)' "$dlog" | tail -n 2 | tr '\n' '|')"
+    fi
+}
+sleep 3
+upgrade 1
+sleep 3
+log "installing the +restart-test build over $work/bin/daxfsd"
+cp "$work/new-daxfsd" "$work/bin/daxfsd.new" && mv "$work/bin/daxfsd.new" "$work/bin/daxfsd"
+upgrade 2
+if grep -q "daxfsd $(cut -d' ' -f2 <<<"$new_version") serving" "$dlog"; then
+    ok "upgraded_build_serving ($new_version)"
+else
+    bad "upgraded_build_serving" "no server logged '$new_version serving'"
+fi
+sleep 3
+upgrade 3
+sleep 3
+read -r _ _ _ _ _ _ _ _ _ _ _ _ _ ut st _ <"/proc/$holder/stat" || true
+rss=$(awk '/^VmRSS/ {print $2}' "/proc/$holder/status" 2>/dev/null || echo "?")
+log "holder $holder: CPU $(((ut + st) * 1000 / $(getconf CLK_TCK))) ms, VmRSS $rss KiB"
+touch "$work/share/stop"
+rc=0
+wait "$vm_pid" || rc=$?
+vm_pid=""
+while IFS= read -r line; do
+    case $line in
+        "GUEST PASS "*) ok "${line#GUEST PASS }" ;;
+        "GUEST FAIL "*) n=${line#GUEST FAIL }; bad "${n%%: *}" "${n#*: }" ;;
+        FAILED*) log "guest: $line" ;;
+    esac
+done <"$work/out"
+subsuite_end guest "$work/out" "$rc" 4 guest
+check vm_exit "$rc" "vm.sh exited $rc: $(tail -n 3 "$work/err" | tr '\n' '|')"
+grep -q '^LOOPS' "$work/out" && log "guest $(grep '^LOOPS' "$work/out")"
+rig_summary e2e-restart
