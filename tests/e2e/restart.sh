@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# Planned upgrade of the file server under a running guest (issue #39): daxfsd --restartable
-# (the holder keeps QEMU's connection), profile pci (vhost-user-fs-pci), --cache=auto.
+# The file server killed and upgraded under a running guest (issue #39): daxfsd --restartable
+# (the holder keeps QEMU's connection), profile pci (vhost-user-fs-pci), --cache=auto,
+# --posix-lock.
 #
-#   tests/e2e/restart.sh [-v]
+#   tests/e2e/restart.sh [-v] [--kills N]
 #
-# The guest holds an append fd on /mnt/log and a working directory on the share, and loops:
-# append a line, checksum an 8 MiB file, list and stat its cwd, create and remove a file.
-# Meanwhile the host upgrades the file server three times with SIGUSR2 to the holder: once to
-# the same build, then twice to a build whose version carries +restart-test (built here with
-# DAXFSD_BUILD_ID), installed over the binary's path as a package manager would (rename).
-# Checks: every upgrade done (a new server pid, the holder's "upgrade done" line), the new
-# version serving after the second, no guest operation failed, the log has every line the
-# guest wrote through the fd it kept, and the holder's own CPU time and memory (printed).
-# Ends with "e2e-restart: N passed, M failed".
+# The guest holds a POSIX write lock on /mnt/lockfile (a process of its own), an append fd on
+# /mnt/log and a working directory on the share, and loops: append a line, checksum an 8 MiB
+# file, list and stat its cwd, create and remove a file. Meanwhile the host SIGKILLs the file
+# server N times (default 10) at random gaps of 0.3-2.5 s, then upgrades it with SIGUSR2 to
+# the holder: to a build whose version carries +restart-test (built here with
+# DAXFSD_BUILD_ID), installed over the binary's path as a package manager would (rename),
+# then once more.
+# Checks: each kill followed by a new server (the holder's "serving again" line), each
+# upgrade done (a new pid, "upgrade done"), the new version serving, no guest operation
+# failed, the log has every line the guest wrote through the fd it kept, the lock is still
+# held (another guest process's F_SETLK is refused, F_GETLK names a writer), and the holder's
+# own CPU time and memory (printed). Ends with "e2e-restart: N passed, M failed".
 set -euo pipefail
 RIG_TAG=e2e-restart
 # shellcheck source=../../scripts/lib.sh
@@ -20,11 +24,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 cd "$RIG_ROOT"
 # ok, bad, check, md5 and rig_summary come from scripts/lib.sh.
 
-verbose=()
+verbose=() kills=10
 while (($#)); do
     case $1 in
         -v) verbose=(-v); shift ;;
-        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --kills) [[ ${2:-} =~ ^[0-9]+$ ]] || die "--kills needs a number"; kills=$2; shift 2 ;;
+        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (see --help)" ;;
     esac
 done
@@ -52,6 +57,10 @@ mkdir -p "$work/share/dir"
 head -c 8M /dev/urandom >"$work/share/data"
 want=$(md5 "$work/share/data")
 cat >"$work/guest.sh" <<GUEST
+/e2e/vfstest lockhold /mnt/lockfile >/tmp/lockhold.out 2>&1 &
+locker=\$!
+n=0; while ! grep -q LOCKED /tmp/lockhold.out && [ \$n -lt 100 ]; do sleep 0.1; n=\$((n + 1)); done
+check guest_lock_taken grep -q LOCKED /tmp/lockhold.out
 exec 3>>/mnt/log
 cd /mnt/dir
 touch /mnt/started
@@ -69,12 +78,14 @@ check guest_loop_ran_through_the_upgrades [ \$i -gt 20 ]
 check guest_no_failed_operation [ \$errs -eq 0 ]
 check guest_log_has_every_line [ "\$(wc -l </mnt/log)" -eq \$i ]
 check guest_cwd_still_usable ls -la .
+check guest_lock_still_held /e2e/vfstest lockbusy /mnt/lockfile
+kill \$locker
 echo "LOOPS \$i"
 guest_end
 GUEST
 
-log "booting the guest (profile pci, daxfsd --restartable)"
-scripts/vm.sh "${verbose[@]}" -p pci -d "$work/bin/daxfsd" -a --restartable -s "$work/share" \
+log "booting the guest (profile pci, daxfsd --restartable --posix-lock)"
+scripts/vm.sh "${verbose[@]}" -p pci -d "$work/bin/daxfsd" -a --restartable -a --posix-lock -s "$work/share" \
     --monitor "$work/mon" -T 600 -l "$work/con.log" --script "$work/guest.sh" \
     >"$work/out" 2>"$work/err" &
 vm_pid=$!
@@ -103,20 +114,32 @@ upgrade() { # upgrade N: SIGUSR2, wait for the N-th "upgrade done" line
         bad "upgrade_$n" "server $before -> $after; $(grep -E 'holder:.*(fail|error)' "$dlog" | tail -n 2 | tr '\n' '|')"
     fi
 }
-sleep 3
-upgrade 1
-sleep 3
+sleep 2
+for ((k = 1; k <= kills; k++)); do
+    victim=$(server_pid)
+    kill -KILL "$victim"
+    for ((i = 0; i < 100; i++)); do
+        (($(grep -c 'holder: serving again' "$dlog" || true) >= k)) && break
+        sleep 0.1
+    done
+    if (($(grep -c 'holder: serving again' "$dlog" || true) >= k)); then
+        ok "kill_$k ($(grep 'holder: serving again' "$dlog" | sed -n "${k}p" | grep -o '[0-9]* ms'))"
+    else
+        bad "kill_$k" "no new server after killing $victim: $(grep -E 'holder:.*(giving|error)' "$dlog" | tail -n 2 | tr '\n' '|')"
+    fi
+    sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.1f", 0.3 + (r % 23) / 10 }')"
+done
 log "installing the +restart-test build over $work/bin/daxfsd"
 cp "$work/new-daxfsd" "$work/bin/daxfsd.new" && mv "$work/bin/daxfsd.new" "$work/bin/daxfsd"
-upgrade 2
+upgrade 1
 if grep -q "daxfsd $(cut -d' ' -f2 <<<"$new_version") serving" "$dlog"; then
     ok "upgraded_build_serving ($new_version)"
 else
     bad "upgraded_build_serving" "no server logged '$new_version serving'"
 fi
-sleep 3
-upgrade 3
-sleep 3
+sleep 2
+upgrade 2
+sleep 2
 read -r _ _ _ _ _ _ _ _ _ _ _ _ _ ut st _ <"/proc/$holder/stat" || true
 rss=$(awk '/^VmRSS/ {print $2}' "/proc/$holder/status" 2>/dev/null || echo "?")
 log "holder $holder: CPU $(((ut + st) * 1000 / $(getconf CLK_TCK))) ms, VmRSS $rss KiB"
@@ -134,4 +157,5 @@ done <"$work/out"
 subsuite_end guest "$work/out" "$rc" 4 guest
 check vm_exit "$rc" "vm.sh exited $rc: $(tail -n 3 "$work/err" | tr '\n' '|')"
 grep -q '^LOOPS' "$work/out" && log "guest $(grep '^LOOPS' "$work/out")"
+log "requests served again after a crash: $(grep -o 'serving [0-9]* request(s) again' "$dlog" | awk '{s += $2} END {print s + 0}')"
 rig_summary e2e-restart

@@ -17,7 +17,7 @@ use crate::host::sandbox::{self, Entered};
 use crate::host::startup::{self, capabilities_to_keep, signal_name, STOP_SIGNALS};
 use crate::protocol::mapper::{Mapper, NoMapper};
 use crate::protocol::notify::{Notification, Notifier};
-use crate::protocol::server::{Server, ServerOptions};
+use crate::protocol::server::{Server, ServerOptions, SessionState};
 use crate::transport::vhost_user::{BackendChannel, FsBackend, FsBackendConfig};
 
 /// Gives the socket file to `group`.
@@ -73,6 +73,23 @@ fn listen(cli: &Cli) -> io::Result<(Listener, Option<RunFiles>)> {
             "missing --socket-path",
         )),
     }
+}
+
+/// The ring-record region a holder (`--restartable`) started this server with.
+fn inherited_ring_records() -> io::Result<Option<crate::transport::ring_records::RingRecords>> {
+    let Some(v) = std::env::var_os(crate::host::holder::RECORDS_ENV) else {
+        return Ok(None);
+    };
+    let fd: i32 = v
+        .to_str()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| io::Error::other("bad ring-record region number"))?;
+    // SAFETY: the holder started us with this inherited memfd, which nothing else in this
+    // process uses.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    // Not for our children.
+    crate::host::holder::set_cloexec(std::os::fd::AsRawFd::as_raw_fd(&fd));
+    crate::transport::ring_records::RingRecords::map(fd).map(Some)
 }
 
 #[derive(Default)]
@@ -196,6 +213,9 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     let keep = capabilities_to_keep(cli, caps_before)?;
 
     let (mut listener, mut run_files) = listen(cli)?;
+    // Mapped before the sandbox, which keeps no inherited descriptor.
+    let records = inherited_ring_records()?;
+    let keeper = crate::host::keeper_link::KeeperLink::inherited()?;
 
     let maps = cli
         .user_ns_maps()
@@ -282,6 +302,26 @@ pub fn run(cli: &Cli) -> io::Result<()> {
             }
         }));
     }
+    // Under a holder: what the server before this one kept comes back (a crash), and this
+    // one keeps its own from now on.
+    let fs_wants = fs.init_wants();
+    let keeper = match keeper {
+        Some(link) => {
+            let link = Arc::new(link);
+            let mut entries = link.fetch()?;
+            let session = entries
+                .iter()
+                .position(|(w, _, _)| *w == crate::protocol::keeper::Kept::Session)
+                .and_then(|i| SessionState::from_kept(&entries.swap_remove(i).1));
+            if let Some(st) = &session {
+                let (inodes, handles) = fs.restore_kept(st.flags, entries);
+                log::info!("restart: session taken back: {inodes} inode(s), {handles} handle(s)");
+            }
+            fs.set_keeper(link.clone());
+            Some((link, session))
+        }
+        None => None,
+    };
     // DAX coherence (shadow write-back, re-placement) wraps the filesystem.
     let fs = crate::dax::coherent::Coherent::new(fs, window.clone().map(|w| w as _));
     let server = Arc::new(Server::new(
@@ -292,6 +332,12 @@ pub fn run(cli: &Cli) -> io::Result<()> {
             ..Default::default()
         },
     ));
+    if let Some((link, session)) = keeper {
+        if let Some(st) = session {
+            server.import_session(&st, fs_wants)?;
+        }
+        server.set_keeper(link);
+    }
     let channel = window.clone().map(|w| w as Arc<dyn BackendChannel>);
     let cfg = FsBackendConfig {
         tag: cli.tag.clone(),
@@ -300,8 +346,11 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         notify: notifier,
     };
     let migration = crate::migration::Migration::new(server.state_host(cli.migration_options()));
-    let backend =
-        Arc::new(FsBackend::new(server, &cfg, channel)?.with_device_state(Arc::new(migration)));
+    let mut backend = FsBackend::new(server, &cfg, channel)?.with_device_state(Arc::new(migration));
+    if let Some(records) = records {
+        backend = backend.with_ring_records(Arc::new(records));
+    }
+    let backend = Arc::new(backend);
 
     if let Some(w) = window.clone() {
         startup::spawn_sigusr1_reporter(move || log::info!("{}", w.stats()));

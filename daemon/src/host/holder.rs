@@ -18,20 +18,25 @@
 //! The holder never reads a guest request, a vring or guest memory: it only writes to the
 //! kick eventfds after a restart, so that the new server looks at the rings once.
 //!
-//! **Upgrade** (SIGUSR2): the holder stops every running vring with GET_VRING_BASE (the
-//! server drains its requests in flight: the quiet point), takes the server's session
-//! (node ids, handles, negotiated options) with SET_DEVICE_STATE_FD as a migration source
-//! would, closes the server's connection, starts the binary now at the path the holder was
-//! started from, replays the record with the vring bases just reported, loads the session
-//! into it and restarts the vrings. No request is served twice and none is lost: the
-//! guest sees a pause. When the new binary does not come up, the holder starts the build it
-//! was started as (kept open since start) with the same state.
+//! What a server needs to go on with the guest's session is kept outside it, in the holder:
+//! - the **vault** ([`serve_vault`], `crate::protocol::keeper`): the negotiated session and,
+//!   with its descriptor, every inode the guest holds, every open handle and every POSIX lock
+//!   owner's descriptor, sent by the server before a reply names them. An open file
+//!   description lives while the holder holds it: offsets, OFD locks and unlinked files
+//!   survive the server;
+//! - the **ring records** (`crate::transport::ring_records`): for each vring, the next
+//!   avail position and the heads taken and not completed.
 //!
-//! **Crash**: when the server dies without an upgrade, the holder starts it again and
-//! replays the record. Requests the dead server had taken from the rings are not re-served
-//! and its session is gone, so the guest's node ids fail with ESTALE until it looks them up
-//! again; resuming the rings and the session after a crash is the next step (ARCHITECTURE,
-//! "Restart under a running guest").
+//! **Crash** (SIGKILL, panic, OOM kill): the holder reads what the dead server kept, starts a
+//! new one, which takes the vault's entries back and resumes each ring where the records
+//! say (serving again what was taken and not completed), and replays the record.
+//!
+//! **Upgrade** (SIGUSR2): the holder stops every running vring with GET_VRING_BASE (the
+//! server drains its requests in flight: the quiet point, nothing is served twice), kills the
+//! server without its clean exit (which would end the session), and starts the binary now at
+//! the path the holder was started from, which takes the vault back; the vrings start again
+//! at the reported bases. When the new binary does not come up, the holder starts the build
+//! it was started as (kept open since start).
 //!
 //! Signals: SIGTERM, SIGINT and SIGHUP go to the server (its clean exit), then the holder
 //! exits. SIGUSR2 upgrades.
@@ -41,22 +46,27 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::{UnixDatagram, UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use crate::host::cli::Cli;
+use crate::host::keeper_link;
 use crate::host::runfiles::RunFiles;
 use crate::host::sandbox;
+use crate::protocol::keeper::{Kept, KeptEntry};
 
 /// The environment variable that tells a file server it runs under a holder: the number of
 /// the inherited listening socket the holder connects to.
 pub const HOLDER_ENV: &str = "DAXFSD_HOLDER_LISTENER";
+/// The number of the inherited ring-record region ([`crate::transport::ring_records`]).
+pub const RECORDS_ENV: &str = "DAXFSD_HOLDER_RECORDS";
 
 const HDR: usize = 12;
 /// Largest vhost-user payload the holder relays (QEMU's largest, a memory table or a config
@@ -67,14 +77,13 @@ const MAX_FDS: usize = 8;
 /// How long a server that was asked to go may take before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(10);
 /// Restarts after crashes within [`CRASH_WINDOW`] before the holder gives up.
-const MAX_CRASHES: usize = 10;
+const MAX_CRASHES: usize = 30;
 const CRASH_WINDOW: Duration = Duration::from_secs(60);
 
 const VERSION: u32 = 0x1;
 const REPLY: u32 = 0x4;
 const NEED_REPLY: u32 = 0x8;
 const PROTOCOL_F_REPLY_ACK: u64 = 1 << 3;
-const PROTOCOL_F_DEVICE_STATE: u64 = 1 << 19;
 
 mod req {
     pub const GET_FEATURES: u32 = 1;
@@ -190,7 +199,7 @@ fn expects_reply(m: &Msg, reply_ack: bool) -> bool {
     ) || (reply_ack && m.flags & NEED_REPLY != 0)
 }
 
-fn set_cloexec(fd: RawFd) {
+pub(crate) fn set_cloexec(fd: RawFd) {
     // SAFETY: F_SETFD on a descriptor this process owns changes only its close-on-exec flag.
     unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
 }
@@ -347,13 +356,72 @@ impl Record {
     }
 }
 
-/// A file server process and the holder's ends of its two connections.
+/// What servers kept (the keeper's entries, [`crate::protocol::keeper`]), with the
+/// descriptors, which the holder holds while no server runs.
+type Vault = Arc<Mutex<BTreeMap<Kept, (Vec<u8>, Option<OwnedFd>)>>>;
+
+/// Serves one server's keeper socket: first every entry kept so far, then what the server
+/// keeps and releases, until it closes (it exited).
+fn serve_vault(sock: UnixDatagram, vault: Vault) {
+    let snapshot: Vec<KeptEntry> = {
+        let v = vault.lock().unwrap_or_else(|p| p.into_inner());
+        v.iter()
+            .map(|(k, (m, fd))| (*k, m.clone(), fd.as_ref().and_then(|f| f.try_clone().ok())))
+            .collect()
+    };
+    for (what, meta, fd) in &snapshot {
+        let raw = fd.as_ref().map(|f| f.as_raw_fd());
+        if let Err(e) = keeper_link::send(&sock, keeper_link::OP_ENTRY, Some(*what), meta, raw) {
+            log::error!("holder: cannot hand kept entries over: {e}");
+            return;
+        }
+    }
+    drop(snapshot);
+    if keeper_link::send(&sock, keeper_link::OP_END, None, &[], None).is_err() {
+        return;
+    }
+    loop {
+        let m = match keeper_link::recv(&sock) {
+            Ok(Some(m)) => m,
+            Ok(None) => return,
+            Err(e) => {
+                log::warn!("holder: keeper socket: {e}");
+                continue;
+            }
+        };
+        let mut v = vault.lock().unwrap_or_else(|p| p.into_inner());
+        match (m.op, m.what) {
+            (keeper_link::OP_KEEP, Some(w)) => {
+                v.insert(w, (m.meta, m.fd));
+            }
+            (keeper_link::OP_RELEASE, Some(w)) => {
+                v.remove(&w);
+                if let Kept::Handle(fh) = w {
+                    // Its lock owners go with it.
+                    let owners: Vec<Kept> = v
+                        .range(Kept::Owner(fh, 0)..=Kept::Owner(fh, u64::MAX))
+                        .map(|(k, _)| *k)
+                        .collect();
+                    owners.iter().for_each(|k| {
+                        v.remove(k);
+                    });
+                }
+            }
+            (keeper_link::OP_CLEAR, _) => v.clear(),
+            (op, _) => log::warn!("holder: unknown keeper message {op}"),
+        }
+    }
+}
+
+/// A file server process and the holder's ends of its connections.
 struct Server {
     child: Child,
     /// The vhost-user connection (the holder is its frontend).
     conn: UnixStream,
     /// Relays the backend channel while this server lives.
     backend_relay: Option<JoinHandle<()>>,
+    /// Serves its keeper socket.
+    vault: Option<JoinHandle<()>>,
 }
 
 impl Server {
@@ -414,6 +482,10 @@ impl Server {
         if let Some(t) = self.backend_relay.take() {
             let _ = t.join();
         }
+        // Everything the server kept before it died is in the vault once this returns.
+        if let Some(t) = self.vault.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -456,22 +528,45 @@ struct Launcher {
     path: PathBuf,
     own: File,
     args: Vec<OsString>,
+    /// The vrings' records, handed to every server.
+    records: OwnedFd,
+    vault: Vault,
 }
 
 impl Launcher {
-    fn new() -> io::Result<Self> {
+    fn new(cli: &Cli) -> io::Result<Self> {
         let path = std::env::current_exe()?;
         let own = File::open("/proc/self/exe")?;
-        let args = std::env::args_os()
+        let mut args: Vec<OsString> = std::env::args_os()
             .skip(1)
             .filter(|a| a != "--restartable")
             .collect();
-        Ok(Launcher { path, own, args })
+        // The holder keeps inodes as the descriptors the server holds them by.
+        args.push("--inode-file-handles=never".into());
+        if cli.sandbox == sandbox::Sandbox::Namespace {
+            // Every server in a mount namespace of its own would see the kept descriptors
+            // under other mount ids (another inode key, lookups refused as outside the share).
+            let mode = if crate::sys::geteuid() == 0 {
+                "chroot"
+            } else {
+                "none"
+            };
+            log::info!("holder: servers run with --sandbox={mode} (one mount namespace for all)");
+            args.push(format!("--sandbox={mode}").into());
+        }
+        let records = crate::transport::ring_records::new_region()?;
+        Ok(Launcher {
+            path,
+            own,
+            args,
+            records,
+            vault: Vault::default(),
+        })
     }
 
     /// Starts a server (the file at `path`, or with `own` the holder's own build) and
     /// connects to it.
-    fn spawn(&self, own: bool) -> io::Result<(Child, UnixStream)> {
+    fn spawn(&self, own: bool) -> io::Result<Server> {
         let dir = private_dir()?;
         let sock = dir.join("server.sock");
         let listener = UnixListener::bind(&sock)?;
@@ -486,14 +581,23 @@ impl Launcher {
             self.path.clone()
         };
         let mut cmd = Command::new(&exe);
-        cmd.args(&self.args).env(HOLDER_ENV, lfd.to_string());
+        let rfd = self.records.as_raw_fd();
+        let (ours, theirs) = keeper_link::seqpacket_pair()?;
+        let kfd = theirs.as_raw_fd();
+        cmd.args(&self.args)
+            .env(HOLDER_ENV, lfd.to_string())
+            .env(RECORDS_ENV, rfd.to_string())
+            .env(keeper_link::KEEPER_ENV, kfd.to_string());
         // SAFETY: between fork and exec only async-signal-safe calls: fcntl to let the
-        // listener (and the holder's own binary, for /proc/self/fd) through exec, and
+        // listener, the records, the keeper socket (and the holder's own binary, for
+        // /proc/self/fd) through exec, and
         // sigprocmask to give the server the default signal mask back.
         unsafe {
             let own_fd = self.own.as_raw_fd();
             cmd.pre_exec(move || {
                 libc::fcntl(lfd, libc::F_SETFD, 0);
+                libc::fcntl(rfd, libc::F_SETFD, 0);
+                libc::fcntl(kfd, libc::F_SETFD, 0);
                 if own {
                     libc::fcntl(own_fd, libc::F_SETFD, 0);
                 }
@@ -507,7 +611,33 @@ impl Launcher {
             io::Error::new(e.kind(), format!("cannot start {}: {e}", exe.display()))
         })?;
         drop(listener);
-        Ok((child, conn))
+        drop(theirs);
+        let vault = self.vault.clone();
+        let vault = std::thread::Builder::new()
+            .name("vault".into())
+            .spawn(move || serve_vault(ours, vault))?;
+        Ok(Server {
+            child,
+            conn,
+            backend_relay: None,
+            vault: Some(vault),
+        })
+    }
+}
+
+/// The holder holds a descriptor for every inode and handle the guest has: as many as the
+/// server may, so the same limit.
+fn raise_nofile() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write `lim`.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
     }
 }
 
@@ -549,15 +679,10 @@ struct Holder {
 impl Holder {
     /// Starts a server and brings it to the recorded state; with `state`, loads that session
     /// into it before its vrings start, and `restart` are the vrings to start again.
-    fn start(&mut self, state: Option<&[u8]>, restart: &[u32]) -> io::Result<()> {
-        let (child, conn) = self.launcher.spawn(self.own_build)?;
-        let pid = child.id();
-        let mut server = Server {
-            child,
-            conn,
-            backend_relay: None,
-        };
-        match self.replay(&mut server, state, restart) {
+    fn start(&mut self, restart: &[u32]) -> io::Result<()> {
+        let mut server = self.launcher.spawn(self.own_build)?;
+        let pid = server.child.id();
+        match self.replay(&mut server, restart) {
             Ok(()) => {
                 log::info!("holder: file server {pid} serving");
                 self.server = Some(server);
@@ -573,19 +698,13 @@ impl Holder {
         }
     }
 
-    fn replay(&self, server: &mut Server, state: Option<&[u8]>, restart: &[u32]) -> io::Result<()> {
+    fn replay(&self, server: &mut Server, restart: &[u32]) -> io::Result<()> {
         let rec = &self.record;
         // The backend records what it offered; SET_PROTOCOL_FEATURES checks against it.
         server.call(&Msg::new(req::GET_FEATURES, Vec::new()), false)?;
         server.call(&Msg::new(req::GET_PROTOCOL_FEATURES, Vec::new()), false)?;
         if let Some(p) = &rec.protocol {
-            let mut p = p.dup()?;
-            if state.is_some() {
-                // The holder moves the session itself, whether or not QEMU migrates.
-                let v = p.u64_at(0) | PROTOCOL_F_DEVICE_STATE;
-                p.body = v.to_le_bytes().to_vec();
-            }
-            server.call(&p, false)?;
+            server.call(&p.dup()?, false)?;
         }
         for m in [&rec.owner, &rec.features].into_iter().flatten() {
             server.call(&m.dup()?, false)?;
@@ -602,9 +721,6 @@ impl Holder {
             for m in v.setup.values().filter(|m| m.req != req::SET_VRING_ENABLE) {
                 server.call(&m.dup()?, false)?;
             }
-        }
-        if let Some(bytes) = state {
-            load_state(server, bytes)?;
         }
         for (&i, v) in &rec.vrings {
             let start = !v.stopped || restart.contains(&i);
@@ -681,16 +797,16 @@ impl Holder {
 
     /// A file server at the recorded state in place of the current one (which must go),
     /// with `state` loaded.
-    fn restart_with(&mut self, state: Option<&[u8]>, restart: &[u32]) -> io::Result<()> {
+    fn restart_with(&mut self, restart: &[u32]) -> io::Result<()> {
         if let Some(s) = self.server.take() {
             s.finish();
         }
-        match self.start(state, restart) {
+        match self.start(restart) {
             Ok(()) => Ok(()),
             Err(e) if !self.own_build => {
                 log::error!("holder: {e}; starting the build the holder runs instead");
                 self.own_build = true;
-                self.start(state, restart)
+                self.start(restart)
             }
             Err(e) => Err(e),
         }
@@ -708,6 +824,7 @@ impl Holder {
                 self.crashes.len()
             )));
         }
+        let since = Instant::now();
         if let Some(mut s) = self.server.take() {
             let status = s.child.wait();
             log::error!(
@@ -716,8 +833,12 @@ impl Holder {
             );
             s.finish();
         }
-        let restart: Vec<u32> = Vec::new();
-        self.restart_with(None, &restart)
+        self.restart_with(&[])?;
+        log::info!(
+            "holder: serving again {} ms after the crash was seen",
+            since.elapsed().as_millis()
+        );
+        Ok(())
     }
 
     /// SIGUSR2: hand the session over to the binary at the holder's path.
@@ -737,25 +858,15 @@ impl Holder {
                 .ok_or_else(|| io::Error::other("no GET_VRING_BASE reply"))?;
             self.record.stopped_at(r.u32_at(0), r.u32_at(4));
         }
-        let server = self
-            .server
-            .as_ref()
-            .ok_or_else(|| io::Error::other("no file server"))?;
-        let state = match save_state(server) {
-            Ok(s) => s,
-            Err(e) => {
-                // The old server goes on serving where it stopped.
-                self.resume_vrings(&running)?;
-                return Err(e);
-            }
-        };
-        log::info!(
-            "holder: upgrade: {} vring(s) stopped, session of {} bytes taken",
-            running.len(),
-            state.len()
-        );
+        // The quiet point: nothing in flight. The server goes without its clean exit (which
+        // would end the session): what it kept stays with the holder for the new build.
+        if let Some(s) = &mut self.server {
+            let _ = s.child.kill();
+            let _ = s.child.wait();
+        }
+        log::info!("holder: upgrade: {} vring(s) stopped", running.len());
         self.own_build = false;
-        self.restart_with(Some(&state), &running)?;
+        self.restart_with(&running)?;
         self.mark_running(&running);
         log::info!(
             "holder: upgrade done in {} ms",
@@ -771,100 +882,6 @@ impl Holder {
             }
         }
     }
-
-    /// Starts `vrings` (stopped by the holder) again on the current server, as QEMU's
-    /// `cont` would: their setup with the reported base, then the kick.
-    fn resume_vrings(&mut self, vrings: &[u32]) -> io::Result<()> {
-        let server = self
-            .server
-            .as_ref()
-            .ok_or_else(|| io::Error::other("no file server"))?;
-        for i in vrings {
-            let Some(v) = self.record.vrings.get(i) else {
-                continue;
-            };
-            for m in v.setup.values().filter(|m| m.req != req::SET_VRING_ENABLE) {
-                server.call(&m.dup()?, false)?;
-            }
-            if let Some(k) = &v.kick {
-                server.call(&k.dup()?, false)?;
-                if let Some(fd) = k.fds.first() {
-                    let _ = (&File::from(fd.try_clone()?)).write_all(&1u64.to_ne_bytes());
-                }
-            }
-            if let Some(e) = v.setup.get(&req::SET_VRING_ENABLE) {
-                server.call(&e.dup()?, false)?;
-            }
-        }
-        self.mark_running(vrings);
-        Ok(())
-    }
-}
-
-/// Takes the server's session (the migration stream) with SET_DEVICE_STATE_FD.
-fn save_state(server: &Server) -> io::Result<Vec<u8>> {
-    let (rd, wr) = pipe()?;
-    let mut m = Msg::new(
-        req::SET_DEVICE_STATE_FD,
-        [0u32, 0u32].map(u32::to_le_bytes).concat(),
-    );
-    m.fds.push(wr);
-    let r = server
-        .call(&m, false)?
-        .ok_or_else(|| io::Error::other("no SET_DEVICE_STATE_FD reply"))?;
-    drop(m);
-    if r.u64_at(0) & 0xff != 0 {
-        return Err(io::Error::other(
-            "the file server refused to save its session",
-        ));
-    }
-    let mut bytes = Vec::new();
-    File::from(rd).read_to_end(&mut bytes)?;
-    check_state(server)?;
-    Ok(bytes)
-}
-
-/// Gives `bytes` (a session) to the server with SET_DEVICE_STATE_FD.
-fn load_state(server: &Server, bytes: &[u8]) -> io::Result<()> {
-    let (rd, wr) = pipe()?;
-    let mut m = Msg::new(
-        req::SET_DEVICE_STATE_FD,
-        [1u32, 0u32].map(u32::to_le_bytes).concat(),
-    );
-    m.fds.push(rd);
-    let r = server
-        .call(&m, false)?
-        .ok_or_else(|| io::Error::other("no SET_DEVICE_STATE_FD reply"))?;
-    drop(m);
-    if r.u64_at(0) & 0xff != 0 {
-        return Err(io::Error::other(
-            "the file server refused to load a session",
-        ));
-    }
-    File::from(wr).write_all(bytes)?;
-    check_state(server)
-}
-
-fn check_state(server: &Server) -> io::Result<()> {
-    let r = server
-        .call(&Msg::new(req::CHECK_DEVICE_STATE, Vec::new()), false)?
-        .ok_or_else(|| io::Error::other("no CHECK_DEVICE_STATE reply"))?;
-    if r.u64_at(0) != 0 {
-        return Err(io::Error::other(
-            "the session transfer failed (see the file server's log)",
-        ));
-    }
-    Ok(())
-}
-
-fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: `fds` is a valid array of two descriptors for pipe2 to fill.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: pipe2 just created both descriptors; each is owned once, here.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// A signalfd for the holder's signals (blocked in the holder; servers get the default mask).
@@ -919,7 +936,14 @@ pub fn run(cli: &Cli) -> io::Result<()> {
             "--restartable does not take --cache-size/--dax-window yet (the DAX window table does not survive a restart); drop one",
         ));
     }
-    let launcher = Launcher::new()?;
+    if cli.inode_file_handles == crate::host::cli::InodeFileHandles::Mandatory {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "--restartable does not take --inode-file-handles=mandatory yet (the holder keeps inodes as descriptors); drop one",
+        ));
+    }
+    raise_nofile();
+    let launcher = Launcher::new(cli)?;
     let signals = signal_fd()?;
     let (listener, run_files): (UnixListener, Option<RunFiles>) = match (&cli.socket_path, cli.fd) {
         (_, Some(fd)) => {
@@ -957,7 +981,7 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         own_build: false,
         crashes: Vec::new(),
     };
-    h.start(None, &[])?;
+    h.start(&[])?;
     let result = serve(&mut h, &signals);
     if let Some(s) = h.server.take() {
         s.finish();

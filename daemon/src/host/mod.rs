@@ -8,6 +8,7 @@ pub mod cli;
 pub mod daemon;
 mod dax_channel;
 pub mod holder;
+pub mod keeper_link;
 pub mod mount;
 pub mod runfiles;
 pub mod sandbox;

@@ -309,6 +309,9 @@ impl PassthroughFs {
         drop(sys::dup(h.fd())?);
         if let Some(fd) = h.take_owner(owner) {
             unlock_all(&fd);
+            if let Some(k) = self.handles.keeper() {
+                k.release(crate::protocol::keeper::Kept::Owner(handle, owner));
+            }
         }
         Ok(())
     }
@@ -330,7 +333,23 @@ impl PassthroughFs {
 
     /// The host descriptor POSIX locks of `owner` on handle `h` live on: its own open file
     /// description, reopened with the handle's access mode.
-    fn owner_fd(&self, h: &HandleData, owner: u64) -> io::Result<Arc<OwnedFd>> {
+    fn owner_fd(&self, h: &HandleData, handle: Handle, owner: u64) -> io::Result<Arc<OwnedFd>> {
+        if let Some(fd) = h.existing_owner_fd(owner) {
+            return Ok(fd);
+        }
+        let fd = self.new_owner_fd(h, owner)?;
+        if let Some(k) = self.handles.keeper() {
+            // Before the lock is taken on it: a crash keeps the lock with the descriptor.
+            k.keep(
+                crate::protocol::keeper::Kept::Owner(handle, owner),
+                &[],
+                Some(fd.as_fd()),
+            );
+        }
+        Ok(fd)
+    }
+
+    fn new_owner_fd(&self, h: &HandleData, owner: u64) -> io::Result<Arc<OwnedFd>> {
         h.owner_fd(owner, || {
             let acc = match h.access() {
                 Some((true, true)) => libc::O_RDWR,
@@ -409,7 +428,7 @@ impl PassthroughFs {
                     None => return Ok(()),
                 }
             }
-            Some(_) => Some(self.owner_fd(&h, owner)?),
+            Some(_) => Some(self.owner_fd(&h, handle, owner)?),
             None => None,
         };
         let try_once = || match (flock_op, posix, &owner_fd) {

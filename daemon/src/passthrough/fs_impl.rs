@@ -27,16 +27,7 @@ filesystem_impl! {
             log::warn!("the client does not support submounts");
         }
         let want = self.init_wants();
-        let agreed = want & offered;
-        let n = &self.negotiated;
-        n.writeback
-            .store(agreed & f::WRITEBACK_CACHE != 0, Ordering::Relaxed);
-        n.submounts
-            .store(agreed & f::SUBMOUNTS != 0, Ordering::Relaxed);
-        n.killpriv_v2
-            .store(agreed & f::HANDLE_KILLPRIV_V2 != 0, Ordering::Relaxed);
-        let acl = f::POSIX_ACL | f::DONT_MASK;
-        n.posix_acl.store(agreed & acl == acl, Ordering::Relaxed);
+        self.apply_agreed(want & offered);
         if let (Some(w), Ok(root)) = (self.watch.get(), self.inodes.get(crate::protocol::abi::ROOT_ID)) {
             w.note(&root);
         }

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::protocol::filesystem::{Handle, Inode};
+use crate::protocol::keeper::{Keeper, Kept};
 
 /// What a handle refers to.
 #[derive(Debug)]
@@ -100,6 +101,18 @@ impl HandleData {
         self.owners().get(&owner).map(|o| o.fd.clone())
     }
 
+    /// Puts back lock owner `owner`'s descriptor (kept across a crash).
+    pub fn restore_owner(&self, owner: u64, fd: OwnedFd) {
+        self.owners().insert(
+            owner,
+            LockOwner {
+                fd: Arc::new(fd),
+                pid: 0,
+                seq: 0,
+            },
+        );
+    }
+
     /// Records that guest process `pid` took a POSIX lock as `owner`.
     pub fn note_lock(&self, owner: u64, pid: u32) {
         if let Some(o) = self.owners().get_mut(&owner) {
@@ -117,6 +130,31 @@ impl HandleData {
     /// Every owner's descriptor (RELEASE).
     pub fn take_all_owners(&self) -> Vec<Arc<OwnedFd>> {
         self.owners().drain().map(|(_, o)| o.fd).collect()
+    }
+
+    /// Its entry for the keeper: inode, and 0 (directory) or the access mode + 1.
+    fn kept_meta(&self) -> Vec<u8> {
+        let mut v = self.inode.to_le_bytes().to_vec();
+        v.push(match self.kind {
+            HandleKind::Dir { .. } => 0,
+            HandleKind::File { readable, writable } => {
+                1 + match (readable, writable) {
+                    (true, true) => libc::O_RDWR,
+                    (false, true) => libc::O_WRONLY,
+                    _ => libc::O_RDONLY,
+                } as u8
+            }
+        });
+        v
+    }
+
+    /// A handle back from [`Self::kept_meta`]'s bytes and its descriptor.
+    pub fn from_kept(meta: &[u8], fd: OwnedFd) -> Option<Self> {
+        let inode = u64::from_le_bytes(meta.get(..8)?.try_into().ok()?);
+        Some(match *meta.get(8)? {
+            0 => HandleData::dir(inode, fd),
+            m => HandleData::file(inode, fd, libc::c_int::from(m - 1)),
+        })
     }
 
     pub fn dir(inode: Inode, fd: OwnedFd) -> Self {
@@ -188,6 +226,8 @@ impl Table {
 pub(super) struct HandleStore {
     map: RwLock<Table>,
     next: AtomicU64,
+    /// Where handles are kept across a crash (`--restartable`).
+    keeper: std::sync::OnceLock<Arc<dyn Keeper>>,
     /// Handles [`Self::writer`] looked at (tests: its cost must not grow with the table).
     #[cfg(test)]
     examined: std::sync::atomic::AtomicUsize,
@@ -198,6 +238,7 @@ impl HandleStore {
         HandleStore {
             map: RwLock::new(Table::default()),
             next: AtomicU64::new(1),
+            keeper: std::sync::OnceLock::new(),
             #[cfg(test)]
             examined: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -205,6 +246,7 @@ impl HandleStore {
 
     pub fn insert(&self, data: HandleData) -> Handle {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.keep(id, &data);
         self.map
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -249,7 +291,38 @@ impl HandleStore {
         if !ok {
             return Err(ebadf());
         }
-        map.take(fh).ok_or_else(ebadf)
+        let h = map.take(fh).ok_or_else(ebadf)?;
+        if let Some(k) = self.keeper.get() {
+            k.release(Kept::Handle(fh));
+        }
+        Ok(h)
+    }
+
+    /// Gives handle `fh` to the keeper (before the reply names it).
+    fn keep(&self, fh: Handle, h: &HandleData) {
+        if let Some(k) = self.keeper.get() {
+            k.keep(Kept::Handle(fh), &h.kept_meta(), Some(h.fd.as_fd()));
+        }
+    }
+
+    /// The keeper, when there is one.
+    pub fn keeper(&self) -> Option<&Arc<dyn Keeper>> {
+        self.keeper.get()
+    }
+
+    /// Keeps every handle with `keeper` from now on.
+    pub fn set_keeper(&self, keeper: Arc<dyn Keeper>) {
+        let _ = self.keeper.set(keeper);
+    }
+
+    /// Puts handles a crashed server kept back.
+    pub fn restore(&self, entries: Vec<(Handle, HandleData)>) {
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        for (fh, h) in entries {
+            let after = fh.saturating_add(1);
+            self.next.fetch_max(after, Ordering::Relaxed);
+            map.add(fh, Arc::new(h));
+        }
     }
 
     /// The most recent handle of `inode` open for writing, if any (asked by a SETATTR that
@@ -290,6 +363,7 @@ impl HandleStore {
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
         *map = Table::default();
         for (fh, h) in entries {
+            self.keep(fh, &h);
             map.add(fh, Arc::new(h));
         }
         self.next.store(next, Ordering::Relaxed);

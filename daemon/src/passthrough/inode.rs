@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::fhandle::{open_handle, FileHandleBytes};
 use crate::protocol::abi::ROOT_ID;
 use crate::protocol::filesystem::Inode;
+use crate::protocol::keeper::{Keeper, Kept};
 
 /// Identity of a host file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -180,6 +181,35 @@ struct Table {
 /// FORGET never closes a descriptor that is in use; it closes when the last user is done.
 pub(super) struct InodeStore {
     table: Mutex<Table>,
+    /// Where inodes are kept across a crash (`--restartable`).
+    keeper: std::sync::OnceLock<Arc<dyn Keeper>>,
+}
+
+/// Lookup count of an inode restored after a crash: the guest's own count is unknown, so it
+/// is never dropped by FORGETs; it goes when the session ends.
+pub(super) const PINNED: u64 = 1 << 48;
+
+/// An inode's entry for the keeper: its key and kind.
+pub(super) fn kept_meta(data: &InodeData) -> Vec<u8> {
+    let mut v = Vec::with_capacity(28);
+    for x in [data.key.dev, data.key.ino, data.key.mnt] {
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.extend_from_slice(&data.kind.to_le_bytes());
+    v
+}
+
+/// The key and kind back from [`kept_meta`]'s bytes.
+pub(super) fn from_kept_meta(b: &[u8]) -> Option<(InodeKey, u32)> {
+    let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+    (b.len() == 28).then(|| {
+        let key = InodeKey {
+            dev: u(0),
+            ino: u(8),
+            mnt: u(16),
+        };
+        (key, u32::from_le_bytes(b[24..28].try_into().unwrap()))
+    })
 }
 
 fn ebadf() -> io::Error {
@@ -212,6 +242,7 @@ impl InodeStore {
                 by_key,
                 next_id: ROOT_ID + 1,
             }),
+            keeper: std::sync::OnceLock::new(),
         }
     }
 
@@ -290,7 +321,41 @@ impl InodeStore {
             },
         );
         t.by_key.insert(key, id);
+        self.keep(&data);
         Ok(data)
+    }
+
+    /// Gives `data` to the keeper (before any reply names it).
+    fn keep(&self, data: &InodeData) {
+        if let (Some(k), InodeFile::Fd(fd)) = (self.keeper.get(), &data.file) {
+            k.keep(Kept::Inode(data.id), &kept_meta(data), Some(fd.as_fd()));
+        }
+    }
+
+    /// Keeps every inode with `keeper` from now on.
+    pub fn set_keeper(&self, keeper: Arc<dyn Keeper>) {
+        let _ = self.keeper.set(keeper);
+    }
+
+    /// Puts inodes a crashed server kept back (`id`, key, kind, descriptor), with
+    /// [`PINNED`] counts.
+    pub fn restore(&self, entries: Vec<(Inode, InodeKey, u32, OwnedFd)>) {
+        let mut t = self.lock();
+        for (id, key, kind, fd) in entries {
+            if id == ROOT_ID {
+                continue;
+            }
+            let data = Arc::new(InodeData {
+                id,
+                key,
+                file: InodeFile::Fd(fd),
+                kind,
+                dax_fd: Mutex::default(),
+            });
+            t.by_key.insert(key, id);
+            t.by_id.insert(id, Slot { data, refs: PINNED });
+            t.next_id = t.next_id.max(id.saturating_add(1));
+        }
     }
 
     /// Drops `count` references; the inode goes away at zero (then it is returned). Unknown
@@ -309,6 +374,9 @@ impl InodeStore {
         // Only remove the key if it still points at this inode.
         if t.by_key.get(&slot.data.key) == Some(&id) {
             t.by_key.remove(&slot.data.key);
+        }
+        if let Some(k) = self.keeper.get() {
+            k.release(Kept::Inode(id));
         }
         Some(slot.data)
     }
@@ -345,6 +413,9 @@ impl InodeStore {
         t.by_key.clear();
         for (data, refs) in entries {
             t.by_key.insert(data.key, data.id);
+            if data.id != ROOT_ID {
+                self.keep(&data);
+            }
             t.by_id.insert(data.id, Slot { data, refs });
         }
         t.next_id = next_id;

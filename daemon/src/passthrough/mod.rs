@@ -45,6 +45,7 @@ mod fs_impl;
 mod handle;
 pub mod idmap;
 mod inode;
+mod kept;
 mod migration;
 pub mod state;
 mod watch;
@@ -725,6 +726,21 @@ impl PassthroughFs {
     /// a migrated session may have agreed).
     ///
     /// [`FileSystem::init`]: crate::protocol::filesystem::FileSystem::init
+    /// Applies the INIT flags agreed with the guest (`agreed`: what it offered of
+    /// [`Self::init_wants`]) to how requests are served.
+    fn apply_agreed(&self, agreed: u64) {
+        use crate::protocol::abi::init_flags as f;
+        let n = &self.negotiated;
+        n.writeback
+            .store(agreed & f::WRITEBACK_CACHE != 0, Ordering::Relaxed);
+        n.submounts
+            .store(agreed & f::SUBMOUNTS != 0, Ordering::Relaxed);
+        n.killpriv_v2
+            .store(agreed & f::HANDLE_KILLPRIV_V2 != 0, Ordering::Relaxed);
+        let acl = f::POSIX_ACL | f::DONT_MASK;
+        n.posix_acl.store(agreed & acl == acl, Ordering::Relaxed);
+    }
+
     pub fn init_wants(&self) -> u64 {
         use crate::protocol::abi::init_flags as f;
         let cfg = &self.cfg;

@@ -47,6 +47,27 @@ pub struct SessionState {
     pub flags: u64,
 }
 
+impl SessionState {
+    /// Its bytes as the keeper holds them.
+    pub fn to_kept(&self) -> Vec<u8> {
+        let mut v = vec![u8::from(self.initialized)];
+        v.extend_from_slice(&self.minor.to_le_bytes());
+        v.extend_from_slice(&self.max_io.to_le_bytes());
+        v.extend_from_slice(&self.flags.to_le_bytes());
+        v
+    }
+
+    /// From [`Self::to_kept`]'s bytes.
+    pub fn from_kept(b: &[u8]) -> Option<Self> {
+        (b.len() == 17).then(|| SessionState {
+            initialized: b[0] != 0,
+            minor: u32::from_le_bytes(b[1..5].try_into().unwrap()),
+            max_io: u32::from_le_bytes(b[5..9].try_into().unwrap()),
+            flags: u64::from_le_bytes(b[9..17].try_into().unwrap()),
+        })
+    }
+}
+
 impl Codec for SessionState {
     fn encode(&self, e: &mut Enc) -> io::Result<()> {
         e.u8(u8::from(self.initialized));
@@ -142,6 +163,8 @@ pub struct Server<F: FileSystem> {
     max_stack_depth: u32,
     /// FUSE passthrough, when the transport can register backing files.
     fuse_passthrough: Option<FusePassthrough>,
+    /// Where the session is kept across a crash (`--restartable`).
+    keeper: std::sync::OnceLock<std::sync::Arc<dyn crate::protocol::keeper::Keeper>>,
 }
 
 /// Parsed request header plus the caller's identity.
@@ -169,6 +192,7 @@ impl<F: FileSystem> Server<F> {
             transport_flags: opts.transport_flags,
             max_stack_depth: opts.max_stack_depth,
             fuse_passthrough: None,
+            keeper: std::sync::OnceLock::new(),
         }
     }
 
@@ -298,6 +322,9 @@ impl<F: FileSystem> Server<F> {
 
     /// Ends the session as on DESTROY: used by transports on device reset and disconnect.
     pub fn reset(&self) {
+        if let Some(k) = self.keeper.get() {
+            k.clear();
+        }
         self.session.initialized.store(false, Ordering::SeqCst);
         self.session.flags.store(0, Ordering::SeqCst);
         self.mapper.end_session();
@@ -305,6 +332,21 @@ impl<F: FileSystem> Server<F> {
             p.close_all();
         }
         self.fs.destroy();
+    }
+
+    /// Keeps the session with `keeper` from now on (`--restartable`).
+    pub fn set_keeper(&self, keeper: std::sync::Arc<dyn crate::protocol::keeper::Keeper>) {
+        let _ = self.keeper.set(keeper);
+        self.keep_session();
+    }
+
+    fn keep_session(&self) {
+        if let Some(k) = self.keeper.get() {
+            let st = self.export_session();
+            if st.initialized {
+                k.keep(crate::protocol::keeper::Kept::Session, &st.to_kept(), None);
+            }
+        }
     }
 
     /// The negotiated FUSE session, for the migration state.
@@ -349,6 +391,7 @@ impl<F: FileSystem> Server<F> {
         s.max_io.store(st.max_io, Ordering::Relaxed);
         s.flags.store(st.flags, Ordering::Relaxed);
         s.initialized.store(st.initialized, Ordering::Release);
+        self.keep_session();
         Ok(())
     }
 
@@ -978,6 +1021,7 @@ impl<F: FileSystem> Server<F> {
         self.session.max_io.store(max_io, Ordering::Relaxed);
         self.session.flags.store(agreed, Ordering::Relaxed);
         self.session.initialized.store(true, Ordering::Release);
+        self.keep_session();
         log::info!(
             "INIT: client FUSE {}.{}, flags {agreed:#x}, max_write {max_io}, DAX window {} bytes",
             a.major,

@@ -7,6 +7,7 @@ mod dirty_log;
 pub mod fuse_uring;
 pub mod notify_queue;
 mod queue_state;
+pub mod ring_records;
 pub mod vhost_user;
 pub mod vring_chain;
 mod window_regions;

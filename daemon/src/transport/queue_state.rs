@@ -2,10 +2,12 @@
 //! drain it, and the used-ring completions with their batched notifications.
 
 use std::io;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use vhost_user_backend::VringT;
+use virtio_queue::QueueT;
 
+use super::ring_records::RingRecords;
 use super::vhost_user::FsVring;
 use super::worker_pool::Look;
 
@@ -41,6 +43,8 @@ pub(super) struct QueueShared {
     pub(super) drained: Condvar,
     /// Signalled on each completion: a worker holding back at the in-flight bound goes on.
     pub(super) space: Condvar,
+    /// With `--restartable`: the vring's records, and its index there.
+    pub(super) records: OnceLock<(Arc<RingRecords>, usize)>,
 }
 
 impl QueueShared {
@@ -62,9 +66,15 @@ impl QueueShared {
         if done.blocking {
             s.blocking = s.blocking.saturating_sub(1);
         }
+        let records = self.records.get();
         if s.epoch != done.epoch {
             log::info!("request finished after a device reset; not completed");
-        } else if let Err(e) = vring.add_used(done.head, done.used) {
+        } else if let Err(e) = {
+            if let Some((r, i)) = records {
+                r.completing(*i, done.head, vring.get_ref().get_queue().next_used());
+            }
+            vring.add_used(done.head, done.used)
+        } {
             log::error!("cannot complete request {}: {e}", done.head);
         } else {
             s.unsignalled += 1;
@@ -78,6 +88,9 @@ impl QueueShared {
                 s.unsignalled = 0;
                 notify(vring);
             }
+        }
+        if let Some((r, i)) = records {
+            r.completed(*i, done.head);
         }
         if s.inflight == 0 && s.unsignalled == 0 && s.drain_waiters > 0 {
             self.drained.notify_all();

@@ -43,6 +43,7 @@ use super::chain_request::refuse;
 pub(crate) use super::chain_request::{decode, serve, Walked};
 use super::notify_queue::{NotifyQueue, VIRTIO_FS_F_NOTIFICATION};
 use super::queue_state::{Done, QueueShared};
+use super::ring_records::RingRecords;
 use super::window_regions::{without_window_files, Window, NO_BASE};
 use super::worker_pool::{Awake, Pool, Seen, POLL_BEFORE_SLEEP};
 use crate::protocol::abi::VirtioFsConfig;
@@ -193,6 +194,10 @@ pub struct FsBackend<F: FileSystem> {
     device_state: Option<Arc<dyn DeviceStateTransfer>>,
     /// The notification queue, when offered.
     notify: Option<NotifyQueue>,
+    /// With `--restartable`: what each vring popped and not completed, kept by the holder.
+    records: Option<Arc<RingRecords>>,
+    /// Bit i set: vring i was checked against `records` since it last started.
+    resumed: AtomicU64,
 }
 
 /// Which queues each worker thread serves (`queues_per_thread`): the first `shared` queues
@@ -285,6 +290,8 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             channel,
             device_state: None,
             notify: cfg.notify.clone().map(NotifyQueue::new).transpose()?,
+            records: None,
+            resumed: AtomicU64::new(0),
         })
     }
 
@@ -308,6 +315,82 @@ impl<F: FileSystem + 'static> FsBackend<F> {
 
     fn notify_wake_event(&self) -> u64 {
         self.num_queues() as u64 + 1
+    }
+
+    /// Records what each vring popped and completed in `records` (a region the holder of
+    /// `--restartable` keeps), and resumes vrings a previous process left live there.
+    pub fn with_ring_records(mut self, records: Arc<RingRecords>) -> Self {
+        for (i, q) in self.queues.iter().enumerate() {
+            let _ = q.records.set((records.clone(), i));
+        }
+        self.records = Some(records);
+        self
+    }
+
+    /// At the first kick of vring `queue` since it started: when the process before this one
+    /// left it live (it died), takes the ring over where it stopped and serves again the
+    /// requests it had popped and not completed ([`RingRecords::start`]).
+    fn resume_once(&self, queue: usize, vring: &FsVring) {
+        let Some(records) = &self.records else { return };
+        let bit = queue_bit(queue);
+        if self.resumed.fetch_or(bit, Ordering::SeqCst) & bit != 0 {
+            return;
+        }
+        let Some(atomic) = self.memory() else { return };
+        let mem = atomic.memory();
+        let (resumed, at) = {
+            let mut v = vring.get_mut();
+            let q = v.get_queue_mut();
+            let used = q.used_idx(&*mem, Ordering::Acquire).map_or(0, |w| w.0);
+            let avail = q.avail_idx(&*mem, Ordering::Acquire).map_or(0, |w| w.0);
+            let (ring, size) = (q.avail_ring(), q.size());
+            let avail_at = |p: u16| {
+                let off = 4 + 2 * u64::from(p % size.max(1));
+                vm_memory::Bytes::read_obj::<u16>(&*mem, vm_memory::GuestAddress(ring + off))
+                    .ok()
+                    .map(u16::from_le)
+            };
+            let Some(r) = records.start(queue, q.next_avail(), used, avail, avail_at) else {
+                return;
+            };
+            if self.is_notify_queue(queue) {
+                // Buffers are taken and returned in order: the ones taken and not returned
+                // are taken again.
+                q.set_next_avail(used);
+                q.set_next_used(used);
+                log::info!("queue {queue}: resumed at {used}");
+                return;
+            }
+            q.set_next_avail(r.next_avail);
+            q.set_next_used(used);
+            let at: Vec<ChainAt> = r
+                .heads
+                .iter()
+                .map(|&head| ChainAt {
+                    table: q.desc_table(),
+                    size: q.size(),
+                    head,
+                })
+                .collect();
+            (r, at)
+        };
+        log::info!(
+            "queue {queue}: resumed at avail {}; serving {} request(s) again",
+            resumed.next_avail,
+            at.len()
+        );
+        let Some(q) = self.queues.get(queue) else {
+            return;
+        };
+        for chain in at {
+            let epoch = {
+                let mut s = q.lock();
+                s.inflight += 1;
+                s.epoch
+            };
+            self.serve_chain(queue, q, vring, chain, epoch, &atomic);
+        }
+        q.flush(vring);
     }
 
     /// Offers live migration (protocol feature DEVICE_STATE) through `t`.
@@ -421,6 +504,8 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         let Some(q) = self.queues.get(queue) else {
             return Ok(());
         };
+        // A vring served inline (hiprio) may be popped before its own kick is seen.
+        self.resume_once(queue, vring);
         let event_idx = self.event_idx.load(Ordering::Relaxed);
         let _awake = self.awake.wake();
         let mut since_hiprio = 0usize;
@@ -500,7 +585,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 .0;
             s.space_waiters -= 1;
         }
-        let chain = Self::pop(vring, atomic);
+        let chain = self.pop(queue, vring, atomic);
         if chain.is_some() {
             s.inflight += 1;
             // A vring stopped and restarted while this loop ran (a `stop`/`cont`
@@ -644,10 +729,13 @@ impl<F: FileSystem + 'static> FsBackend<F> {
 
     /// Takes the next available chain: where it is (the walk happens later, outside the
     /// vring lock).
-    fn pop(vring: &FsVring, mem: &GuestMem) -> Option<ChainAt> {
+    fn pop(&self, queue: usize, vring: &FsVring, mem: &GuestMem) -> Option<ChainAt> {
         let mut v = vring.get_mut();
         let q = v.get_queue_mut();
         let head = q.pop_descriptor_chain(mem.memory())?.head_index();
+        if let Some(r) = &self.records {
+            r.popped(queue, head, q.next_avail());
+        }
         Some(ChainAt {
             table: q.desc_table(),
             size: q.size(),
@@ -713,6 +801,10 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             s.unsignalled = 0;
         }
         self.running.store(0, Ordering::SeqCst);
+        if let Some(r) = &self.records {
+            r.reset();
+        }
+        self.resumed.store(0, Ordering::SeqCst);
         if let Some(n) = &self.notify {
             // Node ids die with the session; SET_FEATURES says again what the guest takes.
             n.set_acked(false);
@@ -806,6 +898,10 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
         // virtio-fs request, and the base tells the frontend they were consumed.
         self.drain(queue_index as usize);
         let bit = queue_bit(queue_index as usize);
+        if let Some(r) = &self.records {
+            r.stopped(queue_index as usize);
+        }
+        self.resumed.fetch_and(!bit, Ordering::SeqCst);
         let before = {
             let _g = self.queues.get(queue_index as usize).map(|q| q.lock());
             self.running.fetch_and(!bit, Ordering::SeqCst)
@@ -854,6 +950,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             }
             self.mark_running(queue);
         }
+        self.resume_once(queue, vring);
         if self.is_notify_queue(queue) {
             // The guest posted buffers: messages waiting go out.
             if let (Some(n), Some(mem)) = (&self.notify, self.memory()) {

@@ -901,6 +901,39 @@ static int cmd_lockwaiters(const char *path, int n, int bound)
     return 0;
 }
 
+/*
+ * lockhold FILE: takes a POSIX write lock on all of FILE (F_SETLK), prints LOCKED and
+ * holds it until killed. lockbusy FILE: exits 0 when another process holds a conflicting
+ * POSIX lock on FILE (F_SETLK fails with EAGAIN or EACCES, F_GETLK names a writer), 1 when
+ * the lock could be taken.
+ */
+static int cmd_lockhold(const char *path)
+{
+    int fd = OK(open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+    struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+    OK(fcntl(fd, F_SETLK, &fl));
+    printf("LOCKED\n");
+    fflush(stdout);
+    for (;;)
+        pause();
+}
+
+static int cmd_lockbusy(const char *path)
+{
+    int fd = OK(open(path, O_RDWR | O_CLOEXEC));
+    struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+    if (fcntl(fd, F_SETLK, &fl) == 0) {
+        printf("LOCKBUSY free\n");
+        return 1;
+    }
+    ASSERT(errno == EAGAIN || errno == EACCES, "F_SETLK: %s", strerror(errno));
+    struct flock q = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+    OK(fcntl(fd, F_GETLK, &q));
+    ASSERT(q.l_type == F_WRLCK, "F_GETLK reports type %d", q.l_type);
+    printf("LOCKBUSY held\n");
+    return 0;
+}
+
 static void usage(void)
 {
     fprintf(stderr,
@@ -909,7 +942,8 @@ static void usage(void)
             "  unlinkopen DIR | sparse FILE | seekdata FILE | utimes FILE\n"
             "  rename2 DIR | readdir DIR COUNT | append FILE | special DIR | direct FILE\n"
             "  mmapdirty FILE OFFSET TEXT | timeedges DIR set|check | seekedges FILE\n"
-            "  mmapmtime FILE [SIZE] | busytext FILE | lockwaiters FILE N BOUND\n");
+            "  mmapmtime FILE [SIZE] | busytext FILE | lockwaiters FILE N BOUND\n"
+            "  lockhold FILE | lockbusy FILE\n");
     exit(2);
 }
 
@@ -997,6 +1031,8 @@ int main(int argc, char **argv)
     if (!strcmp(c, "mmapmtime")) return cmd_mmapmtime(argv[2], argc > 3 ? argv[3] : NULL);
     if (!strcmp(c, "mmapdirty") && argc == 5) return cmd_mmapdirty(argv[2], argv[3], argv[4]);
     if (!strcmp(c, "busytext")) return cmd_busytext(argv[2]);
+    if (!strcmp(c, "lockhold")) return cmd_lockhold(argv[2]);
+    if (!strcmp(c, "lockbusy")) return cmd_lockbusy(argv[2]);
     if (!strcmp(c, "hold")) {
         /* busytext's running copy: says it runs, then waits to be killed. */
         ASSERT(write(atoi(argv[2]), "r", 1) == 1, "hold: telling the parent");

@@ -1,0 +1,67 @@
+//! The passthrough's part of a session kept across a crash (`--restartable`, see
+//! [`crate::protocol::keeper`]): every inode the guest holds and every open handle, each
+//! with its descriptor, given to the keeper as the tables change, and taken back by the
+//! next server.
+
+use std::sync::Arc;
+
+use super::handle::HandleData;
+use super::inode::from_kept_meta;
+use super::PassthroughFs;
+use crate::protocol::keeper::{Keeper, Kept, KeptEntry};
+
+impl PassthroughFs {
+    /// Keeps inodes and handles with `keeper` from now on.
+    pub fn set_keeper(&self, keeper: Arc<dyn Keeper>) {
+        self.inodes.set_keeper(keeper.clone());
+        self.handles.set_keeper(keeper);
+    }
+
+    /// Takes back what a crashed server kept: the options it agreed in INIT (`agreed`, the
+    /// session's flags), its inodes (their lookup counts pinned: the guest's are unknown)
+    /// and its handles. Returns how many inodes and handles came back; entries that do not
+    /// decode are dropped with a log line.
+    pub fn restore_kept(&self, agreed: u64, entries: Vec<KeptEntry>) -> (usize, usize) {
+        self.apply_agreed(agreed & self.init_wants());
+        let mut inodes = Vec::new();
+        let mut handles = Vec::new();
+        let mut owners = Vec::new();
+        for (what, meta, fd) in entries {
+            match (what, fd) {
+                (Kept::Inode(id), Some(fd)) => match from_kept_meta(&meta) {
+                    Some((key, kind)) => inodes.push((id, key, kind, fd)),
+                    None => log::warn!("restart: inode {id}: entry does not decode"),
+                },
+                (Kept::Handle(fh), Some(fd)) => match HandleData::from_kept(&meta, fd) {
+                    Some(h) => handles.push((fh, h)),
+                    None => log::warn!("restart: handle {fh}: entry does not decode"),
+                },
+                (Kept::Owner(fh, owner), Some(fd)) => owners.push((fh, owner, fd)),
+                (Kept::Session, _) => {}
+                (what, None) => log::warn!("restart: {what:?} came back without a descriptor"),
+            }
+        }
+        let counts = (inodes.len(), handles.len());
+        self.inodes.restore(inodes);
+        if let Some(w) = self.watch.get() {
+            // The guest's directories, by the ids it knows, are watched again.
+            let (all, _) = self.inodes.export();
+            for (data, _) in all {
+                w.note(&data);
+            }
+        }
+        if let Some(n) = self.notifier.get() {
+            // Host changes while no server ran went unseen.
+            n.mark_stale();
+        }
+        for (fh, h) in &handles {
+            for (_, owner, fd) in owners.iter_mut().filter(|o| o.0 == *fh) {
+                if let Ok(fd) = fd.try_clone() {
+                    h.restore_owner(*owner, fd);
+                }
+            }
+        }
+        self.handles.restore(handles);
+        counts
+    }
+}
