@@ -190,6 +190,8 @@ pub struct DaxWindow<S: WindowSink = Backend> {
     wb: wberr::WbErrors,
     /// Guest bytes whose write-back failed after their range left the window (leaf lock).
     stranded: Mutex<Vec<stranded::Stranded>>,
+    /// Host files the window sent the frontend and their fanotify marks (leaf locks).
+    host: host_watch::HostWatch,
 }
 
 fn einval(why: &str) -> io::Error {
@@ -251,6 +253,7 @@ impl<S: WindowSink> DaxWindow<S> {
             committed_cv: Condvar::new(),
             wb: wberr::WbErrors::default(),
             stranded: Mutex::new(Vec::new()),
+            host: host_watch::HostWatch::default(),
         })
     }
 }

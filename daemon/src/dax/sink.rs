@@ -61,8 +61,34 @@ impl WindowSink for Backend {
             ..Default::default()
         };
         super::window_io::note_unmap(moffset);
-        super::host_watch::unmapped(moffset);
         self.shmem_unmap(&req).map(|_| ())
+    }
+}
+
+/// The sink as the window sends through it ([`DaxWindow::with_sink`]): an unmap also tells
+/// the window's host watch that the mapping went.
+pub(super) struct Sending<'a, S> {
+    sink: &'a S,
+    host: &'a super::host_watch::HostWatch,
+}
+
+impl<S: WindowSink> Sending<'_, S> {
+    /// [`WindowSink::map`].
+    pub(super) fn map(
+        &self,
+        moffset: u64,
+        len: u64,
+        fd: BorrowedFd,
+        foffset: u64,
+        writable: bool,
+    ) -> io::Result<()> {
+        self.sink.map(moffset, len, fd, foffset, writable)
+    }
+
+    /// [`WindowSink::unmap`], after the host watch forgot the mapping.
+    pub(super) fn unmap(&self, moffset: u64, len: u64) -> io::Result<()> {
+        self.host.unmapped(moffset);
+        self.sink.unmap(moffset, len)
     }
 }
 
@@ -111,7 +137,7 @@ impl<S: WindowSink> DaxWindow<S> {
     pub fn reset(&self) {
         self.running.store(false, Ordering::SeqCst);
         super::window_io::note_reset();
-        super::host_watch::unmapped_all();
+        self.host.unmapped_all();
         self.wake_commit_waiters();
         let (live, parked, _pool) = self.drain(true);
         // A merge in progress (the periodic write-back, a request's sync point) ends first:
@@ -178,7 +204,10 @@ impl<S: WindowSink> DaxWindow<S> {
     /// finishes each commit before reading the next one). A frontend that sends no update
     /// for the first request within [`COMMIT_PROBE`] (the userspace driver) is not waited
     /// for again, unless an update holding a window-mapped host file shows it does.
-    pub(super) fn with_sink<T>(&self, f: impl FnOnce(&S) -> io::Result<T>) -> io::Result<T> {
+    pub(super) fn with_sink<T>(
+        &self,
+        f: impl FnOnce(&Sending<'_, S>) -> io::Result<T>,
+    ) -> io::Result<T> {
         if !self.running.load(Ordering::SeqCst) {
             log::warn!("DAX request while the device is not running: nothing sent");
             return Err(eio());
@@ -197,7 +226,10 @@ impl<S: WindowSink> DaxWindow<S> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .count;
-        let res = f(s)?;
+        let res = f(&Sending {
+            sink: s,
+            host: &self.host,
+        })?;
         let mut u = self.committed.lock().unwrap_or_else(|e| e.into_inner());
         let limit = match u.reports {
             Some(false) => None,

@@ -42,6 +42,10 @@ impl BackendChannel for DaxWindow<Backend> {
         crate::dax::window_io::sent_offset(file, foffset, len)
     }
 
+    fn backs_window(&self, file: &std::fs::File) -> bool {
+        DaxWindow::backs_window(self, file)
+    }
+
     fn read_window(&self, moffset: u64, buf: &mut [u8]) -> std::io::Result<()> {
         DaxWindow::read_window(self, moffset, buf)
     }
