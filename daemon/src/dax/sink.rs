@@ -65,27 +65,25 @@ impl WindowSink for Backend {
     }
 }
 
-/// The sink as the window sends through it ([`DaxWindow::with_sink`]): an unmap also tells
-/// the window's host watch that the mapping went.
+/// The sink as the window sends through it ([`DaxWindow::with_sink`]): the sink itself (it
+/// derefs to it, so `map` is the sink's), except that [`Sending::unmap`] first tells the
+/// window's host watch that the mapping goes.
 pub(super) struct Sending<'a, S> {
     sink: &'a S,
     host: &'a super::host_watch::HostWatch,
 }
 
-impl<S: WindowSink> Sending<'_, S> {
-    /// [`WindowSink::map`].
-    pub(super) fn map(
-        &self,
-        moffset: u64,
-        len: u64,
-        fd: BorrowedFd,
-        foffset: u64,
-        writable: bool,
-    ) -> io::Result<()> {
-        self.sink.map(moffset, len, fd, foffset, writable)
-    }
+impl<S> std::ops::Deref for Sending<'_, S> {
+    type Target = S;
 
-    /// [`WindowSink::unmap`], after the host watch forgot the mapping.
+    fn deref(&self) -> &S {
+        self.sink
+    }
+}
+
+impl<S: WindowSink> Sending<'_, S> {
+    /// [`WindowSink::unmap`], after the host watch forgot the mapping (its file's mark goes
+    /// with its last mapping).
     pub(super) fn unmap(&self, moffset: u64, len: u64) -> io::Result<()> {
         self.host.unmapped(moffset);
         self.sink.unmap(moffset, len)
