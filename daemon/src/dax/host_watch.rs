@@ -512,7 +512,7 @@ fn read_events(w: &Group) {
 /// queued behind its worker, two daemons evacuating at once would wait on each other for ever.
 /// An open (`FAN_OPEN_PERM`) may be an `O_TRUNC` open, whose truncate sends no event of its
 /// own: from 0. (`fallocate(FALLOC_FL_COLLAPSE_RANGE)` shrinks a file, but its event is that
-/// of a write: not intercepted, see README "Limits".)
+/// of a write: not intercepted, see docs/limits.md.)
 fn may_shrink_from(mask: u64, range: Option<(u64, u64)>) -> Option<u64> {
     if mask & FAN_PRE_ACCESS == 0 {
         return Some(0);
