@@ -110,7 +110,7 @@ impl<S: WindowSink> DaxWindow<S> {
         if moved > 0 {
             // Request stores into the moved ranges' file finish before the shrink goes on;
             // later ones look the range up again (a shadow now).
-            super::window_io::evacuated();
+            self.io.evacuated();
             log::info!(
                 "DAX: host access to file dev={} ino={}: {moved} direct mapping(s) moved to shadows before it may shrink",
                 key.0,

@@ -49,7 +49,6 @@ impl WindowSink for Backend {
             len,
             flags: flags.bits(),
         };
-        super::window_io::note_map(moffset, len, fd, foffset);
         let raw = fd.as_raw_fd();
         self.shmem_map(&req, &raw).map(|_| ())
     }
@@ -60,31 +59,29 @@ impl WindowSink for Backend {
             len,
             ..Default::default()
         };
-        super::window_io::note_unmap(moffset);
         self.shmem_unmap(&req).map(|_| ())
     }
 }
 
-/// The sink as the window sends through it ([`DaxWindow::with_sink`]): the sink itself (it
-/// derefs to it, so `map` is the sink's), except that [`Sending::unmap`] first tells the
-/// window's host watch that the mapping goes.
+/// The sink as the window sends through it ([`DaxWindow::with_sink`]): each request is noted
+/// in the window's state first (what the frontend maps; the host watch's marks).
 pub(super) struct Sending<'a, S> {
     sink: &'a S,
     host: &'a super::host_watch::HostWatch,
-}
-
-impl<S> std::ops::Deref for Sending<'_, S> {
-    type Target = S;
-
-    fn deref(&self) -> &S {
-        self.sink
-    }
+    io: &'a super::window_io::IoState,
 }
 
 impl<S: WindowSink> Sending<'_, S> {
-    /// [`WindowSink::unmap`], after the host watch forgot the mapping (its file's mark goes
-    /// with its last mapping).
+    /// [`WindowSink::map`] (`m`: window offset, `fo`: file offset, `w`: writable).
+    pub(super) fn map(&self, m: u64, len: u64, fd: BorrowedFd, fo: u64, w: bool) -> io::Result<()> {
+        self.io.note_map(m, len, fd, fo);
+        self.sink.map(m, len, fd, fo, w)
+    }
+
+    /// [`WindowSink::unmap`]: the mapping is forgotten (and its file's mark goes with its
+    /// last mapping) first.
     pub(super) fn unmap(&self, moffset: u64, len: u64) -> io::Result<()> {
+        self.io.note_unmap(moffset);
         self.host.unmapped(moffset);
         self.sink.unmap(moffset, len)
     }
@@ -134,7 +131,7 @@ impl<S: WindowSink> DaxWindow<S> {
     /// (those see the new generation and publish nothing).
     pub fn reset(&self) {
         self.running.store(false, Ordering::SeqCst);
-        super::window_io::note_reset();
+        self.io.note_reset();
         self.host.unmapped_all();
         self.wake_commit_waiters();
         let (live, parked, _pool) = self.drain(true);
@@ -227,6 +224,7 @@ impl<S: WindowSink> DaxWindow<S> {
         let res = f(&Sending {
             sink: s,
             host: &self.host,
+            io: &self.io,
         })?;
         let mut u = self.committed.lock().unwrap_or_else(|e| e.into_inner());
         let limit = match u.reports {
