@@ -1,4 +1,5 @@
-"""Small helpers the bench scripts share (bench/daemon-wrap.py, bench/host.py, bench/meta.py)."""
+"""Small helpers the bench scripts share (bench/daemon-wrap.py, bench/host.py, bench/meta.py,
+bench/notify.py)."""
 import itertools
 import os
 
@@ -80,3 +81,30 @@ def verdict(ours, peer, alpha=0.05):
     if p_slower < alpha:
         return f"slower (p={p_slower:.3f})"
     return f"level (p={min(p_faster, p_slower):.2f})"
+
+
+def run_rows(log, label, items, run, rows, save, ok):
+    """Runs one boot (or run) per item and keeps going past failures: for each (name, start
+    message, item) it logs the message, appends run(item) (a dict with a "status") to rows,
+    logs "LABEL NAME: ok(row)" or the row's error (with its console log, when it has one),
+    and saves.
+
+    >>> said, rows = [], []
+    >>> run = lambda i: {"status": "ok"} if i else {"status": "failed", "error": "no boot"}
+    >>> run_rows(said.append, "x", [("a", "x: a", 1), ("b", "x: b", 0)], run, rows,
+    ...          lambda: said.append("saved"), lambda r: "fine")
+    >>> said
+    ['x: a', 'x a: fine', 'saved', 'x: b', 'ERROR x b: no boot', 'saved']
+    >>> len(rows)
+    2
+    """
+    for name, start, item in items:
+        log(start)
+        r = run(item)
+        rows.append(r)
+        if r["status"] == "ok":
+            log(f"{label} {name}: {ok(r)}")
+        else:
+            where = f"; console log {r['console_log']}" if r.get("console_log") else ""
+            log(f"ERROR {label} {name}: {r.get('error')}{where}")
+        save()

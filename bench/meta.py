@@ -38,7 +38,7 @@ import subprocess
 import tempfile
 import time
 
-from benchlib import descendants, ratio, verdict  # bench/benchlib.py
+from benchlib import descendants, ratio, run_rows, verdict  # bench/benchlib.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -739,32 +739,28 @@ def run_density(a, raw, results, save):
         log(f"density: {dmn} exec to ready socket: median "
             f"{den['startup'][-1]['ms']} ms over {len(ok)} start(s)")
     save()
-    for cfg in DENSITY_CONFIGS:
-        if a.configs and not re.search(a.configs, cfg[0]):
-            continue
-        log(f"density: {DENSITY_GUESTS} guests reading one {DENSITY_FILE_MIB} MiB file: {cfg[0]}")
+    def density_config(cfg):
         r = run_density_config(a, raw, cfg)
         r["desc"] = f"{cfg[1]} --cache={cfg[2]} {' '.join(cfg[4])}".strip() + \
             (f"; guest -o {cfg[3]}" if cfg[3] else "")
-        den["configs"].append(r)
-        if r["status"] == "ok":
-            log(f"density {cfg[0]}: guest page cache {r['guest_cache_kib'] / 1024:.0f} MiB in all, "
-                f"host memory +{r['host_growth_kib'] / 1024:.0f} MiB (total "
-                f"{r['after']['total_kib'] / 1024:.0f} MiB)")
-        else:
-            log(f"ERROR density {cfg[0]}: {r.get('error')}")
-        save()
+        return r
+
+    run_rows(log, "density",
+             [(c[0], f"density: {DENSITY_GUESTS} guests reading one {DENSITY_FILE_MIB} MiB file: "
+               f"{c[0]}", c) for c in DENSITY_CONFIGS
+              if not a.configs or re.search(a.configs, c[0])],
+             density_config, den["configs"], save,
+             lambda r: f"guest page cache {r['guest_cache_kib'] / 1024:.0f} MiB in all, "
+                       f"host memory +{r['host_growth_kib'] / 1024:.0f} MiB (total "
+                       f"{r['after']['total_kib'] / 1024:.0f} MiB)")
     n = WALK_INODES_QUICK if a.quick else WALK_INODES
-    for dmn in ("daxfsd", "virtiofsd"):
-        log(f"density: {dmn} memory idle and after a walk of {n} inodes")
-        r = run_walk(a, raw, dmn, n)
-        den["walk"].append(r)
-        if r["status"] == "ok":
-            log(f"density {dmn}: own memory idle {r['idle']['own_kib']} KiB, after the walk "
-                f"{r['walked']['own_kib']} KiB (VmHWM {r['walked']['hwm_kib']} KiB), walk {r['walk_s']} s")
-        else:
-            log(f"ERROR density walk {dmn}: {r.get('error')}")
-        save()
+    run_rows(log, "density walk",
+             [(d, f"density: {d} memory idle and after a walk of {n} inodes", d)
+              for d in ("daxfsd", "virtiofsd")],
+             lambda d: run_walk(a, raw, d, n), den["walk"], save,
+             lambda r: f"own memory idle {r['idle']['own_kib']} KiB, after the walk "
+                       f"{r['walked']['own_kib']} KiB (VmHWM {r['walked']['hwm_kib']} KiB), "
+                       f"walk {r['walk_s']} s")
 
 
 # ---- summaries and report ---------------------------------------------------------------------

@@ -37,6 +37,8 @@ import subprocess
 import tempfile
 import time
 
+from benchlib import run_rows  # bench/benchlib.py
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -314,16 +316,10 @@ def run_notify(a, raw, results, save):
                 "miss_stop": MISS_STOP, "poll_ms": POLL_S * 1000, "cal": CAL,
                 "configs": [c[0] for c in cfgs], "rows": []})
     log(f"notify: {len(cfgs)} boots, {n} edits per phase, timeout {TIMEOUT_S:g} s")
-    for c in cfgs:
-        log(f"notify: {c[0]}")
-        r = run_config(a, raw, c, n)
-        sec["rows"].append(r)
-        if r["status"] == "ok":
-            log(f"notify {c[0]}: marker {r.get('marker_ms')} ms; read {summary(r, 'read')}; "
-                f"watch {summary(r, 'watch')}")
-        else:
-            log(f"ERROR notify {c[0]}: {r.get('error')}; console log {r['console_log']}")
-        save()
+    run_rows(log, "notify", [(c[0], f"notify: {c[0]}", c) for c in cfgs],
+             lambda c: run_config(a, raw, c, n), sec["rows"], save,
+             lambda r: f"marker {r.get('marker_ms')} ms; read {summary(r, 'read')}; "
+                       f"watch {summary(r, 'watch')}")
 
 
 # ---- summaries and report --------------------------------------------------------------

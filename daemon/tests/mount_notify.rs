@@ -5,77 +5,12 @@
 //! The same steps without `--notify` are the control: they must see the stale state, or the
 //! test proves nothing. Root only (mount(2)).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
-
-fn is_fuse_mount(p: &Path) -> bool {
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: `c` is NUL-terminated and `st` a writable statfs.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type == FUSE_SUPER_MAGIC }
-}
-
-struct Mounted {
-    child: Child,
-    log: PathBuf,
-    share: PathBuf,
-    mnt: PathBuf,
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let end = Instant::now() + Duration::from_secs(10);
-        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let c = std::ffi::CString::new(self.mnt.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: `c` is NUL-terminated.
-        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-    }
-}
-
-fn mount(dir: &Path, args: &[&str]) -> Mounted {
-    let (share, mnt, log) = (dir.join("share"), dir.join("mnt"), dir.join("daemon.log"));
-    std::fs::create_dir_all(share.join("d")).unwrap();
-    std::fs::create_dir_all(&mnt).unwrap();
-    std::fs::write(share.join("d/f"), b"old").unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_daxfsd"))
-        .arg("--shared-dir")
-        .arg(&share)
-        .arg("--mount")
-        .arg(&mnt)
-        .args(args)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut m = Mounted {
-        child,
-        log,
-        share,
-        mnt,
-    };
-    let end = Instant::now() + Duration::from_secs(15);
-    while !is_fuse_mount(&m.mnt) {
-        assert!(
-            m.child.try_wait().unwrap().is_none() && Instant::now() < end,
-            "no mount; log:\n{}",
-            std::fs::read_to_string(&m.log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    m
-}
+use common::mount::{mount, require_root, Mounted};
 
 /// What `stat(2)` shows of f through the mount: size and permission bits. (Rust's
 /// `metadata` asks `statx` for the birth time, which FUSE attributes do not cache, so it would
@@ -108,12 +43,12 @@ fn host_change(m: &Mounted) {
 /// Caches through the mount, changes the share, and returns what the mount shows after
 /// `within` (polling: the first moment it is the new state, or the stale state at the end).
 fn after_change(args: &[&str], within: Duration) -> ((u64, u32), Duration) {
-    // SAFETY: geteuid has no arguments and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        panic!("run as root (mount(2))");
-    }
+    require_root("mount(2)");
     let dir = tempfile::tempdir().unwrap();
-    let m = mount(dir.path(), args);
+    let m = mount(dir.path(), args, |share| {
+        std::fs::create_dir_all(share.join("d")).unwrap();
+        std::fs::write(share.join("d/f"), b"old").unwrap();
+    });
     std::fs::set_permissions(
         m.share.join("d/f"),
         std::os::unix::fs::PermissionsExt::from_mode(0o644),

@@ -6,21 +6,15 @@
 //! cleanly. Root only (mount(2), cgroups, `fuse.enable_uring`).
 
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
-const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+use common::mount::{is_fuse_mount, mount, require_root};
 
-fn is_fuse_mount(p: &Path) -> bool {
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: `c` is NUL-terminated and `st` a writable statfs.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type == FUSE_SUPER_MAGIC }
-}
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 
 /// Process `pid` and its descendants (a sandboxed daemon serves from a child process).
 fn tree(pid: u32) -> Vec<u32> {
@@ -100,58 +94,6 @@ impl Drop for UringParam {
     }
 }
 
-struct Daemon {
-    child: Child,
-    log: PathBuf,
-    mnt: PathBuf,
-}
-
-impl Daemon {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let c = std::ffi::CString::new(self.mnt.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: `c` is NUL-terminated.
-        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-    }
-}
-
-fn start(dir: &Path, args: &[&str]) -> Daemon {
-    let (share, mnt, log) = (dir.join("share"), dir.join("mnt"), dir.join("daemon.log"));
-    std::fs::create_dir_all(&share).unwrap();
-    std::fs::create_dir_all(&mnt).unwrap();
-    std::fs::write(share.join("f"), vec![7u8; 256 << 10]).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_daxfsd"))
-        .arg("--shared-dir")
-        .arg(&share)
-        .arg("--mount")
-        .arg(&mnt)
-        .args(args)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut d = Daemon { child, log, mnt };
-    let end = Instant::now() + Duration::from_secs(15);
-    while !is_fuse_mount(&d.mnt) {
-        assert!(
-            d.child.try_wait().unwrap().is_none() && Instant::now() < end,
-            "no mount; log:\n{}",
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    d
-}
-
 /// The number after `before` in `log` (its last occurrence).
 fn count_after(log: &str, before: &str) -> u64 {
     log.rsplit(before)
@@ -166,7 +108,9 @@ fn count_after(log: &str, before: &str) -> u64 {
 /// daemon's exit report, that the mode really served the traffic.
 fn stop_cont_and_freeze(tag: &str, args: &[&str], used: impl Fn(&str) -> bool) {
     let dir = tempfile::tempdir().unwrap();
-    let mut d = start(dir.path(), args);
+    let mut d = mount(dir.path(), args, |share| {
+        std::fs::write(share.join("f"), vec![7u8; 256 << 10]).unwrap();
+    });
     let pid = d.child.id();
     let f = d.mnt.join("f");
     let stop = AtomicBool::new(false);
@@ -262,15 +206,9 @@ fn stop_cont_and_freeze(tag: &str, args: &[&str], used: impl Fn(&str) -> bool) {
     );
 }
 
-fn root() {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(euid, 0, "mounts /dev/fuse and uses cgroups: run as root");
-}
-
 #[test]
 fn stop_cont_and_freeze_over_dev_fuse() {
-    root();
+    require_root("mounts /dev/fuse and uses cgroups");
     stop_cont_and_freeze("read", &["--passthrough=off", "--io-uring=off"], |log| {
         count_after(log, "/dev/fuse: ") > 1000
     });
@@ -278,7 +216,7 @@ fn stop_cont_and_freeze_over_dev_fuse() {
 
 #[test]
 fn stop_cont_and_freeze_with_fuse_passthrough() {
-    root();
+    require_root("mounts /dev/fuse and uses cgroups");
     stop_cont_and_freeze(
         "passthrough",
         &["--passthrough=auto", "--io-uring=off"],
@@ -288,7 +226,7 @@ fn stop_cont_and_freeze_with_fuse_passthrough() {
 
 #[test]
 fn stop_cont_and_freeze_over_io_uring() {
-    root();
+    require_root("mounts /dev/fuse and uses cgroups");
     let _param = UringParam::enable();
     stop_cont_and_freeze("io-uring", &["--passthrough=off", "--io-uring=on"], |log| {
         count_after(log, "io-uring: ") > 1000

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::host_watch::{key_of, owner_keys, Key};
+use super::host_watch::{key_of, Key};
 use super::placement::{Plan, Source};
 use super::{DaxWindow, WindowSink};
 
@@ -23,11 +23,7 @@ impl<S: WindowSink> DaxWindow<S> {
     /// the daemon's own truncate, which the fanotify watch lets through): every direct mapping
     /// of the host file reaching past `size`, through any alias inode, moves to a shadow first.
     pub(crate) fn shrink_owner(&self, owner: u64, size: u64) {
-        let known = owner_keys()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&owner)
-            .copied();
+        let known = self.host.owner_key(owner);
         let key = known.or_else(|| {
             let t = self.table.lock().ok()?;
             let m = t.by_owner.get(&owner)?.iter().next()?;
@@ -114,7 +110,7 @@ impl<S: WindowSink> DaxWindow<S> {
         if moved > 0 {
             // Request stores into the moved ranges' file finish before the shrink goes on;
             // later ones look the range up again (a shadow now).
-            super::window_io::evacuated();
+            self.io.evacuated();
             log::info!(
                 "DAX: host access to file dev={} ino={}: {moved} direct mapping(s) moved to shadows before it may shrink",
                 key.0,

@@ -24,7 +24,7 @@
 //!   frontend's `mmap` of a range the daemon is mapping right now (`Expect`).
 //!   The group needs CAP_SYS_ADMIN (made at start, before capabilities are dropped); marks are
 //!   inode marks (`FAN_MARK_EVICTABLE`: they never pin an inode).
-//! - **The daemon never reads guest memory through a host file's mapping** ([`backs_window`]):
+//! - **The daemon never reads guest memory through a host file's mapping** ([`DaxWindow::backs_window`]):
 //!   the transport leaves regions whose descriptor is a file the window mapped out of the
 //!   memory it resolves descriptors with, so a descriptor pointing into such a range fails that
 //!   one request instead of faulting in the daemon.
@@ -34,7 +34,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use super::{DaxWindow, WindowSink};
 
@@ -53,6 +53,22 @@ pub(super) fn key_of(f: &File) -> Option<Key> {
         .map(|st| (st.st_dev, st.st_ino))
 }
 
+/// One window's host-change state: the files it sent the frontend, each owner's last file,
+/// the fanotify marks and (with `--dax-mapping direct` and the capability) the group. Owned
+/// by the [`DaxWindow`]; every registry is a leaf lock except `marks`, under which a mark
+/// is added or removed through the group.
+#[derive(Default)]
+pub(super) struct HostWatch {
+    sent: Mutex<Sent>,
+    /// The host file each guest inode (owner) mapped last: a guest truncate through an alias
+    /// inode reaches the other aliases' mappings by it. Bounded: cleared when it grows past
+    /// [`OWNERS_MAX`] (an owner then found by its live mappings only).
+    owners: Mutex<HashMap<u64, Key>>,
+    marks: Mutex<Marks>,
+    /// Set once by [`DaxWindow::watch_host`].
+    group: OnceLock<Arc<Group>>,
+}
+
 /// Host files the window mapped, by window offset (bounded by the window's pages).
 #[derive(Default)]
 struct Sent {
@@ -60,42 +76,7 @@ struct Sent {
     by_key: HashMap<Key, HashSet<u64>>,
 }
 
-fn sent() -> &'static Mutex<Sent> {
-    static SENT: OnceLock<Mutex<Sent>> = OnceLock::new();
-    SENT.get_or_init(Mutex::default)
-}
-
-/// The host file each guest inode (owner) mapped last: a guest truncate through an alias
-/// inode reaches the other aliases' mappings by it. Bounded: cleared when it grows past
-/// [`OWNERS_MAX`] (an owner then found by its live mappings only).
-pub(super) fn owner_keys() -> &'static Mutex<HashMap<u64, Key>> {
-    static KEYS: OnceLock<Mutex<HashMap<u64, Key>>> = OnceLock::new();
-    KEYS.get_or_init(Mutex::default)
-}
 const OWNERS_MAX: usize = 1 << 16;
-
-fn note_sent(moffset: u64, key: Key) {
-    let mut s = sent().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(old) = s.by_off.insert(moffset, key) {
-        if let Some(set) = s.by_key.get_mut(&old) {
-            set.remove(&moffset);
-            if set.is_empty() {
-                s.by_key.remove(&old);
-            }
-        }
-    }
-    s.by_key.entry(key).or_default().insert(moffset);
-}
-
-/// Whether `file` is a host file the window mapped (then the frontend's memory region of it
-/// may fault when a host process shrinks the file: the daemon must not read through it).
-pub fn backs_window(file: &File) -> bool {
-    let Some(key) = key_of(file) else {
-        return false;
-    };
-    let s = sent().lock().unwrap_or_else(|e| e.into_inner());
-    s.by_key.contains_key(&key)
-}
 
 /// Host files marked in the fanotify group: a descriptor of each (the mark is removed
 /// through it) and the window offsets mapping it directly. The mark goes with the last of
@@ -107,14 +88,9 @@ struct Marks {
     by_off: HashMap<u64, Key>,
 }
 
-fn marks() -> &'static Mutex<Marks> {
-    static MARKS: OnceLock<Mutex<Marks>> = OnceLock::new();
-    MARKS.get_or_init(Mutex::default)
-}
-
 const MARK_MASK: u64 = FAN_PRE_ACCESS | libc::FAN_OPEN_PERM;
 
-fn unmark(w: &Watch, fd: &OwnedFd) {
+fn unmark(w: &Group, fd: &OwnedFd) {
     // SAFETY: removes the mark of the inode of the open descriptor `fd` (no path); plain
     // integer arguments.
     let r = unsafe {
@@ -144,25 +120,8 @@ fn forget_off(m: &mut Marks, moffset: u64) -> Option<OwnedFd> {
     m.by_key.remove(&key).map(|(fd, _)| fd)
 }
 
-/// The frontend mapping at window offset `moffset` went (SHMEM_UNMAP): when it was the last
-/// direct mapping of its file, the file's mark goes.
-pub(super) fn unmapped(moffset: u64) {
-    let Some(w) = WATCH.get() else { return };
-    let mut m = marks().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(fd) = forget_off(&mut m, moffset) {
-        unmark(w, &fd);
-    }
-}
-
-/// Every frontend mapping went (device reset): every mark goes.
-pub(super) fn unmapped_all() {
-    let Some(w) = WATCH.get() else { return };
-    let mut m = marks().lock().unwrap_or_else(|e| e.into_inner());
-    m.by_off.clear();
-    for (_, (fd, _)) in m.by_key.drain() {
-        unmark(w, &fd);
-    }
-}
+/// A file range: (dev, ino, offset, len).
+type Range = (u64, u64, u64, u64);
 
 struct Job {
     fd: OwnedFd,
@@ -170,12 +129,13 @@ struct Job {
     from: u64,
 }
 
-/// The fanotify group and its bookkeeping.
-struct Watch {
+/// The fanotify group and its bookkeeping: made by [`init`] while the daemon still has
+/// CAP_SYS_ADMIN, then handed to the window ([`DaxWindow::watch_host`]).
+pub struct Group {
     fd: OwnedFd,
     pid: i32,
-    /// Frontend `mmap`s of a file range the daemon is sending (dev, ino, offset, len).
-    expected: Mutex<HashMap<(u64, u64, u64, u64), usize>>,
+    /// Frontend `mmap`s of a file range the daemon is sending.
+    expected: Mutex<HashMap<Range, usize>>,
     jobs: Mutex<VecDeque<Job>>,
     more: Condvar,
     /// Marks failed for good (kernel older than 6.14): stop trying.
@@ -184,11 +144,9 @@ struct Watch {
     no_hsm: Mutex<HashSet<u64>>,
 }
 
-static WATCH: OnceLock<Watch> = OnceLock::new();
-
 /// Makes the fanotify group (needs CAP_SYS_ADMIN: call before capabilities are dropped).
-/// Logs and returns false where host truncates cannot be intercepted.
-pub fn init() -> bool {
+/// Logs and returns `None` where host truncates cannot be intercepted.
+pub fn init() -> Option<Group> {
     let flags = libc::FAN_CLASS_PRE_CONTENT
         | libc::FAN_CLOEXEC
         | libc::FAN_UNLIMITED_QUEUE
@@ -201,11 +159,11 @@ pub fn init() -> bool {
             "DAX: host truncates of mapped files cannot be intercepted (fanotify_init: {}; needs CAP_SYS_ADMIN): a host process that shrinks a file the guest maps can crash QEMU",
             io::Error::last_os_error()
         );
-        return false;
+        return None;
     }
     // SAFETY: fanotify_init returned a new descriptor that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let w = Watch {
+    Some(Group {
         fd,
         pid: std::process::id() as i32,
         expected: Mutex::default(),
@@ -213,90 +171,160 @@ pub fn init() -> bool {
         more: Condvar::new(),
         off: AtomicBool::new(false),
         no_hsm: Mutex::default(),
-    };
-    WATCH.set(w).is_ok()
+    })
 }
 
 /// While alive, the frontend's `mmap` of this range is expected (not a host change).
-pub(crate) struct Expect(Option<(u64, u64, u64, u64)>);
+pub(crate) struct Expect(Option<(Arc<Group>, Range)>);
 
 impl Drop for Expect {
     fn drop(&mut self) {
-        if let (Some(k), Some(w)) = (self.0, WATCH.get()) {
+        if let Some((w, k)) = &self.0 {
             let mut e = w.expected.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(n) = e.get_mut(&k) {
+            if let Some(n) = e.get_mut(k) {
                 *n -= 1;
                 if *n == 0 {
-                    e.remove(&k);
+                    e.remove(k);
                 }
             }
         }
     }
 }
 
-/// Called just before the window maps `len` bytes of `f` from `foffset` at `moffset`: notes
-/// the file as window-backed and watches it for host changes. Keep the guard until the
-/// SHMEM_MAP is answered.
-pub(crate) fn watch(f: &File, owner: u64, moffset: u64, foffset: u64, len: u64) -> Expect {
-    let Some(key) = key_of(f) else {
-        return Expect(None);
-    };
-    note_sent(moffset, key);
-    {
-        let mut o = owner_keys().lock().unwrap_or_else(|e| e.into_inner());
-        if o.len() >= OWNERS_MAX {
-            o.clear();
-        }
-        o.insert(owner, key);
-    }
-    let Some(w) = WATCH.get() else {
-        return Expect(None);
-    };
-    if w.off.load(Ordering::Relaxed) {
-        return Expect(None);
-    }
-    let how = libc::FAN_MARK_ADD | libc::FAN_MARK_INODE | libc::FAN_MARK_EVICTABLE;
-    // Under the registry's lock: a removal for the file's last old mapping cannot undo it.
-    let mut reg = marks().lock().unwrap_or_else(|e| e.into_inner());
-    // SAFETY: marks the inode of the open descriptor `f` (no path); plain integer arguments.
-    let r = unsafe {
-        libc::fanotify_mark(
-            w.fd.as_raw_fd(),
-            how,
-            MARK_MASK,
-            f.as_raw_fd(),
-            std::ptr::null(),
-        )
-    };
-    if r == 0 {
-        // A mapping at this offset of another file (not unmapped first) stops counting.
-        if reg.by_off.get(&moffset).is_some_and(|k| *k != key) {
-            if let Some(fd) = forget_off(&mut reg, moffset) {
-                unmark(w, &fd);
+impl HostWatch {
+    fn note_sent(&self, moffset: u64, key: Key) {
+        let mut s = self.sent.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = s.by_off.insert(moffset, key) {
+            if let Some(set) = s.by_key.get_mut(&old) {
+                set.remove(&moffset);
+                if set.is_empty() {
+                    s.by_key.remove(&old);
+                }
             }
         }
-        let fresh = !reg.by_key.contains_key(&key);
-        let dup = if fresh {
-            f.as_fd().try_clone_to_owned().ok()
-        } else {
-            None
+        s.by_key.entry(key).or_default().insert(moffset);
+    }
+
+    /// Whether `file` is a host file the window mapped.
+    pub(super) fn backs_window(&self, file: &File) -> bool {
+        let Some(key) = key_of(file) else {
+            return false;
         };
-        match (reg.by_key.get_mut(&key), dup) {
-            (Some((_, offs)), _) => {
-                offs.insert(moffset);
-                reg.by_off.insert(moffset, key);
-            }
-            (None, Some(fd)) => {
-                reg.by_key.insert(key, (fd, HashSet::from([moffset])));
-                reg.by_off.insert(moffset, key);
-            }
-            // No descriptor to remove it by later (EMFILE): the mark stays, as it is
-            // evictable it pins nothing.
-            (None, None) => {}
+        let s = self.sent.lock().unwrap_or_else(|e| e.into_inner());
+        s.by_key.contains_key(&key)
+    }
+
+    /// The host file guest inode `owner` mapped last, if known.
+    pub(super) fn owner_key(&self, owner: u64) -> Option<Key> {
+        self.owners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&owner)
+            .copied()
+    }
+
+    /// The frontend mapping at window offset `moffset` goes (SHMEM_UNMAP): when it was the
+    /// last direct mapping of its file, the file's mark goes.
+    pub(super) fn unmapped(&self, moffset: u64) {
+        let Some(w) = self.group.get() else { return };
+        let mut m = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(fd) = forget_off(&mut m, moffset) {
+            unmark(w, &fd);
         }
     }
-    drop(reg);
-    if r < 0 {
+
+    /// Every frontend mapping went (device reset): every mark goes.
+    pub(super) fn unmapped_all(&self) {
+        let Some(w) = self.group.get() else { return };
+        let mut m = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        m.by_off.clear();
+        for (_, (fd, _)) in m.by_key.drain() {
+            unmark(w, &fd);
+        }
+    }
+
+    /// Called just before the window maps `len` bytes of `f` from `foffset` at `moffset`:
+    /// notes the file as window-backed and watches it for host changes. Keep the guard until
+    /// the SHMEM_MAP is answered.
+    pub(super) fn watch(
+        &self,
+        f: &File,
+        owner: u64,
+        moffset: u64,
+        foffset: u64,
+        len: u64,
+    ) -> Expect {
+        let Some(key) = key_of(f) else {
+            return Expect(None);
+        };
+        self.note_sent(moffset, key);
+        {
+            let mut o = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+            if o.len() >= OWNERS_MAX {
+                o.clear();
+            }
+            o.insert(owner, key);
+        }
+        let Some(w) = self.group.get() else {
+            return Expect(None);
+        };
+        if w.off.load(Ordering::Relaxed) || !self.mark(w, f, key, moffset) {
+            return Expect(None);
+        }
+        let k = (key.0, key.1, foffset, len);
+        *w.expected
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(k)
+            .or_default() += 1;
+        Expect(Some((w.clone(), k)))
+    }
+
+    /// Marks `f` (host file `key`, mapped at `moffset`) in group `w`; false (logged once)
+    /// where it cannot be.
+    fn mark(&self, w: &Group, f: &File, key: Key, moffset: u64) -> bool {
+        let how = libc::FAN_MARK_ADD | libc::FAN_MARK_INODE | libc::FAN_MARK_EVICTABLE;
+        // Under the registry's lock: a removal for the file's last old mapping cannot undo it.
+        let mut reg = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: marks the inode of the open descriptor `f` (no path); plain integer arguments.
+        let r = unsafe {
+            libc::fanotify_mark(
+                w.fd.as_raw_fd(),
+                how,
+                MARK_MASK,
+                f.as_raw_fd(),
+                std::ptr::null(),
+            )
+        };
+        if r == 0 {
+            // A mapping at this offset of another file (not unmapped first) stops counting.
+            if reg.by_off.get(&moffset).is_some_and(|k| *k != key) {
+                if let Some(fd) = forget_off(&mut reg, moffset) {
+                    unmark(w, &fd);
+                }
+            }
+            let fresh = !reg.by_key.contains_key(&key);
+            let dup = if fresh {
+                f.as_fd().try_clone_to_owned().ok()
+            } else {
+                None
+            };
+            match (reg.by_key.get_mut(&key), dup) {
+                (Some((_, offs)), _) => {
+                    offs.insert(moffset);
+                    reg.by_off.insert(moffset, key);
+                }
+                (None, Some(fd)) => {
+                    reg.by_key.insert(key, (fd, HashSet::from([moffset])));
+                    reg.by_off.insert(moffset, key);
+                }
+                // No descriptor to remove it by later (EMFILE): the mark stays, as it is
+                // evictable it pins nothing.
+                (None, None) => {}
+            }
+            return true;
+        }
+        drop(reg);
         let e = io::Error::last_os_error();
         match e.raw_os_error() {
             Some(libc::EINVAL) => {
@@ -311,18 +339,11 @@ pub(crate) fn watch(f: &File, owner: u64, moffset: u64, foffset: u64, len: u64) 
                 }
             }
         }
-        return Expect(None);
+        false
     }
-    let k = (key.0, key.1, foffset, len);
-    *w.expected
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .entry(k)
-        .or_default() += 1;
-    Expect(Some(k))
 }
 
-fn respond(w: &Watch, fd: &OwnedFd) {
+fn respond(w: &Group, fd: &OwnedFd) {
     let r = libc::fanotify_response {
         fd: fd.as_raw_fd(),
         response: libc::FAN_ALLOW,
@@ -349,54 +370,69 @@ fn block_signals() {
     }
 }
 
-/// Starts the event threads for `window` (nothing when [`init`] failed).
-pub fn spawn<S: WindowSink + 'static>(window: Weak<DaxWindow<S>>) {
-    let Some(w) = WATCH.get() else { return };
-    let reader = std::thread::Builder::new()
-        .name("dax-host-events".into())
-        .spawn(move || {
-            block_signals();
-            read_events(w)
-        });
-    let worker = std::thread::Builder::new()
-        .name("dax-host-watch".into())
-        .spawn(move || {
-            block_signals();
-            loop {
-                // Every event queued now, as one batch: each file is evacuated once, from the
-                // lowest offset any of its events may shrink it to, then all are answered.
-                let batch: Vec<Job> = {
-                    let mut q = w.jobs.lock().unwrap_or_else(|e| e.into_inner());
-                    while q.is_empty() {
-                        q = w.more.wait(q).unwrap_or_else(|e| e.into_inner());
-                    }
-                    q.drain(..).collect()
-                };
-                let mut files: HashMap<Key, u64> = HashMap::new();
-                for job in &batch {
-                    let Ok(st) = crate::sys::fstat(job.fd.as_fd()) else {
-                        continue;
+impl<S: WindowSink + 'static> DaxWindow<S> {
+    /// Hands the window the fanotify group from [`init`] and starts its event threads.
+    pub fn watch_host(self: &Arc<Self>, group: Group) {
+        let w = Arc::new(group);
+        if self.host.group.set(w.clone()).is_err() {
+            log::error!("DAX host watch started twice: the second group is dropped");
+            return;
+        }
+        let events = w.clone();
+        let reader = std::thread::Builder::new()
+            .name("dax-host-events".into())
+            .spawn(move || {
+                block_signals();
+                read_events(&events)
+            });
+        let window = Arc::downgrade(self);
+        let worker = std::thread::Builder::new()
+            .name("dax-host-watch".into())
+            .spawn(move || {
+                block_signals();
+                loop {
+                    // Every event queued now, as one batch: each file is evacuated once, from
+                    // the lowest offset any of its events may shrink it to, then all are
+                    // answered.
+                    let batch: Vec<Job> = {
+                        let mut q = w.jobs.lock().unwrap_or_else(|e| e.into_inner());
+                        while q.is_empty() {
+                            q = w.more.wait(q).unwrap_or_else(|e| e.into_inner());
+                        }
+                        q.drain(..).collect()
                     };
-                    let from = files.entry((st.st_dev, st.st_ino)).or_insert(job.from);
-                    *from = (*from).min(job.from);
-                }
-                if let Some(win) = window.upgrade() {
-                    for (key, from) in files {
-                        win.evacuate(key, from);
+                    let mut files: HashMap<Key, u64> = HashMap::new();
+                    for job in &batch {
+                        let Ok(st) = crate::sys::fstat(job.fd.as_fd()) else {
+                            continue;
+                        };
+                        let from = files.entry((st.st_dev, st.st_ino)).or_insert(job.from);
+                        *from = (*from).min(job.from);
+                    }
+                    if let Some(win) = window.upgrade() {
+                        for (key, from) in files {
+                            win.evacuate(key, from);
+                        }
+                    }
+                    for job in &batch {
+                        respond(&w, &job.fd);
                     }
                 }
-                for job in &batch {
-                    respond(w, &job.fd);
-                }
-            }
-        });
-    if let Err(e) = reader.and(worker) {
-        log::error!("cannot start the DAX host-watch threads: {e}");
+            });
+        if let Err(e) = reader.and(worker) {
+            log::error!("cannot start the DAX host-watch threads: {e}");
+        }
+    }
+
+    /// Whether `file` is a host file the window mapped (then the frontend's memory region of
+    /// it may fault when a host process shrinks the file: the daemon must not read through it).
+    pub fn backs_window(&self, file: &File) -> bool {
+        self.host.backs_window(file)
     }
 }
 
 /// Reads events; lets the daemon's own and expected ones through at once, queues the others.
-fn read_events(w: &'static Watch) {
+fn read_events(w: &Group) {
     let mut buf = vec![0u64; 1024];
     loop {
         // SAFETY: reads into a live buffer of the given size.
@@ -476,7 +512,7 @@ fn read_events(w: &'static Watch) {
 /// queued behind its worker, two daemons evacuating at once would wait on each other for ever.
 /// An open (`FAN_OPEN_PERM`) may be an `O_TRUNC` open, whose truncate sends no event of its
 /// own: from 0. (`fallocate(FALLOC_FL_COLLAPSE_RANGE)` shrinks a file, but its event is that
-/// of a write: not intercepted, see README "Limits".)
+/// of a write: not intercepted, see docs/limits.md.)
 fn may_shrink_from(mask: u64, range: Option<(u64, u64)>) -> Option<u64> {
     if mask & FAN_PRE_ACCESS == 0 {
         return Some(0);
@@ -488,7 +524,7 @@ fn may_shrink_from(mask: u64, range: Option<(u64, u64)>) -> Option<u64> {
     }
 }
 
-fn expected(w: &Watch, fd: &OwnedFd, range: Option<(u64, u64)>) -> bool {
+fn expected(w: &Group, fd: &OwnedFd, range: Option<(u64, u64)>) -> bool {
     let Some((off, cnt)) = range else {
         return false;
     };
@@ -650,14 +686,14 @@ mod tests {
         let a = File::create(dir.path().join("a")).unwrap();
         let b = File::create(dir.path().join("b")).unwrap();
         let (ka, kb) = (key_of(&a).unwrap(), key_of(&b).unwrap());
-        // (Other tests note their own files at other offsets meanwhile: look at this one.)
+        let h = HostWatch::default();
         let at = |k: Key| {
-            let s = sent().lock().unwrap();
+            let s = h.sent.lock().unwrap();
             s.by_key.get(&k).is_some_and(|o| o.contains(&(1 << 40)))
         };
-        note_sent(1 << 40, ka);
-        assert!(backs_window(&a) && at(ka) && !at(kb));
-        note_sent(1 << 40, kb);
-        assert!(backs_window(&b) && at(kb) && !at(ka));
+        h.note_sent(1 << 40, ka);
+        assert!(h.backs_window(&a) && at(ka) && !at(kb));
+        h.note_sent(1 << 40, kb);
+        assert!(h.backs_window(&b) && at(kb) && !at(ka));
     }
 }

@@ -134,8 +134,9 @@ pub const WRITEBACK_PERIOD: Duration = Duration::from_secs(5);
 /// 4. `sink` (a read lock for one request to the frontend, its commit wait included) ->
 ///    `shmem_lock` -> `committed` (`committed_cv` waits on it);
 /// 5. leaves: `logged`, `stranded` (a shadow of it is locked only after it is let go),
-///    the write-back errors, and [`host_watch`]'s registries (files sent to the frontend, owner
-///    keys, a watch's expected ranges).
+///    the write-back errors, `host` ([`host_watch`]: files sent to the frontend, owner keys,
+///    marks, a group's expected ranges) and `io` ([`window_io`]: mappings sent, the
+///    evacuation gate, held shared across one `pwrite`).
 ///
 /// Groups 2 and 3 are never held together either: code that needs a shadow and the table
 /// copies what it needs out of the table first. So nothing but `pool_lock` is held across a
@@ -190,6 +191,10 @@ pub struct DaxWindow<S: WindowSink = Backend> {
     wb: wberr::WbErrors,
     /// Guest bytes whose write-back failed after their range left the window (leaf lock).
     stranded: Mutex<Vec<stranded::Stranded>>,
+    /// Host files the window sent the frontend and their fanotify marks (leaf locks).
+    host: host_watch::HostWatch,
+    /// Mappings sent and the evacuation gate, for request buffers in the window (leaf locks).
+    io: window_io::IoState,
 }
 
 fn einval(why: &str) -> io::Error {
@@ -251,6 +256,8 @@ impl<S: WindowSink> DaxWindow<S> {
             committed_cv: Condvar::new(),
             wb: wberr::WbErrors::default(),
             stranded: Mutex::new(Vec::new()),
+            host: host_watch::HostWatch::default(),
+            io: window_io::IoState::default(),
         })
     }
 }

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, Weak};
 use super::copy::{self, CopyMode, CopySig, Slots};
 use super::table::{Placed, SharedShadow};
 use super::tail::{self, Shadow, ShadowKey};
-use super::{eio, file_size, host_watch, DaxWindow, WindowSink};
+use super::{eio, file_size, DaxWindow, WindowSink};
 use crate::protocol::mapper::MapRequest;
 
 /// How to place a guest mapping.
@@ -227,7 +227,7 @@ impl<S: WindowSink> DaxWindow<S> {
                     e
                 })?;
             }
-            let _watched = host_watch::watch(f, owner, moffset, foffset, file_len);
+            let _watched = self.host.watch(f, owner, moffset, foffset, file_len);
             self.with_sink(|s| s.map(moffset, file_len, f.as_fd(), foffset, writable))
                 .map_err(|e| {
                     log::error!("SHMEM_MAP {moffset:#x}+{file_len:#x} failed: {e}");

@@ -49,7 +49,6 @@ impl WindowSink for Backend {
             len,
             flags: flags.bits(),
         };
-        super::window_io::note_map(moffset, len, fd, foffset);
         let raw = fd.as_raw_fd();
         self.shmem_map(&req, &raw).map(|_| ())
     }
@@ -60,9 +59,31 @@ impl WindowSink for Backend {
             len,
             ..Default::default()
         };
-        super::window_io::note_unmap(moffset);
-        super::host_watch::unmapped(moffset);
         self.shmem_unmap(&req).map(|_| ())
+    }
+}
+
+/// The sink as the window sends through it ([`DaxWindow::with_sink`]): each request is noted
+/// in the window's state first (what the frontend maps; the host watch's marks).
+pub(super) struct Sending<'a, S> {
+    sink: &'a S,
+    host: &'a super::host_watch::HostWatch,
+    io: &'a super::window_io::IoState,
+}
+
+impl<S: WindowSink> Sending<'_, S> {
+    /// [`WindowSink::map`] (`m`: window offset, `fo`: file offset, `w`: writable).
+    pub(super) fn map(&self, m: u64, len: u64, fd: BorrowedFd, fo: u64, w: bool) -> io::Result<()> {
+        self.io.note_map(m, len, fd, fo);
+        self.sink.map(m, len, fd, fo, w)
+    }
+
+    /// [`WindowSink::unmap`]: the mapping is forgotten (and its file's mark goes with its
+    /// last mapping) first.
+    pub(super) fn unmap(&self, moffset: u64, len: u64) -> io::Result<()> {
+        self.io.note_unmap(moffset);
+        self.host.unmapped(moffset);
+        self.sink.unmap(moffset, len)
     }
 }
 
@@ -110,8 +131,8 @@ impl<S: WindowSink> DaxWindow<S> {
     /// (those see the new generation and publish nothing).
     pub fn reset(&self) {
         self.running.store(false, Ordering::SeqCst);
-        super::window_io::note_reset();
-        super::host_watch::unmapped_all();
+        self.io.note_reset();
+        self.host.unmapped_all();
         self.wake_commit_waiters();
         let (live, parked, _pool) = self.drain(true);
         // A merge in progress (the periodic write-back, a request's sync point) ends first:
@@ -178,7 +199,10 @@ impl<S: WindowSink> DaxWindow<S> {
     /// finishes each commit before reading the next one). A frontend that sends no update
     /// for the first request within [`COMMIT_PROBE`] (the userspace driver) is not waited
     /// for again, unless an update holding a window-mapped host file shows it does.
-    pub(super) fn with_sink<T>(&self, f: impl FnOnce(&S) -> io::Result<T>) -> io::Result<T> {
+    pub(super) fn with_sink<T>(
+        &self,
+        f: impl FnOnce(&Sending<'_, S>) -> io::Result<T>,
+    ) -> io::Result<T> {
         if !self.running.load(Ordering::SeqCst) {
             log::warn!("DAX request while the device is not running: nothing sent");
             return Err(eio());
@@ -197,7 +221,11 @@ impl<S: WindowSink> DaxWindow<S> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .count;
-        let res = f(s)?;
+        let res = f(&Sending {
+            sink: s,
+            host: &self.host,
+            io: &self.io,
+        })?;
         let mut u = self.committed.lock().unwrap_or_else(|e| e.into_inner());
         let limit = match u.reports {
             Some(false) => None,

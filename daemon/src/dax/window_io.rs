@@ -16,15 +16,15 @@
 //! an upgrade to writable) is waited for, at most [`BUSY_WAIT`].
 //!
 //! The transport learns which regions of its memory table are the window's, and where the
-//! window is in guest-physical space, from [`sent_offset`]: every SHMEM_MAP this process sent
-//! is noted with its file, file offset and length ([`note_map`], from the sink).
+//! window is in guest-physical space, from [`DaxWindow::sent_offset`]: every SHMEM_MAP the window
+//! sent is noted with its file, file offset and length ([`IoState::note_map`]).
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::os::unix::fs::FileExt;
-use std::sync::{Mutex, OnceLock, RwLock};
+use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use super::host_watch::{key_of, Key};
@@ -34,68 +34,59 @@ use super::{eio, DaxWindow, WindowSink};
 /// How long a request waits for a round trip in flight on the range its buffer is in.
 const BUSY_WAIT: Duration = Duration::from_secs(5);
 
-/// Stores into a direct placement's file hold this shared, from their check of the file's
-/// size to the end of the `pwrite`; an evacuation that moved mappings takes it exclusively
-/// and bumps the generation before it lets the host's shrink go on ([`evacuated`]). A store
-/// whose look-up is older than the generation looks again (the range is a shadow now): so a
-/// store never lands after a host truncate that pre-content events announced, where it would
-/// extend the file again.
-fn gate() -> &'static RwLock<u64> {
-    static GATE: RwLock<u64> = RwLock::new(0);
-    &GATE
-}
-
-/// Called by an evacuation after it moved direct mappings to shadows, before the shrink.
-pub(super) fn evacuated() {
-    *gate().write().unwrap_or_else(|e| e.into_inner()) += 1;
-}
-
-fn generation() -> u64 {
-    *gate().read().unwrap_or_else(|e| e.into_inner())
-}
-
 /// How often a store looks its range up again after evacuations moved it.
 const STORE_RETRIES: usize = 4;
 
 /// Frontend mappings sent, by window offset: (file, file offset, length).
 type Sent = BTreeMap<u64, (Key, u64, u64)>;
 
-fn sent() -> &'static Mutex<Sent> {
-    static SENT: OnceLock<Mutex<Sent>> = OnceLock::new();
-    SENT.get_or_init(Mutex::default)
+/// The window's state for request buffers inside it (a field of [`DaxWindow`]; leaf locks).
+#[derive(Default)]
+pub(super) struct IoState {
+    /// Every SHMEM_MAP the window sent, noted before it is sent (the frontend's memory-table
+    /// update follows its ack). Bounded: at most one entry per window page (a map at an
+    /// offset replaces the old one).
+    sent: Mutex<Sent>,
+    /// Stores into a direct placement's file hold this shared, from their check of the file's
+    /// size to the end of the `pwrite`; an evacuation that moved mappings takes it
+    /// exclusively and bumps the generation before it lets the host's shrink go on
+    /// ([`IoState::evacuated`]). A store whose look-up is older than the generation looks
+    /// again (the range is a shadow now): so a store never lands after a host truncate that
+    /// pre-content events announced, where it would extend the file again.
+    gate: RwLock<u64>,
 }
 
-/// Notes a SHMEM_MAP of `len` bytes of `fd` from `foffset` at window offset `moffset`, before
-/// it is sent (the frontend's memory-table update follows its ack).
-pub(super) fn note_map(moffset: u64, len: u64, fd: BorrowedFd<'_>, foffset: u64) {
-    let Ok(st) = crate::sys::fstat(fd) else {
-        return;
-    };
-    let mut s = sent().lock().unwrap_or_else(|e| e.into_inner());
-    // Bounded: at most one entry per window page (a map at an offset replaces the old one).
-    s.insert(moffset, ((st.st_dev, st.st_ino), foffset, len));
-}
+impl IoState {
+    /// Notes a SHMEM_MAP of `len` bytes of `fd` from `foffset` at window offset `moffset`.
+    pub(super) fn note_map(&self, moffset: u64, len: u64, fd: BorrowedFd<'_>, foffset: u64) {
+        let Ok(st) = crate::sys::fstat(fd) else {
+            return;
+        };
+        let mut s = self.sent.lock().unwrap_or_else(|e| e.into_inner());
+        s.insert(moffset, ((st.st_dev, st.st_ino), foffset, len));
+    }
 
-/// Notes a SHMEM_UNMAP of the mapping at `moffset`.
-pub(super) fn note_unmap(moffset: u64) {
-    sent()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&moffset);
-}
+    /// Notes a SHMEM_UNMAP of the mapping at `moffset`.
+    pub(super) fn note_unmap(&self, moffset: u64) {
+        self.sent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&moffset);
+    }
 
-/// Forgets every mapping (the frontend dropped them all: device reset).
-pub(super) fn note_reset() {
-    sent().lock().unwrap_or_else(|e| e.into_inner()).clear();
-}
+    /// Forgets every mapping (the frontend dropped them all: device reset).
+    pub(super) fn note_reset(&self) {
+        self.sent.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
 
-/// The window offset of a mapping sent of `len` bytes of `file` from `foffset`, if any.
-pub fn sent_offset(file: &File, foffset: u64, len: u64) -> Option<u64> {
-    let key = key_of(file)?;
-    let s = sent().lock().unwrap_or_else(|e| e.into_inner());
-    s.iter()
-        .find(|(_, &(k, fo, l))| k == key && fo == foffset && l == len)
-        .map(|(&m, _)| m)
+    /// Called by an evacuation after it moved direct mappings to shadows, before the shrink.
+    pub(super) fn evacuated(&self) {
+        *self.gate.write().unwrap_or_else(|e| e.into_inner()) += 1;
+    }
+
+    fn generation(&self) -> u64 {
+        *self.gate.read().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// What backs one piece of the window.
@@ -143,7 +134,7 @@ impl<S: WindowSink> DaxWindow<S> {
     /// What backs window offset `moffset`, for a load (`store` false) or a store.
     fn piece(&self, moffset: u64, store: bool) -> io::Result<Piece> {
         // Before the look-up: an evacuation after it shows as a newer generation.
-        let gen = generation();
+        let gen = self.io.generation();
         let deadline = Instant::now() + BUSY_WAIT;
         let mut t = self.lock()?;
         while t.is_busy(moffset, moffset + 1) {
@@ -206,7 +197,7 @@ impl<S: WindowSink> DaxWindow<S> {
             Backing::File(f) => match buf {
                 Buf::Load(b) => pread_exact(&f, b, piece.at),
                 Buf::Store(d) => {
-                    let g = gate().read().unwrap_or_else(|e| e.into_inner());
+                    let g = self.io.gate.read().unwrap_or_else(|e| e.into_inner());
                     if *g != piece.gen {
                         return Err(moved());
                     }
@@ -248,6 +239,16 @@ impl<S: WindowSink> DaxWindow<S> {
     /// Fills `buf` with the window's bytes at `moffset` (a load by the guest through its
     /// mapping would see them), read from what backs them; EIO where nothing is mapped or
     /// the file no longer covers the range.
+    /// The window offset of a mapping sent of `len` bytes of `file` from `foffset`, if any
+    /// (how the transport knows a memory-table region is the window's).
+    pub fn sent_offset(&self, file: &File, foffset: u64, len: u64) -> Option<u64> {
+        let key = key_of(file)?;
+        let s = self.io.sent.lock().unwrap_or_else(|e| e.into_inner());
+        s.iter()
+            .find(|(_, &(k, fo, l))| k == key && fo == foffset && l == len)
+            .map(|(&m, _)| m)
+    }
+
     pub fn read_window(&self, moffset: u64, buf: &mut [u8]) -> io::Result<()> {
         let mut done = 0usize;
         while done < buf.len() {

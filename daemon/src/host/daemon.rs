@@ -248,9 +248,9 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     let stopper = Stopper::install()?;
     // Host truncates of DAX-mapped files: the fanotify group needs CAP_SYS_ADMIN. A pooled
     // window (the default) maps no host file, so it has nothing to watch.
-    let host_watch = cli.dax_window > 0
-        && cli.dax_mapping == crate::dax::mode::MapMode::Direct
-        && crate::dax::host_watch::init();
+    let host_watch = (cli.dax_window > 0 && cli.dax_mapping == crate::dax::mode::MapMode::Direct)
+        .then(crate::dax::host_watch::init)
+        .flatten();
     // Host changes for the guest (--notify): the group is made while capabilities last.
     let notify = cli.wants_notify();
     let watch_group = if notify {
@@ -358,8 +358,8 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     if let Some(w) = &window {
         // Bounds what a SIGKILL can lose of guest stores into shadow tails.
         w.spawn_writeback(crate::dax::WRITEBACK_PERIOD);
-        if host_watch {
-            crate::dax::host_watch::spawn(Arc::downgrade(w));
+        if let Some(group) = host_watch {
+            w.watch_host(group);
         }
     }
 

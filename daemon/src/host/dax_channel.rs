@@ -39,7 +39,11 @@ impl BackendChannel for DaxWindow<Backend> {
     }
 
     fn window_offset(&self, file: &std::fs::File, foffset: u64, len: u64) -> Option<u64> {
-        crate::dax::window_io::sent_offset(file, foffset, len)
+        self.sent_offset(file, foffset, len)
+    }
+
+    fn backs_window(&self, file: &std::fs::File) -> bool {
+        DaxWindow::backs_window(self, file)
     }
 
     fn read_window(&self, moffset: u64, buf: &mut [u8]) -> std::io::Result<()> {

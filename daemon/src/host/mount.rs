@@ -189,6 +189,10 @@ fn io_uring_wanted(mode: IoUringMode) -> io::Result<bool> {
     }
 }
 
+/// The server a host mount runs: the passthrough filesystem behind the (forwarding) DAX
+/// decorator.
+type MountServer = Server<crate::dax::coherent::Coherent<crate::passthrough::PassthroughFs>>;
+
 #[allow(clippy::too_many_arguments)]
 fn serve(
     cli: &Cli,
@@ -208,8 +212,72 @@ fn serve(
     // SAFETY: `blocked` is a valid signal set; this changes only this thread's mask.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &blocked, std::ptr::null_mut()) };
 
-    // Host changes for the kernel's caches (--notify): the group is made while capabilities
-    // last.
+    let dev = Arc::new(dev);
+    let server = build_server(cli, &dev, inside, keep, can_pass_through, uring)?;
+    let counters = Arc::new(Counters::default());
+    let ring_stats = Arc::new(fuse_uring::Stats::default());
+    {
+        let (c, s, r) = (counters.clone(), server.clone(), ring_stats.clone());
+        startup::spawn_sigusr1_reporter(move || {
+            log::info!("{}", report(&c, s.fuse_passthrough_stats(), &r))
+        });
+    }
+    let extra = if uring { seccomp::IO_URING } else { &[] };
+
+    startup::install_seccomp(cli.seccomp, extra)?;
+
+    let (tx, rx) = mpsc::channel();
+    let rings: Arc<Mutex<Option<fuse_uring::Rings>>> = Arc::default();
+    if uring {
+        start_rings_after_init(cli, &dev, &server, &ring_stats, &counters, &rings, &tx);
+    }
+    let threads = match cli.thread_pool_size {
+        0 => dev_fuse::DEFAULT_THREADS,
+        n => n,
+    };
+    let n_workers = spawn_threads(dev, &server, threads, &counters, &tx)?;
+    log::info!(
+        "serving {} on {} ({threads} thread(s), cache {:?}, sandbox {:?}, seccomp {:?})",
+        cli.shared_dir
+            .as_deref()
+            .unwrap_or(std::path::Path::new("?"))
+            .display(),
+        mountpoint.display(),
+        cli.cache,
+        cli.sandbox,
+        cli.seccomp,
+    );
+
+    let (stopped_by, first_err) = wait_for_end(&rx, n_workers, unmounter, mountpoint);
+    if stopped_by.is_none() && first_err.is_none() {
+        log::info!("{}: unmounted, exiting", mountpoint.display());
+    }
+    if let Some(r) = rings.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        r.shutdown();
+    }
+    let pt = server.fuse_passthrough_stats();
+    server.reset();
+    log::info!("{}", report(&counters, pt, &ring_stats));
+    match (stopped_by, first_err) {
+        (Some(sig), _) => {
+            log::info!("{}: session ended, exiting", signal_name(sig));
+            Ok(())
+        }
+        (None, Some(e)) => Err(e),
+        (None, None) => Ok(()),
+    }
+}
+
+/// Drops capabilities to `keep` and makes the server: the filesystem, its host-change watch
+/// (--notify, the group made while capabilities last) and FUSE passthrough when allowed.
+fn build_server(
+    cli: &Cli,
+    dev: &Arc<std::fs::File>,
+    inside: sandbox::Inside,
+    keep: CapSet,
+    can_pass_through: bool,
+    uring: bool,
+) -> io::Result<Arc<MountServer>> {
     let watch_group = if cli.wants_notify() {
         crate::passthrough::open_watch_group()
     } else {
@@ -218,7 +286,6 @@ fn serve(
     caps::drop_to(keep)?;
     // Linux offers FUSE_SUBMOUNTS to virtio-fs only: nothing to announce on a host mount.
     let fs = startup::passthrough_fs(cli, inside, |cfg| cfg.announce_submounts = false)?;
-    let dev = Arc::new(dev);
     if let Some(group) = watch_group {
         let n = Arc::new(crate::protocol::notify::Notifier::new(
             crate::protocol::notify::QUEUE_CAP,
@@ -250,54 +317,52 @@ fn serve(
             policy,
         ));
     }
-    let server = Arc::new(server);
-    let counters = Arc::new(Counters::default());
-    let ring_stats = Arc::new(fuse_uring::Stats::default());
-    {
-        let (c, s, r) = (counters.clone(), server.clone(), ring_stats.clone());
-        startup::spawn_sigusr1_reporter(move || {
-            log::info!("{}", report(&c, s.fuse_passthrough_stats(), &r))
-        });
-    }
-    let extra = if uring { seccomp::IO_URING } else { &[] };
+    Ok(Arc::new(server))
+}
 
-    startup::install_seccomp(cli.seccomp, extra)?;
-
-    let (tx, rx) = mpsc::channel();
-    let rings: Arc<Mutex<Option<fuse_uring::Rings>>> = Arc::default();
-    if uring {
-        // Registered by the worker that answers INIT, right after its reply.
-        let (rings, server, stats, tx) = (
-            rings.clone(),
+/// Has the worker that answers INIT register the io-uring rings right after its reply (into
+/// `rings`); a failure that ends the session goes to `tx`.
+fn start_rings_after_init(
+    cli: &Cli,
+    dev: &std::fs::File,
+    server: &Arc<MountServer>,
+    stats: &Arc<fuse_uring::Stats>,
+    counters: &Counters,
+    rings: &Arc<Mutex<Option<fuse_uring::Rings>>>,
+    tx: &mpsc::Sender<Event>,
+) {
+    let (rings, server, stats, tx) = (rings.clone(), server.clone(), stats.clone(), tx.clone());
+    let (dev_fd, required) = (dev.as_raw_fd(), cli.io_uring == IoUringMode::On);
+    let started = std::sync::atomic::AtomicBool::new(false);
+    counters.after_init.set(move || {
+        if started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let r = fuse_uring::start_after_init(
+            dev_fd,
             server.clone(),
-            ring_stats.clone(),
-            tx.clone(),
+            fuse_uring::DEFAULT_DEPTH,
+            stats.clone(),
+            required,
         );
-        let (dev_fd, required) = (dev.as_raw_fd(), cli.io_uring == IoUringMode::On);
-        let started = std::sync::atomic::AtomicBool::new(false);
-        counters.after_init.set(move || {
-            if started.swap(true, Ordering::SeqCst) {
-                return;
+        match r {
+            Ok(r) => *rings.lock().unwrap_or_else(|e| e.into_inner()) = r,
+            Err(e) => {
+                let _ = tx.send(Event::Fatal(e));
             }
-            let r = fuse_uring::start_after_init(
-                dev_fd,
-                server.clone(),
-                fuse_uring::DEFAULT_DEPTH,
-                stats.clone(),
-                required,
-            );
-            match r {
-                Ok(r) => *rings.lock().unwrap_or_else(|e| e.into_inner()) = r,
-                Err(e) => {
-                    let _ = tx.send(Event::Fatal(e));
-                }
-            }
-        });
-    }
-    let threads = match cli.thread_pool_size {
-        0 => dev_fuse::DEFAULT_THREADS,
-        n => n,
-    };
+        }
+    });
+}
+
+/// Starts `threads` workers on `dev`, a joiner for each and the stop-signal thread, all
+/// reporting to `tx`; returns the number of workers.
+fn spawn_threads(
+    dev: Arc<std::fs::File>,
+    server: &Arc<MountServer>,
+    threads: usize,
+    counters: &Arc<Counters>,
+    tx: &mpsc::Sender<Event>,
+) -> io::Result<usize> {
     let workers = dev_fuse::spawn_workers(dev, server.clone(), threads, counters.clone())?;
     let n_workers = workers.len();
     for (i, h) in workers.into_iter().enumerate() {
@@ -311,33 +376,29 @@ fn serve(
                 let _ = tx.send(Event::Worker(r));
             })?;
     }
-    {
-        let tx = tx.clone();
-        let set = sandbox::sigset(&STOP_SIGNALS);
-        std::thread::Builder::new()
-            .name("signals".into())
-            .spawn(move || loop {
-                let mut sig = 0;
-                // SAFETY: `set` is a valid signal set and `sig` a valid output location.
-                if unsafe { libc::sigwait(&set, &mut sig) } == 0
-                    && tx.send(Event::Stop(sig)).is_err()
-                {
-                    return;
-                }
-            })?;
-    }
-    log::info!(
-        "serving {} on {} ({threads} thread(s), cache {:?}, sandbox {:?}, seccomp {:?})",
-        cli.shared_dir
-            .as_deref()
-            .unwrap_or(std::path::Path::new("?"))
-            .display(),
-        mountpoint.display(),
-        cli.cache,
-        cli.sandbox,
-        cli.seccomp,
-    );
+    let tx = tx.clone();
+    let set = sandbox::sigset(&STOP_SIGNALS);
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || loop {
+            let mut sig = 0;
+            // SAFETY: `set` is a valid signal set and `sig` a valid output location.
+            if unsafe { libc::sigwait(&set, &mut sig) } == 0 && tx.send(Event::Stop(sig)).is_err() {
+                return;
+            }
+        })?;
+    Ok(n_workers)
+}
 
+/// Waits until the `n_workers` workers ended (the mount went away) or a second stop signal
+/// came; a first stop signal or a fatal error unmounts. Returns the stop signal, if any, and
+/// the first error.
+fn wait_for_end(
+    rx: &mpsc::Receiver<Event>,
+    n_workers: usize,
+    unmounter: &mut Unmounter,
+    mountpoint: &std::path::Path,
+) -> (Option<libc::c_int>, Option<io::Error>) {
     let mut done = 0;
     let mut deadline: Option<Instant> = None;
     let mut first_err = None;
@@ -391,23 +452,7 @@ fn serve(
             }
         }
     }
-    if stopped_by.is_none() && first_err.is_none() {
-        log::info!("{}: unmounted, exiting", mountpoint.display());
-    }
-    if let Some(r) = rings.lock().unwrap_or_else(|e| e.into_inner()).take() {
-        r.shutdown();
-    }
-    let pt = server.fuse_passthrough_stats();
-    server.reset();
-    log::info!("{}", report(&counters, pt, &ring_stats));
-    match (stopped_by, first_err) {
-        (Some(sig), _) => {
-            log::info!("{}: session ended, exiting", signal_name(sig));
-            Ok(())
-        }
-        (None, Some(e)) => Err(e),
-        (None, None) => Ok(()),
-    }
+    (stopped_by, first_err)
 }
 
 fn report(c: &Counters, pt: Option<backing::Stats>, r: &fuse_uring::Stats) -> String {

@@ -107,6 +107,11 @@ pub trait BackendChannel: Send + Sync {
     fn window_offset(&self, _file: &std::fs::File, _foffset: u64, _len: u64) -> Option<u64> {
         None
     }
+    /// Whether `file` is a host file the window mapped (at any offset): the frontend's region
+    /// of it may fault when a host process shrinks the file, so it never resolves descriptors.
+    fn backs_window(&self, _file: &std::fs::File) -> bool {
+        false
+    }
     /// Fills `buf` with the window's bytes at `moffset`, read from what backs them (never
     /// through a mapping); EIO where nothing live is mapped.
     fn read_window(&self, _moffset: u64, _buf: &mut [u8]) -> io::Result<()> {

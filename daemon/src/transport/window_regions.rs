@@ -69,7 +69,9 @@ pub(super) fn without_window_files(
                     .window_offset(fo.file(), fo.start(), r.len())
                     .and_then(|m| r.start_addr().0.checked_sub(m))
             });
-            let mapped = fo.is_some_and(|fo| crate::dax::host_watch::backs_window(fo.file()));
+            let mapped = window
+                .zip(fo)
+                .is_some_and(|(w, fo)| w.channel.backs_window(fo.file()));
             (r.start_addr(), r.len(), at, mapped)
         })
         .collect();

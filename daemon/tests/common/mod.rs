@@ -6,6 +6,8 @@
 
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod mount;
+
 use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
