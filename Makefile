@@ -21,7 +21,8 @@
 #   test-dax, test-dax-policy, test-dax-copy   DAX end to end on QEMU 11.1
 #   test-dax-host, test-dax-full   host truncates of mapped files; a full or immutable share
 #   test-notify   host changes reach guest inotify watchers and caches (notification queue)
-#   test-escape, test-lifecycle, test-migrate  escapes, stop/cont/SIGTERM, live migration
+#   test-escape, test-lifecycle, test-migrate  escapes, stop/cont/SIGTERM, the file server
+#                 killed and upgraded under a guest (test-restart), live migration
 #   test-launchers, test-lima      libvirt, virtme-ng, Kata, podman, lima
 #   test-acl, test-fhandles        POSIX ACLs/xattrmap, file-handle descriptors
 #   test-host, test-io-uring       the same server on /dev/fuse, passthrough, io-uring

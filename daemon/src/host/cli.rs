@@ -128,11 +128,11 @@ pub struct Cli {
     #[arg(long, value_name = "FD", conflicts_with = "socket_path")]
     pub fd: Option<i32>,
 
-    /// Keep QEMU's connection in a small holder process and serve files in a child that can
-    /// be upgraded under a running guest: `kill -USR2` the holder (its pid is in the pid
-    /// file) and it hands the session to the binary now installed at the path it was
-    /// started from, at a quiet point. A file server that dies is started again (its
-    /// session is not yet kept across a crash). Not with a DAX window yet.
+    /// Keep QEMU's connection and the session's descriptors in a small holder process and
+    /// serve files in a child that is started again when it dies, and upgraded under a
+    /// running guest by `kill -USR2 HOLDER` (the pid in the pid file) to the binary now
+    /// installed at the path the holder was started from. Not with a DAX window yet. See
+    /// docs/restart.md.
     #[arg(long, conflicts_with = "mount")]
     pub restartable: bool,
 
