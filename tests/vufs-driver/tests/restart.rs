@@ -1,0 +1,152 @@
+//! `--restartable` (daxfsd only: upstream virtiofsd has no holder): the file server is killed
+//! (SIGKILL) and upgraded (SIGUSR2 to the holder) under a connected frontend, which goes on
+//! with the same session: node ids, open handles (an unlinked open file's too), a POSIX lock
+//! held on the host, and a lock wait that was in flight when the server died, answered once.
+
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use daxfsd::abi::{self, opcode as op, ROOT_ID};
+use vm_memory::ByteValued;
+use vufs_driver::{Daemon, DaemonKind, Session};
+
+/// The holder's child: the file server serving now.
+fn server_pid(holder: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{holder}/task/{holder}/children"))
+        .ok()?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
+/// Waits until the holder serves with a server other than `old`, and its log has `n` lines
+/// containing `line`.
+fn wait_new_server(d: &Daemon, old: u32, line: &str, n: usize) -> u32 {
+    let holder = d.pid().unwrap();
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = d.log_contents();
+        if let Some(p) = server_pid(holder) {
+            if p != old && log.matches(line).count() >= n {
+                return p;
+            }
+        }
+        assert!(
+            Instant::now() < end,
+            "no new file server after {old}; log:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn reply_error(c: &vufs_driver::Completion) -> i32 {
+    c.data
+        .get(..16)
+        .and_then(abi::OutHeader::from_slice)
+        .map_or(i32::MIN, |h| h.error)
+}
+
+/// A conflicting host OFD write lock on `path` is refused (someone holds one).
+fn host_lock_refused(path: &Path) -> bool {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: F_OFD_SETLK reads `fl`, a valid flock, on an open descriptor.
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
+    r != 0
+}
+
+/// Everything the session set up before the server went answers as before.
+fn check_session(s: &Session, d: &Daemon, a: (u64, u64), dir: u64, u: (u64, u64), when: &str) {
+    let log = || d.log_contents();
+    let got = s.read(a.0, a.1, 0, 5).unwrap_or_else(|e| panic!("{when}: READ: {e}\n{}", log()));
+    assert_eq!(got, b"hello", "{when}: the open handle reads the file");
+    s.getattr(dir, None)
+        .unwrap_or_else(|e| panic!("{when}: GETATTR of the directory: {e}\n{}", log()));
+    s.lookup(dir, "in")
+        .unwrap_or_else(|e| panic!("{when}: LOOKUP in the directory: {e}\n{}", log()));
+    let got = s.read(u.0, u.1, 0, 8).unwrap_or_else(|e| panic!("{when}: READ unlinked: {e}"));
+    assert_eq!(got, b"unlinked", "{when}: the unlinked open file reads");
+    assert!(
+        host_lock_refused(&d.shared_dir().join("a")),
+        "{when}: the guest's POSIX lock on a is no longer held on the host"
+    );
+    // Another lock owner of the guest sees the lock.
+    let lk = vufs_driver::whole_file_write_lock(a.1, 8);
+    let body = s.call(op::GETLK, a.0, &[lk.as_slice()], 24).unwrap();
+    let out = abi::LkOut::from_slice(&body[..24]).unwrap();
+    assert_eq!(out.lk.typ, libc::F_WRLCK as u32, "{when}: GETLK names the writer");
+}
+
+#[test]
+fn the_session_survives_a_killed_and_an_upgraded_file_server() {
+    let kind = DaemonKind::from_env();
+    if kind != DaemonKind::Daxfsd {
+        eprintln!("{}: has no --restartable; skipped", kind.name());
+        return;
+    }
+    let d = Daemon::builder(&kind)
+        .unwrap()
+        .arg("--restartable")
+        .arg("--posix-lock")
+        .spawn()
+        .unwrap();
+    let s = Session::connect(d.socket_path()).unwrap();
+    s.init().unwrap();
+    let rw = libc::O_RDWR as u32;
+    let (e, o) = s.create(ROOT_ID, "a", rw, 0o644, 0).unwrap();
+    s.write(e.nodeid, o.fh, 0, b"hello").unwrap();
+    let dir = s.mkdir(ROOT_ID, "d", 0o755, 0).unwrap();
+    s.create(dir.nodeid, "in", rw, 0o644, 0).unwrap();
+    let (ue, uo) = s.create(ROOT_ID, "u", rw, 0o644, 0).unwrap();
+    s.write(ue.nodeid, uo.fh, 0, b"unlinked").unwrap();
+    s.unlink(ROOT_ID, "u").unwrap();
+    let lk = vufs_driver::whole_file_write_lock(o.fh, 7);
+    s.call(op::SETLK, e.nodeid, &[lk.as_slice()], 0).unwrap();
+    check_session(&s, &d, (e.nodeid, o.fh), dir.nodeid, (ue.nodeid, uo.fh), "before");
+
+    // A lock wait in flight: the host holds "w", the guest waits for it.
+    let w_path = d.shared_dir().join("w");
+    std::fs::write(&w_path, b"").unwrap();
+    let host_lock = vufs_driver::host_write_lock(&w_path).unwrap();
+    let w = s.lookup(ROOT_ID, "w").unwrap();
+    let wh = s.open(w.nodeid, rw).unwrap();
+    let wlk = vufs_driver::whole_file_write_lock(wh.fh, 9);
+    let chain = s.linux_chain(op::SETLKW, w.nodeid, &[wlk.as_slice()], 0);
+    let waiting = s.device().submit(1, &chain).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+
+    let holder = d.pid().unwrap();
+    let first = server_pid(holder).expect("the holder has a file server child");
+    // SAFETY: kill sends SIGKILL to the file server, a process of this test's daemon.
+    assert_eq!(unsafe { libc::kill(first as i32, libc::SIGKILL) }, 0);
+    let second = wait_new_server(&d, first, "holder: serving again", 1);
+    check_session(&s, &d, (e.nodeid, o.fh), dir.nodeid, (ue.nodeid, uo.fh), "after SIGKILL");
+    let log = d.log_contents();
+    assert!(
+        log.contains("serving 1 request(s) again"),
+        "the lock wait in flight was not served again; log:\n{log}"
+    );
+
+    // The wait ends once the host lets go, exactly once.
+    drop(host_lock);
+    let c = waiting
+        .wait(Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("the lock wait never ended: {e}\n{}", d.log_contents()));
+    assert_eq!(reply_error(&c), 0, "the lock wait's reply");
+
+    // SAFETY: SIGUSR2 to the holder, this test's daemon.
+    assert_eq!(unsafe { libc::kill(holder as i32, libc::SIGUSR2) }, 0);
+    wait_new_server(&d, second, "holder: upgrade done", 1);
+    check_session(&s, &d, (e.nodeid, o.fh), dir.nodeid, (ue.nodeid, uo.fh), "after upgrade");
+    // New work after both.
+    let (ne, no) = s.create(dir.nodeid, "new", rw, 0o644, 0).unwrap();
+    assert_eq!(s.write(ne.nodeid, no.fh, 0, b"x").unwrap(), 1);
+}
