@@ -165,6 +165,10 @@ pub struct Server<F: FileSystem> {
     fuse_passthrough: Option<FusePassthrough>,
     /// Where the session is kept across a crash (`--restartable`).
     keeper: std::sync::OnceLock<std::sync::Arc<dyn crate::protocol::keeper::Keeper>>,
+    /// Requests served again after a crash ([`Self::note_served_again`]), by unique.
+    again: std::sync::Mutex<std::collections::HashSet<u64>>,
+    /// Whether `again` holds any (one load per request otherwise).
+    any_again: AtomicBool,
 }
 
 /// Parsed request header plus the caller's identity.
@@ -193,6 +197,8 @@ impl<F: FileSystem> Server<F> {
             max_stack_depth: opts.max_stack_depth,
             fuse_passthrough: None,
             keeper: std::sync::OnceLock::new(),
+            again: std::sync::Mutex::default(),
+            any_again: AtomicBool::new(false),
         }
     }
 
@@ -334,6 +340,50 @@ impl<F: FileSystem> Server<F> {
         self.fs.destroy();
     }
 
+    /// Request `unique` is being served again: a server that died had taken it and not
+    /// answered (`--restartable`). Its effect may have reached the host before the crash.
+    pub fn note_served_again(&self, unique: u64) {
+        let mut a = self.again.lock().unwrap_or_else(|p| p.into_inner());
+        a.insert(unique);
+        self.any_again.store(true, Ordering::Relaxed);
+    }
+
+    fn take_again(&self, unique: u64) -> bool {
+        let mut a = self.again.lock().unwrap_or_else(|p| p.into_inner());
+        let was = a.remove(&unique);
+        if a.is_empty() {
+            self.any_again.store(false, Ordering::Relaxed);
+        }
+        was
+    }
+
+    /// The answer to a request served again: a removal or rename that finds its name gone
+    /// was done by the server that died, so it succeeded. (A creation that finds its name
+    /// taken cannot be told from someone else's; it keeps EEXIST, with a log line.)
+    fn settle_again(opcode: u32, unique: u64, outcome: HandlerResult) -> HandlerResult {
+        let errno = match &outcome {
+            Err(e) => e.raw_os_error(),
+            Ok(_) => return outcome,
+        };
+        match (opcode, errno) {
+            (op::UNLINK | op::RMDIR | op::RENAME | op::RENAME2, Some(libc::ENOENT)) => {
+                log::info!(
+                    "{} unique={unique} served again after a crash found its name gone: done before the crash",
+                    op::name(opcode)
+                );
+                Ok(Reply::Body)
+            }
+            (op::CREATE | op::MKDIR | op::MKNOD | op::SYMLINK | op::LINK, Some(libc::EEXIST)) => {
+                log::warn!(
+                    "{} unique={unique} served again after a crash: EEXIST (maybe its own effect before the crash)",
+                    op::name(opcode)
+                );
+                outcome
+            }
+            _ => outcome,
+        }
+    }
+
     /// Keeps the session with `keeper` from now on (`--restartable`).
     pub fn set_keeper(&self, keeper: std::sync::Arc<dyn crate::protocol::keeper::Keeper>) {
         let _ = self.keeper.set(keeper);
@@ -446,6 +496,11 @@ impl<F: FileSystem> Server<F> {
                 None => self.dispatch_no_reply(hdr.opcode, &req, &mut r),
             },
             Err(e) => Err(e),
+        };
+        let outcome = if self.any_again.load(Ordering::Relaxed) && self.take_again(hdr.unique) {
+            Self::settle_again(hdr.opcode, req.unique, outcome)
+        } else {
+            outcome
         };
         let written = match outcome {
             Ok(Reply::None) => 0,

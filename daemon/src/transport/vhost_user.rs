@@ -388,6 +388,13 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             return;
         };
         for chain in at {
+            // The server answers a removal that finds its name gone as done (the dead
+            // server did it).
+            let far = self.window.as_deref();
+            let split = walk(&mem, chain, far.and_then(Window::at));
+            if let Ok(req) = decode(split, far.map(|w| w as &dyn FarIo)) {
+                self.server.note_served_again(req.hdr.unique);
+            }
             let epoch = {
                 let mut s = q.lock();
                 s.inflight += 1;

@@ -55,6 +55,7 @@ fn host_lock_refused(path: &Path) -> bool {
         .write(true)
         .open(path)
         .unwrap();
+    // SAFETY: flock is plain data; all zeroes is a valid value.
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
     fl.l_type = libc::F_WRLCK as libc::c_short;
     fl.l_whence = libc::SEEK_SET as libc::c_short;
@@ -66,13 +67,17 @@ fn host_lock_refused(path: &Path) -> bool {
 /// Everything the session set up before the server went answers as before.
 fn check_session(s: &Session, d: &Daemon, a: (u64, u64), dir: u64, u: (u64, u64), when: &str) {
     let log = || d.log_contents();
-    let got = s.read(a.0, a.1, 0, 5).unwrap_or_else(|e| panic!("{when}: READ: {e}\n{}", log()));
+    let got = s
+        .read(a.0, a.1, 0, 5)
+        .unwrap_or_else(|e| panic!("{when}: READ: {e}\n{}", log()));
     assert_eq!(got, b"hello", "{when}: the open handle reads the file");
     s.getattr(dir, None)
         .unwrap_or_else(|e| panic!("{when}: GETATTR of the directory: {e}\n{}", log()));
     s.lookup(dir, "in")
         .unwrap_or_else(|e| panic!("{when}: LOOKUP in the directory: {e}\n{}", log()));
-    let got = s.read(u.0, u.1, 0, 8).unwrap_or_else(|e| panic!("{when}: READ unlinked: {e}"));
+    let got = s
+        .read(u.0, u.1, 0, 8)
+        .unwrap_or_else(|e| panic!("{when}: READ unlinked: {e}"));
     assert_eq!(got, b"unlinked", "{when}: the unlinked open file reads");
     assert!(
         host_lock_refused(&d.shared_dir().join("a")),
@@ -82,7 +87,11 @@ fn check_session(s: &Session, d: &Daemon, a: (u64, u64), dir: u64, u: (u64, u64)
     let lk = vufs_driver::whole_file_write_lock(a.1, 8);
     let body = s.call(op::GETLK, a.0, &[lk.as_slice()], 24).unwrap();
     let out = abi::LkOut::from_slice(&body[..24]).unwrap();
-    assert_eq!(out.lk.typ, libc::F_WRLCK as u32, "{when}: GETLK names the writer");
+    assert_eq!(
+        out.lk.typ,
+        libc::F_WRLCK as u32,
+        "{when}: GETLK names the writer"
+    );
 }
 
 #[test]
@@ -110,7 +119,14 @@ fn the_session_survives_a_killed_and_an_upgraded_file_server() {
     s.unlink(ROOT_ID, "u").unwrap();
     let lk = vufs_driver::whole_file_write_lock(o.fh, 7);
     s.call(op::SETLK, e.nodeid, &[lk.as_slice()], 0).unwrap();
-    check_session(&s, &d, (e.nodeid, o.fh), dir.nodeid, (ue.nodeid, uo.fh), "before");
+    check_session(
+        &s,
+        &d,
+        (e.nodeid, o.fh),
+        dir.nodeid,
+        (ue.nodeid, uo.fh),
+        "before",
+    );
 
     // A lock wait in flight: the host holds "w", the guest waits for it.
     let w_path = d.shared_dir().join("w");
@@ -128,7 +144,14 @@ fn the_session_survives_a_killed_and_an_upgraded_file_server() {
     // SAFETY: kill sends SIGKILL to the file server, a process of this test's daemon.
     assert_eq!(unsafe { libc::kill(first as i32, libc::SIGKILL) }, 0);
     let second = wait_new_server(&d, first, "holder: serving again", 1);
-    check_session(&s, &d, (e.nodeid, o.fh), dir.nodeid, (ue.nodeid, uo.fh), "after SIGKILL");
+    check_session(
+        &s,
+        &d,
+        (e.nodeid, o.fh),
+        dir.nodeid,
+        (ue.nodeid, uo.fh),
+        "after SIGKILL",
+    );
     let log = d.log_contents();
     assert!(
         log.contains("serving 1 request(s) again"),
@@ -145,7 +168,14 @@ fn the_session_survives_a_killed_and_an_upgraded_file_server() {
     // SAFETY: SIGUSR2 to the holder, this test's daemon.
     assert_eq!(unsafe { libc::kill(holder as i32, libc::SIGUSR2) }, 0);
     wait_new_server(&d, second, "holder: upgrade done", 1);
-    check_session(&s, &d, (e.nodeid, o.fh), dir.nodeid, (ue.nodeid, uo.fh), "after upgrade");
+    check_session(
+        &s,
+        &d,
+        (e.nodeid, o.fh),
+        dir.nodeid,
+        (ue.nodeid, uo.fh),
+        "after upgrade",
+    );
     // New work after both.
     let (ne, no) = s.create(dir.nodeid, "new", rw, 0o644, 0).unwrap();
     assert_eq!(s.write(ne.nodeid, no.fh, 0, b"x").unwrap(), 1);
