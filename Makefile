@@ -66,11 +66,15 @@ fmt:
 # protocol, not daxfsd's quirks). Its DAX tests run with direct mappings, then again pooled
 # (the daemon's default; tests of a direct-only mechanism name --dax-mapping=direct).
 DAX_DRIVER_TESTS := --test dax --test dax_abuse --test dax_coherence --test dax_copy --test dax_host --test dax_limits
+# Protocol tests run once more through the holder (--restartable): its relay of every
+# vhost-user message, device-state transfer and dirty log included.
+HOLDER_DRIVER_TESTS = --test fuse_ops --test posix_edges --test lock_waits --test migration --test hostile
 test-unit: build virtiofsd
 	$(CARGO) test --workspace
 	python3 -m doctest bench/benchlib.py
 	VUFS_DAEMON=daxfsd DAXFSD=$(abspath $(DAXFSD_BIN)) $(CARGO) test -p vufs-driver
 	VUFS_DAEMON=daxfsd DAXFSD=$(abspath $(DAXFSD_BIN)) VUFS_DAX_MAPPING=pooled $(CARGO) test -p vufs-driver $(DAX_DRIVER_TESTS)
+	VUFS_DAEMON=daxfsd DAXFSD=$(abspath $(DAXFSD_BIN)) VUFS_DAEMON_ARGS=--restartable $(CARGO) test -p vufs-driver $(HOLDER_DRIVER_TESTS)
 
 # --uid-map/--gid-map: a non-root daemon (user daxfsd-test, created with its /etc/subuid and
 # /etc/subgid ranges by scripts/uidmap-test-setup.sh) against daxfsd, then virtiofsd 1.14.

@@ -76,6 +76,8 @@ const MAX_PAYLOAD: usize = 64 * 1024;
 const MAX_FDS: usize = 8;
 /// How long a server that was asked to go may take before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(10);
+/// Most entries the vault keeps (far above the inodes and handles a server keeps open).
+const MAX_VAULT: usize = 1 << 22;
 /// Restarts after crashes within [`CRASH_WINDOW`] before the holder gives up.
 const MAX_CRASHES: usize = 30;
 const CRASH_WINDOW: Duration = Duration::from_secs(60);
@@ -391,6 +393,10 @@ fn serve_vault(sock: UnixDatagram, vault: Vault) {
         };
         let mut v = vault.lock().unwrap_or_else(|p| p.into_inner());
         match (m.op, m.what) {
+            (keeper_link::OP_KEEP, Some(w)) if v.len() >= MAX_VAULT && !v.contains_key(&w) => {
+                // A server gone wrong cannot make the holder grow without bound.
+                log::error!("holder: vault full ({MAX_VAULT} entries); {w:?} not kept");
+            }
             (keeper_link::OP_KEEP, Some(w)) => {
                 v.insert(w, (m.meta, m.fd));
             }
