@@ -13,7 +13,8 @@
 #   deps-test     the packages tests use (scripts/provision-deps.sh rig test)
 #   lint          cargo fmt, clippy -D warnings, shellcheck over every shell script
 #   test-rig      the test rig's own negative controls: a sub-suite that dies after its
-#                 first check fails every runner (tests/rig-selftest.sh)
+#                 first check fails its runner, one runner per kind of sub-suite
+#                 (tests/rig-selftest.sh --per-kind; test-rig-all: every runner)
 #   test-unit     cargo tests; protocol tests against daxfsd and upstream virtiofsd
 #   test-uidmap   --uid-map/--gid-map with a non-root daemon, daxfsd and virtiofsd
 #   test-fuzz     each fuzz target for FUZZ_SECONDS
@@ -29,7 +30,7 @@
 #   test-fstests  fstests (curated list) on --cache=auto and DAX pooled against ext4 in the
 #                 same guest, and its negative control (a --readonly daemon must fail it)
 # Not in `make test`: make test-notify-full (test-notify with the issue's burst of 100,000
-# creates).
+# creates), make test-rig-all (the rig's negative control for every runner, not one per kind).
 # make conformance (not in `make test`): a broader fstests list on more configurations and on
 # upstream virtiofsd, as a table.
 # VM rig targets (kernel, initramfs, qemu, virtiofsd, vm, ...): see mk/vm.mk.
@@ -55,9 +56,15 @@ lint: deps-test
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	scripts/lint-shell.sh
 
-# The rig's runners fail when a sub-suite dies part way (negative controls, one per runner).
-.PHONY: test-rig
+# The rig's runners fail when a sub-suite dies part way (negative controls): in `make test`
+# one runner per kind of sub-suite (the helpers with fakes, run_subsuite, the suite on a
+# mount, the guest suite, a packed guest command, a guest script: ~25 s); test-rig-all: every
+# runner (~5 min, lima 3.5 of them).
+.PHONY: test-rig test-rig-all
 test-rig: deps-test kernel initramfs qemu virtiofsd build
+	tests/rig-selftest.sh --per-kind
+
+test-rig-all: deps-test kernel initramfs qemu virtiofsd build
 	tests/rig-selftest.sh
 
 fmt:
