@@ -404,3 +404,45 @@ def render_md(res, w):
         w(f"- `{r['config']}`: {r.get('desc', '')}" + (f" ({'; '.join(late)})" if late else ""))
     w("")
 
+
+
+def render_png(res, ax_list):
+    """Host edit -> guest visible per configuration: median and p99 (ms, log) of the read and
+    watch phases as horizontal bars; a phase without a number is marked as a miss."""
+    sec = res.get("notify")
+    if not sec or not sec.get("rows") or not ax_list:
+        return
+    ax = ax_list[0]
+    t = sec["timeout_s"]
+    rows = [r for r in sec["rows"] if r.get("status") == "ok"]
+    bars = (("read", "median", "#4c72b0"), ("read", "p99", "#a1b9dd"),
+            ("watch", "median", "#dd8452"), ("watch", "p99", "#f2c1a0"))
+    bh = 0.8 / len(bars)
+    top = t * 1000
+    for r_i, r in enumerate(rows):
+        st = {p: phase_stats(r, p) for p in ("read", "watch")}
+        for b_i, (p, k, color) in enumerate(bars):
+            y = r_i + (b_i - (len(bars) - 1) / 2) * bh
+            s = st[p]
+            v = s[k + "_net"] if s["edits"] else None
+            label = f"{p} {k}" if r_i == 0 else None
+            if v is None:
+                # A miss (or no edits): a hatched bar to the timeout, with the count seen.
+                ax.barh(y, top, bh, color="none", edgecolor=color, hatch="//", linewidth=0.6,
+                        label=label)
+                ax.text(top, y, f" not within {t:g} s ({s['seen']}/{s['edits']})",
+                        va="center", fontsize=6)
+            else:
+                ax.barh(y, max(v, 0.1), bh, color=color, label=label)
+                ax.text(max(v, 0.1), y, f" {v:.1f}" if v < 100 else f" {v:.0f}",
+                        va="center", fontsize=6)
+    ax.axvline(top, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([r["config"] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlim(0.1, top * 20)
+    ax.set_xlabel("ms from the host's write to the guest seeing it (log; net of the marker)")
+    ax.set_title(f"notify: host edit to guest visible, {sec['edits']} edits per phase "
+                 "(lower is better)")
+    ax.legend(fontsize=7, loc="lower right")

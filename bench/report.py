@@ -667,14 +667,24 @@ def render_png(res, path):
     meta_report.summarize(res)
     has_meta = bool(res.get("meta", {}).get("summary")) or any(
         c.get("status") == "ok" for c in res.get("density", {}).get("configs", []))
+    has_notify = any(r.get("status") == "ok" for r in res.get("notify", {}).get("rows", []))
     if has_host:
         height += 3.5
     if has_meta:
         height += 4.0
-    if has_meta and not jobs and not has_host:
+    if has_notify:
+        height += 3.5
+    if (has_meta or has_notify) and not jobs and not has_host:
         # A meta/density run alone: only their panels.
-        fig, axs = plt.subplots(1, 2, figsize=(16, 5.5), gridspec_kw={"width_ratios": [2.2, 1]})
-        meta_report.render_png(res, list(axs))
+        nr = bool(has_meta) + has_notify
+        fig = plt.figure(figsize=(16, 5.5 * nr))
+        gs = fig.add_gridspec(nr, 2, width_ratios=[2.2, 1], hspace=0.4)
+        has_den = any(c.get("status") == "ok" for c in res.get("density", {}).get("configs", []))
+        if has_meta:
+            meta_report.render_png(res, [fig.add_subplot(gs[0, 0]), fig.add_subplot(gs[0, 1])]
+                                   if has_den else [fig.add_subplot(gs[0, :])])
+        if has_notify:
+            notify_report.render_png(res, [fig.add_subplot(gs[nr - 1, :])])
         m = res.get("machine", {})
         fig.suptitle(f"daxfsd benchmark {res['run_id']}: {m.get('cpu_model', '?')}, "
                      f"{m.get('host_cores')} host cores, {m.get('qemu_11', '?')}, "
@@ -683,14 +693,16 @@ def render_png(res, path):
         plt.close(fig)
         return
     fig = plt.figure(figsize=(16, height))
-    nrows = 3 + has_host + has_meta
+    nrows = 3 + has_host + has_meta + has_notify
     gs = fig.add_gridspec(nrows, 2, width_ratios=[1.6, 1], hspace=0.55, wspace=0.25)
     ax = fig.add_subplot(gs[:3, 0])
     if has_host:
         host_report.render_png(res, [fig.add_subplot(gs[3, :])])
     if has_meta:
-        meta_report.render_png(res, [fig.add_subplot(gs[nrows - 1, 0]),
-                                     fig.add_subplot(gs[nrows - 1, 1])])
+        meta_report.render_png(res, [fig.add_subplot(gs[3 + has_host, 0]),
+                                     fig.add_subplot(gs[3 + has_host, 1])])
+    if has_notify:
+        notify_report.render_png(res, [fig.add_subplot(gs[nrows - 1, :])])
     n = max(1, len(cfgs))
     bh = 0.8 / n
     for i, k in enumerate(cfgs):
