@@ -13,7 +13,8 @@
 #   io-uring   tests/host/io-uring.sh (tests/host/run.sh -t io-uring died)
 #   pjdfstest  tests/host/pjdfstest.sh -t guest (its guest script died)
 #   acl fhandles dax dax-buffers dax-host dax-full lifecycle escape migrate soak notify
-#   notify-burst (tests/e2e/notify.sh --boots 3: its third guest script)
+#   notify-burst (tests/e2e/notify.sh --boots 3: its third guest script), restart
+#   (tests/e2e/restart.sh --kills 1)
 #              tests/e2e/NAME.sh, the cheapest options that reach a guest script (its first
 #              guest script died: no GUEST END line)
 # Each runner stops at the first sub-suite it finds cut short, so a case costs one boot.
@@ -34,7 +35,7 @@ RIG_TAG=rig-selftest
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 cd "$RIG_ROOT"
 
-all="lib launchers lima e2e host io-uring pjdfstest acl fhandles dax dax-buffers dax-host dax-full lifecycle escape migrate soak notify notify-burst"
+all="lib launchers lima e2e host io-uring pjdfstest acl fhandles dax dax-buffers dax-host dax-full lifecycle escape migrate soak notify notify-burst restart"
 per_kind="lib io-uring host e2e migrate notify"
 only=$all
 while (($#)); do
@@ -144,6 +145,7 @@ for part in $only; do
         dax-host) runner_case dax-host tests/e2e/dax-host.sh --cache never ;;
         dax-full) runner_case dax-full tests/e2e/dax-full.sh --fs tmpfs --mapping pooled --case full ;;
         lifecycle) runner_case lifecycle tests/e2e/lifecycle.sh --only pause-pci-daxfsd ;;
+        restart) runner_case restart tests/e2e/restart.sh --kills 1 ;;
         migrate) runner_case migrate tests/e2e/migrate.sh -m find-paths ;;
         soak) runner_case soak tests/e2e/soak.sh --seconds 5 --pause-every 0 ;;
         notify) runner_case notify tests/e2e/notify.sh -d "$daxfsd" ;;

@@ -94,7 +94,6 @@ for _ in $(seq 1 300); do
     kill -0 "$vm_pid" 2>/dev/null || break
     sleep 0.2
 done
-[[ -e $work/share/started ]] || { tail -n 20 "$work/err" >&2; die "the guest did not start its loop"; }
 holder=$(cat "$work/mon.daemon-pid")
 dlog="$work/con.daemon.log"
 server_pid() { pgrep -P "$holder" -n || true; }
@@ -114,6 +113,8 @@ upgrade() { # upgrade N: SIGUSR2, wait for the N-th "upgrade done" line
         bad "upgrade_$n" "server $before -> $after; $(grep -E 'holder:.*(fail|error)' "$dlog" | tail -n 2 | tr '\n' '|')"
     fi
 }
+# kills_and_upgrades: the host side, while the guest loops.
+kills_and_upgrades() {
 sleep 2
 for ((k = 1; k <= kills; k++)); do
     victim=$(server_pid)
@@ -143,6 +144,13 @@ sleep 2
 read -r _ _ _ _ _ _ _ _ _ _ _ _ _ ut st _ <"/proc/$holder/stat" || true
 rss=$(awk '/^VmRSS/ {print $2}' "/proc/$holder/status" 2>/dev/null || echo "?")
 log "holder $holder: CPU $(((ut + st) * 1000 / $(getconf CLK_TCK))) ms, VmRSS $rss KiB"
+}
+if [[ -e $work/share/started ]]; then
+    kills_and_upgrades
+else
+    # The guest script ended early: what it printed is collected below.
+    bad guest_loop_started "the guest did not start its loop: $(tail -n 3 "$work/err" | tr '\n' '|')"
+fi
 touch "$work/share/stop"
 rc=0
 wait "$vm_pid" || rc=$?

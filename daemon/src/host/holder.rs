@@ -631,22 +631,6 @@ impl Launcher {
     }
 }
 
-/// The holder holds a descriptor for every inode and handle the guest has: as many as the
-/// server may, so the same limit.
-fn raise_nofile() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read and write `lim`.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-}
-
 /// A fresh 0700 directory for the private socket.
 fn private_dir() -> io::Result<PathBuf> {
     let base = std::env::var_os("XDG_RUNTIME_DIR")
@@ -948,7 +932,11 @@ pub fn run(cli: &Cli) -> io::Result<()> {
             "--restartable does not take --inode-file-handles=mandatory yet (the holder keeps inodes as descriptors); drop one",
         ));
     }
-    raise_nofile();
+    // The holder holds a descriptor for every inode and handle the guest has: as many as
+    // the server may, so the same limit.
+    if let Err(e) = crate::host::startup::raise_nofile(cli.rlimit_nofile) {
+        log::warn!("holder: {e}; keeping the current open-file limit");
+    }
     let launcher = Launcher::new(cli)?;
     let signals = signal_fd()?;
     let (listener, run_files): (UnixListener, Option<RunFiles>) = match (&cli.socket_path, cli.fd) {

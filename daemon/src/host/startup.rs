@@ -85,7 +85,7 @@ pub fn prepare(cli: &Cli) -> io::Result<std::path::PathBuf> {
 
 /// Sets RLIMIT_NOFILE to `want` (0: leave it), by default min(1000000, fs.nr_open) like
 /// virtiofsd.
-fn raise_nofile(want: Option<u64>) -> io::Result<()> {
+pub(crate) fn raise_nofile(want: Option<u64>) -> io::Result<()> {
     let target = match want {
         Some(0) => return Ok(()),
         Some(n) => n,

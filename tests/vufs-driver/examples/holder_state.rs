@@ -53,7 +53,14 @@ fn main() {
     let before = (rss_kib(holder), fds(holder), rss_kib(server), fds(server));
     let t0 = Instant::now();
     for i in 0..n {
-        s.lookup(1, format!("f{i}")).unwrap();
+        if let Err(e) = s.lookup(1, format!("f{i}")) {
+            let log = d.log_contents();
+            let tail: Vec<&str> = log.lines().rev().take(8).collect();
+            panic!(
+                "LOOKUP f{i}: {e}; daemon log (last lines, newest first):\n{}",
+                tail.join("\n")
+            );
+        }
     }
     let took = t0.elapsed();
     // The holder applies what the server sent on its own thread: let it catch up.
