@@ -36,12 +36,10 @@ done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-e2e-restart.XXXXXX")
 vm_pid=""
-# shellcheck disable=SC2317 # called from the EXIT trap
-cleanup() {
-    [[ -n $vm_pid ]] && kill "$vm_pid" 2>/dev/null && wait "$vm_pid" 2>/dev/null
-    rm -rf -- "$work"
-}
-trap cleanup EXIT
+# Run at exit by scripts/lib.sh, in order: the VM (if still up), then the files.
+# shellcheck disable=SC2016 # eval'd at exit, when vm_pid is what it is then
+RIG_CLEANUP+=('[[ -z $vm_pid ]] || { kill "$vm_pid" 2>/dev/null; wait "$vm_pid" 2>/dev/null; }')
+RIG_CLEANUP+=("rm -rf -- $(printf %q "$work")")
 
 # Two builds: this tree's, and the same sources with another version string.
 log "building the upgrade target (DAXFSD_BUILD_ID=restart-test)"
@@ -115,35 +113,35 @@ upgrade() { # upgrade N: SIGUSR2, wait for the N-th "upgrade done" line
 }
 # kills_and_upgrades: the host side, while the guest loops.
 kills_and_upgrades() {
-sleep 2
-for ((k = 1; k <= kills; k++)); do
-    victim=$(server_pid)
-    kill -KILL "$victim"
-    for ((i = 0; i < 100; i++)); do
-        (($(grep -c 'holder: serving again' "$dlog" || true) >= k)) && break
-        sleep 0.1
+    sleep 2
+    for ((k = 1; k <= kills; k++)); do
+        victim=$(server_pid)
+        kill -KILL "$victim"
+        for ((i = 0; i < 100; i++)); do
+            (($(grep -c 'holder: serving again' "$dlog" || true) >= k)) && break
+            sleep 0.1
+        done
+        if (($(grep -c 'holder: serving again' "$dlog" || true) >= k)); then
+            ok "kill_$k ($(grep 'holder: serving again' "$dlog" | sed -n "${k}p" | grep -o '[0-9]* ms'))"
+        else
+            bad "kill_$k" "no new server after killing $victim: $(grep -E 'holder:.*(giving|error)' "$dlog" | tail -n 2 | tr '\n' '|')"
+        fi
+        sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.1f", 0.3 + (r % 23) / 10 }')"
     done
-    if (($(grep -c 'holder: serving again' "$dlog" || true) >= k)); then
-        ok "kill_$k ($(grep 'holder: serving again' "$dlog" | sed -n "${k}p" | grep -o '[0-9]* ms'))"
+    log "installing the +restart-test build over $work/bin/daxfsd"
+    cp "$work/new-daxfsd" "$work/bin/daxfsd.new" && mv "$work/bin/daxfsd.new" "$work/bin/daxfsd"
+    upgrade 1
+    if grep -q "daxfsd $(cut -d' ' -f2 <<<"$new_version") serving" "$dlog"; then
+        ok "upgraded_build_serving ($new_version)"
     else
-        bad "kill_$k" "no new server after killing $victim: $(grep -E 'holder:.*(giving|error)' "$dlog" | tail -n 2 | tr '\n' '|')"
+        bad "upgraded_build_serving" "no server logged '$new_version serving'"
     fi
-    sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.1f", 0.3 + (r % 23) / 10 }')"
-done
-log "installing the +restart-test build over $work/bin/daxfsd"
-cp "$work/new-daxfsd" "$work/bin/daxfsd.new" && mv "$work/bin/daxfsd.new" "$work/bin/daxfsd"
-upgrade 1
-if grep -q "daxfsd $(cut -d' ' -f2 <<<"$new_version") serving" "$dlog"; then
-    ok "upgraded_build_serving ($new_version)"
-else
-    bad "upgraded_build_serving" "no server logged '$new_version serving'"
-fi
-sleep 2
-upgrade 2
-sleep 2
-read -r _ _ _ _ _ _ _ _ _ _ _ _ _ ut st _ <"/proc/$holder/stat" || true
-rss=$(awk '/^VmRSS/ {print $2}' "/proc/$holder/status" 2>/dev/null || echo "?")
-log "holder $holder: CPU $(((ut + st) * 1000 / $(getconf CLK_TCK))) ms, VmRSS $rss KiB"
+    sleep 2
+    upgrade 2
+    sleep 2
+    read -r _ _ _ _ _ _ _ _ _ _ _ _ _ ut st _ <"/proc/$holder/stat" || true
+    rss=$(awk '/^VmRSS/ {print $2}' "/proc/$holder/status" 2>/dev/null || echo "?")
+    log "holder $holder: CPU $(((ut + st) * 1000 / $(getconf CLK_TCK))) ms, VmRSS $rss KiB"
 }
 if [[ -e $work/share/started ]]; then
     kills_and_upgrades

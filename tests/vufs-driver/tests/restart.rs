@@ -119,14 +119,17 @@ fn the_session_survives_a_killed_and_an_upgraded_file_server() {
     s.unlink(ROOT_ID, "u").unwrap();
     let lk = vufs_driver::whole_file_write_lock(o.fh, 7);
     s.call(op::SETLK, e.nodeid, &[lk.as_slice()], 0).unwrap();
-    check_session(
-        &s,
-        &d,
-        (e.nodeid, o.fh),
-        dir.nodeid,
-        (ue.nodeid, uo.fh),
-        "before",
-    );
+    let check = |when: &str| {
+        check_session(
+            &s,
+            &d,
+            (e.nodeid, o.fh),
+            dir.nodeid,
+            (ue.nodeid, uo.fh),
+            when,
+        )
+    };
+    check("before");
 
     // A lock wait in flight: the host holds "w", the guest waits for it.
     let w_path = d.shared_dir().join("w");
@@ -144,14 +147,7 @@ fn the_session_survives_a_killed_and_an_upgraded_file_server() {
     // SAFETY: kill sends SIGKILL to the file server, a process of this test's daemon.
     assert_eq!(unsafe { libc::kill(first as i32, libc::SIGKILL) }, 0);
     let second = wait_new_server(&d, first, "holder: serving again", 1);
-    check_session(
-        &s,
-        &d,
-        (e.nodeid, o.fh),
-        dir.nodeid,
-        (ue.nodeid, uo.fh),
-        "after SIGKILL",
-    );
+    check("after SIGKILL");
     let log = d.log_contents();
     assert!(
         log.contains("serving 1 request(s) again"),
@@ -168,14 +164,7 @@ fn the_session_survives_a_killed_and_an_upgraded_file_server() {
     // SAFETY: SIGUSR2 to the holder, this test's daemon.
     assert_eq!(unsafe { libc::kill(holder as i32, libc::SIGUSR2) }, 0);
     wait_new_server(&d, second, "holder: upgrade done", 1);
-    check_session(
-        &s,
-        &d,
-        (e.nodeid, o.fh),
-        dir.nodeid,
-        (ue.nodeid, uo.fh),
-        "after upgrade",
-    );
+    check("after upgrade");
     // New work after both.
     let (ne, no) = s.create(dir.nodeid, "new", rw, 0o644, 0).unwrap();
     assert_eq!(s.write(ne.nodeid, no.fh, 0, b"x").unwrap(), 1);
