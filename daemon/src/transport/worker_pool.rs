@@ -123,18 +123,20 @@ impl Drop for AwakeGuard<'_> {
     }
 }
 
-/// The CPUs this process may run on (`sched_getaffinity`), at least 1.
+/// The CPUs this process may run on (`sched_getaffinity`), fewer where a cgroup CPU quota
+/// allows less (what `available_parallelism` reads: a container's limit), at least 1.
 pub(crate) fn affinity_cpus() -> usize {
+    let quota = std::thread::available_parallelism().map_or(usize::MAX, |n| n.get());
     // SAFETY: `cpu_set_t` is plain data: all zeroes is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: `set` is writable for the size given; pid 0 is the calling thread.
     let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
     if r != 0 {
-        return std::thread::available_parallelism().map_or(1, |n| n.get());
+        return quota.clamp(1, 1024);
     }
     // SAFETY: `set` is initialised (zeroed, then filled by the kernel).
     let n = unsafe { libc::CPU_COUNT(&set) };
-    usize::try_from(n).unwrap_or(1).max(1)
+    usize::try_from(n).unwrap_or(1).min(quota).max(1)
 }
 
 /// The threads requests are served on, asked (`--queues`, `--thread-pool-size`) and clamped
