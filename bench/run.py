@@ -491,8 +491,10 @@ def run_proto(a, raw, results, save):
             if rnd is not None:
                 g["round"] = rnd
             if g["kind"] == "rate":
+                cs = g.get("daemon_cswitch_per_req")
                 log(f"proto: {g['daemon']:9s} {g['op']:7s} depth {g['depth']:2d}: "
-                    f"{g['req_per_s']:8.0f} req/s ({g['usec_per_req']:.1f} us/req)")
+                    f"{g['req_per_s']:8.0f} req/s ({g['usec_per_req']:.1f} us/req"
+                    + (f", {cs:.3f} context switches/req" if cs is not None else "") + ")")
             else:
                 log(f"proto: {g['daemon']:9s} {g['op']:7s} {g['instructions_per_req']:8.0f} "
                     f"instructions/request (callgrind, {g['requests']} requests)")

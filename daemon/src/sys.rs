@@ -108,21 +108,25 @@ fn openat_raw(dir: libc::c_int, name: &CStr, flags: libc::c_int, mode: u32) -> i
 
 /// `readlinkat(dir, name)`: the whole target.
 pub fn readlinkat(dir: BorrowedFd, name: &CStr) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
-    // SAFETY: `buf` is writable for `buf.len()` bytes; `dir` and `name` are valid.
+    // Not zeroed first: the kernel writes the bytes it returns, and only those are kept (a
+    // zeroed PATH_MAX buffer was ~4,500 instructions per call; a READDIRPLUS makes two).
+    let mut buf: Vec<u8> = Vec::with_capacity(libc::PATH_MAX as usize + 1);
+    // SAFETY: `buf` has capacity for `buf.capacity()` bytes, which the kernel may write;
+    // `dir` and `name` are valid.
     let n = unsafe {
         libc::readlinkat(
             dir.as_raw_fd(),
             name.as_ptr(),
             buf.as_mut_ptr().cast(),
-            buf.len(),
+            buf.capacity(),
         )
     };
     let n = check_size(n)?;
-    if n >= buf.len() {
+    if n >= buf.capacity() {
         return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
     }
-    buf.truncate(n);
+    // SAFETY: the kernel wrote the first `n` bytes (`n` < capacity, checked above).
+    unsafe { buf.set_len(n) };
     Ok(buf)
 }
 
@@ -337,6 +341,30 @@ pub fn getdents64(fd: BorrowedFd, buf: &mut [u8]) -> io::Result<usize> {
         )
     };
     Ok(check_long(n)? as usize)
+}
+
+/// [`getdents64`] into `buf`'s capacity: `buf` holds the records read (empty at the end of
+/// the directory). The buffer is not zeroed first (a zeroed 16 KiB buffer per READDIRPLUS
+/// cost more instructions than the rest of its listing).
+pub fn getdents64_into(fd: BorrowedFd, buf: &mut Vec<u8>) -> io::Result<usize> {
+    buf.clear();
+    // SAFETY: `buf` has capacity for `buf.capacity()` bytes, which the kernel may write;
+    // `fd` is valid.
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_getdents64,
+            fd.as_raw_fd(),
+            buf.as_mut_ptr(),
+            buf.capacity(),
+        )
+    };
+    let n = check_long(n)? as usize;
+    if n > buf.capacity() {
+        return Err(io::Error::from_raw_os_error(libc::EIO));
+    }
+    // SAFETY: the kernel wrote the first `n` bytes, at most the capacity (checked above).
+    unsafe { buf.set_len(n) };
+    Ok(n)
 }
 
 /// `lseek(fd, offset, whence)`; a negative offset is the kernel's to judge (SEEK_END and

@@ -87,13 +87,12 @@ impl PassthroughFs {
         let _pos = lock.lock().unwrap_or_else(|p| p.into_inner());
         // The offset is a host d_off cookie (a signed loff_t) handed back as the guest got it.
         sys::lseek(h.fd(), offset as i64, libc::SEEK_SET)?;
-        let mut buf = vec![0u8; DIRENT_BUF];
+        let mut buf = Vec::with_capacity(DIRENT_BUF);
         loop {
-            let n = sys::getdents64(h.fd(), &mut buf)?;
-            if n == 0 {
+            if sys::getdents64_into(h.fd(), &mut buf)? == 0 {
                 return Ok(());
             }
-            let mut rest = buf.get(..n).ok_or_else(|| err(libc::EIO))?;
+            let mut rest = buf.as_slice();
             while let Some((d, tail)) = next_dirent(rest)? {
                 rest = tail;
                 let name = d.name.to_bytes();

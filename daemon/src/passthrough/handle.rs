@@ -12,6 +12,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use super::inode::IntMap;
 use crate::protocol::filesystem::{Handle, Inode};
 use crate::protocol::keeper::{Keeper, Kept};
 
@@ -189,11 +190,11 @@ fn ebadf() -> io::Error {
 /// The handles, and those open for writing by inode (under one lock).
 #[derive(Default)]
 struct Table {
-    map: HashMap<Handle, Arc<HandleData>>,
+    map: IntMap<Handle, Arc<HandleData>>,
     /// The handles open for writing of each inode that has one, oldest first: a handle-less
     /// truncate asks for the newest ([`HandleStore::writer`]) without a pass over every handle
     /// the guest holds.
-    writers: HashMap<Inode, BTreeSet<Handle>>,
+    writers: IntMap<Inode, BTreeSet<Handle>>,
 }
 
 impl Table {

@@ -1375,11 +1375,13 @@ fn check_xattr_name(name: &CStr) -> io::Result<()> {
 
 /// The rest of the request as exactly one name component.
 fn one_name(r: &mut Reader) -> io::Result<std::ffi::CString> {
-    let rest = r.read_vec(r.available())?;
-    let (name, rest) = split_cstr(&rest)?;
+    let buf = r.read_vec(r.available())?;
+    let (name, rest) = split_cstr(&buf)?;
     check_component(name)?;
     check_empty(rest)?;
-    Ok(name.to_owned())
+    // The buffer is the name and its NUL (checked above): it becomes the name, without a
+    // second allocation and copy.
+    std::ffi::CString::from_vec_with_nul(buf).map_err(|_| einval())
 }
 
 /// The rest of the request as exactly two name components.

@@ -4,10 +4,10 @@
 //! Queue 0 is the high-priority queue (FORGET), queues 1..=N are request queues; with a
 //! negotiated notification queue ([`super::notify_queue`]) queue 1 is that one and the
 //! request queues are 2..=N+1. Queue 0, the notification queue and the first request queue
-//! share a worker thread, each further queue has its own (`thread_masks`), so a
-//! multi-queue guest is served on several cores. Guest memory comes from the frontend's
-//! memory table; every descriptor is resolved to host memory through `vm-memory`, which
-//! bounds-checks it.
+//! share a worker thread, further queues have threads of their own up to one per CPU but
+//! one (`thread_masks`, `ThreadPlan`), so a multi-queue guest is served on several cores.
+//! Guest memory comes from the frontend's memory table; every descriptor is resolved to
+//! host memory through `vm-memory`, which bounds-checks it.
 //!
 //! This file is the backend (the vhost-user messages and the queue threads). Its helpers live
 //! beside it: [`super::queue_state`] (a vring's requests in flight, completions and
@@ -45,7 +45,7 @@ use super::notify_queue::{NotifyQueue, VIRTIO_FS_F_NOTIFICATION};
 use super::queue_state::{Done, QueueShared};
 use super::ring_records::RingRecords;
 use super::window_regions::{without_window_files, Window, NO_BASE};
-use super::worker_pool::{Awake, Pool, Seen, POLL_BEFORE_SLEEP};
+use super::worker_pool::{Awake, Pool, Seen, ThreadPlan, POLL_BEFORE_SLEEP};
 use crate::protocol::abi::VirtioFsConfig;
 use crate::protocol::filesystem::FileSystem;
 use crate::protocol::iobuf::FarIo;
@@ -131,25 +131,15 @@ pub struct FsBackendConfig {
     /// feature, which QEMU 7.1 to 8.0 crash on) out.
     pub tag: Option<String>,
     pub request_queues: usize,
-    /// Worker threads shared by the request queues (virtiofsd's `--thread-pool-size`); 0, and
-    /// 1 with one request queue ([`uses_pool`]), serve requests on their queue's thread. With
-    /// one queue, a pool with no job queued or running leaves the last request in sight to
-    /// the queue's thread too (`Pool::is_idle`).
+    /// Worker threads shared by the request queues (virtiofsd's `--thread-pool-size`), at
+    /// most one per CPU but one ([`ThreadPlan`]); 0, and 1 behind one queue thread, serve
+    /// requests on their queue's thread. With one queue thread, a pool with no job queued or
+    /// running leaves the last request in sight to the queue's thread too (`Pool::is_idle`).
     /// Requests that may block indefinitely always run on threads of their own, whatever
     /// this is.
     pub thread_pool_size: usize,
     /// Host changes for the guest: offers the notification queue (one more vring).
     pub notify: Option<Arc<Notifier>>,
-}
-
-/// Whether requests go to a `--thread-pool-size` pool. A pool of one thread behind one request
-/// queue serves one request at a time, as the queue's own thread does, plus a hand-off and a
-/// wake-up per request: such a "pool" (Kata Containers passes `--thread-pool-size=1`) serves
-/// on the queue's thread (protobench, depth 16: 4 KiB READ 188k/s through a pool of one,
-/// 476k/s on the queue's thread). With more queues a pool of one still bounds them to one
-/// request at a time, as asked.
-fn uses_pool(cfg: &FsBackendConfig) -> bool {
-    cfg.thread_pool_size > 1 || (cfg.thread_pool_size == 1 && cfg.request_queues > 1)
 }
 
 /// The device-state port (SET_DEVICE_STATE_FD / CHECK_DEVICE_STATE): what [`FsBackend`]
@@ -185,6 +175,10 @@ pub struct FsBackend<F: FileSystem> {
     awake: Arc<Awake>,
     /// `--thread-pool-size` workers, when non-zero.
     pool: Option<Arc<Pool>>,
+    /// Threads serving the request queues ([`ThreadPlan`]).
+    queue_threads: usize,
+    /// The queues of each of them ([`thread_masks`]).
+    masks: Vec<u64>,
     /// Threads for requests that may wait indefinitely ([`Wait::Indefinite`]).
     waits: Arc<Pool>,
     /// Threads for requests that may take long ([`Wait::Long`]). Apart from `waits`: the
@@ -207,7 +201,8 @@ pub struct FsBackend<F: FileSystem> {
 
 /// Which queues each worker thread serves (`queues_per_thread`): the first `shared` queues
 /// (the hiprio queue, the notification queue when offered, and the first request queue)
-/// share a thread, every further request queue has its own.
+/// share a thread; the further request queues go to `threads` threads in turn (the first
+/// one included), one each where there are as many threads as request queues.
 ///
 /// FORGETs arrive on the hiprio queue and take the inode table's lock that the LOOKUPs of
 /// the request queue take. On threads of their own the two contended for it: a `--cache
@@ -215,18 +210,30 @@ pub struct FsBackend<F: FileSystem> {
 /// futex calls in the daemon, against 2,100 futex calls on one shared thread (virtiofsd
 /// serves all its queues on one thread: 5). A hiprio request is short and never waits, so
 /// sharing delays no request queue for long.
-fn thread_masks(num_queues: usize, shared: usize) -> Vec<u64> {
-    let mut masks = vec![(1u64 << num_queues.min(shared)) - 1];
-    masks.extend((shared..num_queues.min(64)).map(|q| 1u64 << q));
+fn thread_masks(num_queues: usize, shared: usize, threads: usize) -> Vec<u64> {
+    let num_queues = num_queues.min(64);
+    let extra = num_queues.saturating_sub(shared);
+    let threads = threads.clamp(1, extra + 1);
+    let mut masks = vec![0u64; threads];
+    masks[0] = (1u64 << num_queues.min(shared)) - 1;
+    for (i, q) in (shared..num_queues).enumerate() {
+        masks[(i + 1) % threads] |= 1u64 << q;
+    }
     masks
 }
 
 /// The queue behind `device_event` of worker `thread` ([`thread_masks`]): vhost-user-backend
 /// numbers a thread's events by the rank of the queue's bit in the thread's mask.
-fn queue_of(thread: usize, device_event: u16, shared: usize) -> usize {
-    match thread {
-        0 => usize::from(device_event),
-        t => t + shared - 1,
+fn queue_of(masks: &[u64], thread: usize, device_event: u16) -> usize {
+    let mut m = masks.get(thread).copied().unwrap_or(0);
+    for _ in 0..device_event {
+        m &= m.wrapping_sub(1);
+    }
+    // No such event: a queue number no vring has (the caller finds no vring for it).
+    if m == 0 {
+        64
+    } else {
+        m.trailing_zeros() as usize
     }
 }
 
@@ -267,10 +274,15 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             }
         };
         let awake = Arc::new(Awake::new());
-        let pool = uses_pool(cfg).then(|| {
-            let n = cfg.thread_pool_size;
-            Pool::new("fs-worker", n, n, Some(awake.clone()))
-        });
+        let plan = ThreadPlan::for_host(cfg.request_queues, cfg.thread_pool_size);
+        let pool = (plan.pool > 0)
+            .then(|| Pool::new("fs-worker", plan.pool, plan.pool, Some(awake.clone())));
+        let notify_queues = usize::from(cfg.notify.is_some());
+        let masks = thread_masks(
+            cfg.request_queues + 1 + notify_queues,
+            2 + notify_queues,
+            plan.queue_threads,
+        );
         Ok(FsBackend {
             server,
             config,
@@ -283,6 +295,8 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 .collect(),
             awake,
             pool,
+            queue_threads: plan.queue_threads,
+            masks,
             waits: Pool::new("fs-wait", MAX_WAIT_THREADS, 0, None),
             long: Pool::new("fs-long", MAX_LONG_THREADS, 0, None),
             window: channel.as_ref().filter(|c| c.window_size() > 0).map(|c| {
@@ -298,11 +312,6 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             records: None,
             resumed: AtomicU64::new(0),
         })
-    }
-
-    /// Queues on the first worker thread ([`thread_masks`]).
-    fn shared_queues(&self) -> usize {
-        2 + usize::from(self.notify.is_some())
     }
 
     /// Whether vring `queue` is the notification queue (offered and negotiated).
@@ -542,8 +551,9 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             // A guest with requests in flight often sends the next one within microseconds:
             // look for it briefly before sleeping in epoll (a wake-up from an idle core costs
             // far more than the look), unless recent looks found nothing ([`Look`]) or more
-            // threads are awake than there are cores to spare ([`Awake`]).
-            if q.look.due() && self.awake.may_look() {
+            // threads are awake than there are cores to spare ([`Awake`]), or the thread
+            // serves other request queues too (their kicks wait behind its look).
+            if self.queue_threads >= self.request_queues && q.look.due() && self.awake.may_look() {
                 let seen = Self::more_soon(vring, &atomic);
                 q.look.found(seen);
                 if seen != Seen::Nothing {
@@ -659,10 +669,10 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             // The last request in sight while the pool has nothing to do is served
             // here: handing it over would cost a wake-up of a pool thread while this
             // one goes to sleep, and nothing else waits for this thread. With one
-            // request queue only (more queue threads serving at once would exceed a
+            // queue thread only (more queue threads serving at once would exceed a
             // pool of one).
             self.pool.as_ref().filter(|p| {
-                !(self.request_queues == 1 && p.is_idle() && !Self::has_request(vring, &mem))
+                !(self.queue_threads == 1 && p.is_idle() && !Self::has_request(vring, &mem))
             })
         };
         match pool {
@@ -888,7 +898,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
     }
 
     fn queues_per_thread(&self) -> Vec<u64> {
-        thread_masks(self.num_queues(), self.shared_queues())
+        self.masks.clone()
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
@@ -942,7 +952,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             }
             return Ok(());
         }
-        let queue = queue_of(thread_id, device_event, self.shared_queues());
+        let queue = queue_of(&self.masks, thread_id, device_event);
         if evset != EventSet::IN {
             log::warn!("queue {queue}: unexpected event set {evset:?}");
             return Ok(());
@@ -1048,25 +1058,6 @@ mod tests {
     use vm_memory::{Bytes, GuestAddress};
 
     const MEM: usize = 0x20_0000;
-
-    /// A pool of one behind one queue is the queue's thread; any other pool is a pool.
-    #[test]
-    fn a_pool_of_one_behind_one_queue_serves_on_the_queue_thread() {
-        let cfg = |request_queues, thread_pool_size| FsBackendConfig {
-            tag: None,
-            request_queues,
-            thread_pool_size,
-            notify: None,
-        };
-        assert!(!uses_pool(&cfg(1, 0)));
-        assert!(!uses_pool(&cfg(1, 1)));
-        assert!(
-            uses_pool(&cfg(2, 1)),
-            "one worker for two queues bounds them"
-        );
-        assert!(uses_pool(&cfg(1, 2)));
-        assert!(!uses_pool(&cfg(4, 0)));
-    }
 
     fn mem() -> GuestMemoryMmap {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap()
@@ -1260,22 +1251,31 @@ mod tests {
     fn every_queue_has_one_thread_and_its_events_lead_back_to_it() {
         for shared in [2, 3] {
             for n in 1..=10 {
-                let masks = thread_masks(n, shared);
-                assert_eq!(masks.len(), n.max(shared) - shared + 1, "{n} queues");
-                for q in 0..n {
-                    let owners: Vec<usize> = (0..masks.len())
-                        .filter(|&t| masks[t] >> q & 1 == 1)
-                        .collect();
-                    assert_eq!(owners.len(), 1, "queue {q} of {n}");
-                    let t = owners[0];
-                    // vhost-user-backend's rule (handler.rs, set_vring_kick).
-                    let evt = masks[t].count_ones() - (masks[t] >> q).count_ones();
-                    assert_eq!(queue_of(t, evt as u16, shared), q, "queue {q} of {n}");
+                for threads in 1..=12 {
+                    let masks = thread_masks(n, shared, threads);
+                    let want = threads.min(n.max(shared) - shared + 1);
+                    assert_eq!(masks.len(), want, "{n} queues, {threads} threads");
+                    for q in 0..n {
+                        let owners: Vec<usize> = (0..masks.len())
+                            .filter(|&t| masks[t] >> q & 1 == 1)
+                            .collect();
+                        assert_eq!(owners.len(), 1, "queue {q} of {n}");
+                        let t = owners[0];
+                        // vhost-user-backend's rule (handler.rs, set_vring_kick).
+                        let evt = masks[t].count_ones() - (masks[t] >> q).count_ones();
+                        assert_eq!(queue_of(&masks, t, evt as u16), q, "queue {q} of {n}");
+                    }
+                    assert!(masks.iter().all(|&m| m != 0), "an idle thread");
                 }
             }
         }
-        assert_eq!(thread_masks(3, 2), vec![0b11, 0b100]);
-        assert_eq!(thread_masks(4, 3), vec![0b111, 0b1000]);
+        assert_eq!(thread_masks(3, 2, 8), vec![0b11, 0b100]);
+        assert_eq!(thread_masks(4, 3, 8), vec![0b111, 0b1000]);
+        // One thread (2 CPUs): every queue on it; two: the further queues in turn.
+        assert_eq!(thread_masks(5, 2, 1), vec![0b11111]);
+        assert_eq!(thread_masks(5, 2, 2), vec![0b01011, 0b10100]);
+        assert_eq!(queue_of(&[0b1011], 0, 2), 3);
+        assert_eq!(queue_of(&[0b1011], 0, 3), 64, "no such event");
     }
 
     #[test]

@@ -123,6 +123,87 @@ impl Drop for AwakeGuard<'_> {
     }
 }
 
+/// The CPUs this process may run on (`sched_getaffinity`), fewer where a cgroup CPU quota
+/// allows less (what `available_parallelism` reads: a container's limit), at least 1.
+pub(crate) fn affinity_cpus() -> usize {
+    let quota = std::thread::available_parallelism().map_or(usize::MAX, |n| n.get());
+    // SAFETY: `cpu_set_t` is plain data: all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is writable for the size given; pid 0 is the calling thread.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        return quota.clamp(1, 1024);
+    }
+    // SAFETY: `set` is initialised (zeroed, then filled by the kernel).
+    let n = unsafe { libc::CPU_COUNT(&set) };
+    usize::try_from(n).unwrap_or(1).min(quota).max(1)
+}
+
+/// The threads requests are served on, asked (`--queues`, `--thread-pool-size`) and clamped
+/// to what the CPUs can run at once.
+///
+/// Each request queue beyond the first used to have a thread of its own, and a pool its
+/// threads, whatever the CPUs: on 2 cores, 4 request queues served a 4 KiB READ at depth 16
+/// at 0.31x the rate of one queue, and `--thread-pool-size=4` at 0.30x-0.41x of no pool
+/// (bench/HISTORY.md): threads that cannot run at once only hand requests over, wake each
+/// other and take turns. The guest's side (its vCPUs, or a driver) needs a core too, so at
+/// most `cpus - 1` threads (at least 1) serve the request queues, and a pool has at most
+/// that many; a pool of one behind one queue thread serves on that thread ([`Self::pool`] 0).
+/// Requests that may block (locks, flushes) keep their own pools: those threads sleep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ThreadPlan {
+    /// Threads serving the request queues (the hiprio and notification queues share the first).
+    pub queue_threads: usize,
+    /// `--thread-pool-size` threads; 0: each request is served on its queue's thread.
+    pub pool: usize,
+}
+
+impl ThreadPlan {
+    /// The plan for `request_queues` (>= 1) and a pool of `pool_asked` on `cpus` CPUs.
+    pub(crate) fn new(request_queues: usize, pool_asked: usize, cpus: usize) -> Self {
+        let useful = cpus.saturating_sub(1).max(1);
+        let queue_threads = request_queues.clamp(1, useful);
+        let pool = pool_asked.min(useful);
+        // A pool of one behind one queue thread serves one request at a time, as the thread
+        // does itself, plus a hand-off and a wake-up per request (Kata passes 1): none. With
+        // several queue threads a pool of one still bounds them to one request at a time.
+        let pool = if pool > 1 || (pool == 1 && queue_threads > 1) {
+            pool
+        } else {
+            0
+        };
+        ThreadPlan {
+            queue_threads,
+            pool,
+        }
+    }
+
+    /// [`Self::new`] on this host's CPUs, saying in the log when it runs fewer threads than
+    /// asked. `DAXFSD_THREADS=asked` in the environment keeps the counts asked (threads that
+    /// mostly wait, on slow or remote storage; the tests of the pool and queue threads).
+    pub(crate) fn for_host(request_queues: usize, pool_asked: usize) -> Self {
+        if std::env::var_os("DAXFSD_THREADS").is_some_and(|v| v == "asked") {
+            return Self::new(request_queues, pool_asked, usize::MAX);
+        }
+        let cpus = affinity_cpus();
+        let plan = Self::new(request_queues, pool_asked, cpus);
+        let pool_cut = pool_asked > 1 && plan.pool < pool_asked;
+        if plan.queue_threads < request_queues || pool_cut {
+            log::info!(
+                "{cpus} CPU(s) to run on: serving {request_queues} request queue(s) on {} thread(s){} \
+                 (asked: --thread-pool-size={pool_asked}); threads beyond the CPUs but one only \
+                 contend for them",
+                plan.queue_threads,
+                match plan.pool {
+                    0 => ", no worker pool".to_string(),
+                    n => format!(", worker pool of {n}"),
+                },
+            );
+        }
+        plan
+    }
+}
+
 pub(super) type Job = Box<dyn FnOnce() + Send>;
 
 /// A pool of threads running jobs; threads are started on demand up to `max`, and those
@@ -348,6 +429,32 @@ mod tests {
         };
         let _g = one_cpu.wake();
         assert!(!one_cpu.may_look(), "on one CPU no thread looks");
+    }
+
+    /// Threads are never more than the CPUs but one can run (at least one), a pool of one
+    /// behind one queue thread is none, and where the CPUs suffice the plan is what was asked.
+    #[test]
+    fn the_thread_plan_fits_the_cpus() {
+        let plan = |q, p, c| {
+            let t = ThreadPlan::new(q, p, c);
+            (t.queue_threads, t.pool)
+        };
+        // 2 CPUs: one serving thread, whatever was asked.
+        assert_eq!(plan(4, 0, 2), (1, 0));
+        assert_eq!(plan(4, 4, 2), (1, 0));
+        assert_eq!(plan(1, 4, 2), (1, 0));
+        assert_eq!(plan(1, 1, 2), (1, 0));
+        assert_eq!(plan(1, 0, 1), (1, 0));
+        // Enough CPUs: as asked (a pool of one serves on one queue's thread).
+        assert_eq!(plan(4, 4, 8), (4, 4));
+        assert_eq!(plan(1, 1, 8), (1, 0));
+        assert_eq!(plan(4, 1, 8), (4, 1));
+        // Between: clamped to 3 serving threads each.
+        assert_eq!(plan(8, 16, 4), (3, 3));
+        // DAXFSD_THREADS=asked: as asked.
+        assert_eq!(plan(4, 4, usize::MAX), (4, 4));
+        assert_eq!(plan(1, 1, usize::MAX), (1, 0));
+        assert!(affinity_cpus() >= 1);
     }
 
     /// Every job runs, whether a sleeping, a busy or a new thread takes it: bursts from one

@@ -26,7 +26,8 @@
 //!                     --posix-lock in its arguments for the lock to reach the host)
 //!   --callgrind N     instead of the rate: instructions per request under
 //!                     `valgrind --tool=callgrind`, from a run of N requests minus a
-//!                     baseline run of 0 requests (same set-up: INIT, LOOKUP, OPEN)
+//!                     baseline run of 0 requests (same set-up: INIT, LOOKUP, OPEN), with
+//!                     --queues and --depth as given
 //!                     (PROTOBENCH_CALLGRIND_KEEP=DIR keeps each callgrind.out there)
 //!   --seccomp MODE    daemon --seccomp (default: kill for the rate, none under valgrind)
 //!   --json FILE       append one JSON object per result to FILE (JSON lines)
@@ -480,6 +481,24 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     (hz > 0).then(|| ticks / hz as f64)
 }
 
+/// Context switches (voluntary and not) of every thread process `pid` has now: what it
+/// costs in wake-ups and preemptions, on a host too loaded for the rate to be steady.
+fn cswitches(pid: u32) -> Option<u64> {
+    let mut n = 0;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let status = std::fs::read_to_string(t.ok()?.path().join("status")).ok()?;
+        for l in status.lines() {
+            if let Some(v) = l
+                .strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+            {
+                n += v.trim().parse::<u64>().ok()?;
+            }
+        }
+    }
+    Some(n)
+}
+
 fn rate(o: &Opts, name: &str, share: &Path, op: Op, out: &mut Out) -> io::Result<()> {
     let seccomp = o.seccomp.as_deref().unwrap_or("kill");
     let (bin, args, ranges) = daemon_spec(name)?;
@@ -500,6 +519,7 @@ fn rate(o: &Opts, name: &str, share: &Path, op: Op, out: &mut Out) -> io::Result
     run(&t, op, 2000, None, o.depth)?; // warm-up: page cache, allocations, branch predictors
     let pid = t.daemon.pid();
     let cpu0 = pid.and_then(cpu_seconds);
+    let cs0 = pid.and_then(cswitches);
     let t0 = Instant::now();
     let n = run(
         &t,
@@ -513,6 +533,10 @@ fn rate(o: &Opts, name: &str, share: &Path, op: Op, out: &mut Out) -> io::Result
     // bounded by this driver on a small machine, the CPU per request is not).
     let cpu = match (cpu0, pid.and_then(cpu_seconds)) {
         (Some(a), Some(b)) if n > 0 => format!("{:.2}", (b - a) * 1e6 / n as f64),
+        _ => "null".to_string(),
+    };
+    let cs = match (cs0, pid.and_then(cswitches)) {
+        (Some(a), Some(b)) if n > 0 => format!("{:.3}", b.saturating_sub(a) as f64 / n as f64),
         _ => "null".to_string(),
     };
     if let Some((f, p)) = lock {
@@ -530,7 +554,8 @@ fn rate(o: &Opts, name: &str, share: &Path, op: Op, out: &mut Out) -> io::Result
     out.emit(format!(
         "{{\"kind\":\"rate\",\"daemon\":\"{name}\",\"op\":\"{}\",\"depth\":{},\"queues\":{},\
          \"blocked_lock\":{},\"requests\":{n},\"seconds\":{secs:.3},\"req_per_s\":{rps:.0},\
-         \"usec_per_req\":{:.2},\"daemon_cpu_usec_per_req\":{cpu},\"seccomp\":\"{seccomp}\"}}",
+         \"usec_per_req\":{:.2},\"daemon_cpu_usec_per_req\":{cpu},\
+         \"daemon_cswitch_per_req\":{cs},\"seccomp\":\"{seccomp}\"}}",
         op.name(),
         o.depth,
         o.queues,
@@ -548,6 +573,7 @@ fn callgrind_run(
     seccomp: &str,
     op: Op,
     n: u64,
+    (queues, depth): (usize, usize),
 ) -> io::Result<u64> {
     let dir = tempfile::Builder::new()
         .prefix("protobench-cg-")
@@ -564,9 +590,16 @@ fn callgrind_run(
         ),
     )?;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
-    let t = start(&wrapper, args, share, seccomp, 1, Duration::from_secs(120))?;
+    let t = start(
+        &wrapper,
+        args,
+        share,
+        seccomp,
+        queues,
+        Duration::from_secs(120),
+    )?;
     if n > 0 {
-        run(&t, op, n, None, 1)?;
+        run(&t, op, n, None, depth)?;
     }
     drop(t.s);
     let mut daemon = t.daemon;
@@ -596,15 +629,18 @@ fn callgrind_run(
 fn callgrind(o: &Opts, name: &str, share: &Path, n: u64, out: &mut Out) -> io::Result<()> {
     let seccomp = o.seccomp.as_deref().unwrap_or("none");
     let (bin, args, _) = daemon_spec(name)?;
-    let base = callgrind_run(&bin, &args, share, seccomp, Op::Read, 0)?;
+    let shape = (o.queues, o.depth);
+    let base = callgrind_run(&bin, &args, share, seccomp, Op::Read, 0, shape)?;
     for &op in &o.ops {
-        let total = callgrind_run(&bin, &args, share, seccomp, op, n)?;
+        let total = callgrind_run(&bin, &args, share, seccomp, op, n, shape)?;
         let per = (total as f64 - base as f64) / n as f64;
         out.emit(format!(
             "{{\"kind\":\"callgrind\",\"daemon\":\"{name}\",\"op\":\"{}\",\"requests\":{n},\
-             \"instructions_total\":{total},\"instructions_baseline\":{base},\
-             \"instructions_per_req\":{per:.0}}}",
-            op.name()
+             \"queues\":{},\"depth\":{},\"instructions_total\":{total},\
+             \"instructions_baseline\":{base},\"instructions_per_req\":{per:.0}}}",
+            op.name(),
+            o.queues,
+            o.depth
         ))?;
     }
     Ok(())

@@ -70,6 +70,8 @@ fn spawn_with(socket: &Path, share: &Path, sandbox: &str, log: &str, args: &[&st
     let log = socket.with_file_name(log);
     let f = std::fs::File::create(&log).unwrap();
     let mut cmd = Command::new(bin);
+    // The pool as asked on 2-core hosts too (see common::start_with).
+    cmd.env("DAXFSD_THREADS", "asked");
     // SAFETY: between fork and exec the closure only calls signal(2) and sigprocmask(2), which
     // are async-signal-safe, on the child's own dispositions and mask.
     unsafe {

@@ -26,6 +26,7 @@ pub fn spawn_in(kind: &DaemonKind, shared: &Path, sandbox: &str, args: &[&str]) 
         .unwrap_or_else(|e| panic!("{e}"))
         .shared_dir(shared)
         .sandbox(sandbox)
+        .env("DAXFSD_THREADS", "asked")
         .arg("--seccomp=none");
     for a in args {
         b = b.arg(a);
