@@ -75,6 +75,30 @@ fn listen(cli: &Cli) -> io::Result<(Listener, Option<RunFiles>)> {
     }
 }
 
+/// Under a holder: what the server before this one kept comes back (after a crash), and
+/// `fs` keeps its own with `link` from now on. Returns the link and the kept session, for
+/// the server.
+fn take_back(
+    link: crate::host::keeper_link::KeeperLink,
+    fs: &crate::passthrough::PassthroughFs,
+) -> io::Result<(
+    Arc<crate::host::keeper_link::KeeperLink>,
+    Option<SessionState>,
+)> {
+    let link = Arc::new(link);
+    let mut entries = link.fetch()?;
+    let session = entries
+        .iter()
+        .position(|(w, _, _)| *w == crate::protocol::keeper::Kept::Session)
+        .and_then(|i| SessionState::from_kept(&entries.swap_remove(i).1));
+    if let Some(st) = &session {
+        let (inodes, handles) = fs.restore_kept(st.flags, entries);
+        log::info!("restart: session taken back: {inodes} inode(s), {handles} handle(s)");
+    }
+    fs.set_keeper(link.clone());
+    Ok((link, session))
+}
+
 /// The ring-record region a holder (`--restartable`) started this server with.
 fn inherited_ring_records() -> io::Result<Option<crate::transport::ring_records::RingRecords>> {
     let Some(v) = std::env::var_os(crate::host::holder::RECORDS_ENV) else {
@@ -302,26 +326,8 @@ pub fn run(cli: &Cli) -> io::Result<()> {
             }
         }));
     }
-    // Under a holder: what the server before this one kept comes back (a crash), and this
-    // one keeps its own from now on.
     let fs_wants = fs.init_wants();
-    let keeper = match keeper {
-        Some(link) => {
-            let link = Arc::new(link);
-            let mut entries = link.fetch()?;
-            let session = entries
-                .iter()
-                .position(|(w, _, _)| *w == crate::protocol::keeper::Kept::Session)
-                .and_then(|i| SessionState::from_kept(&entries.swap_remove(i).1));
-            if let Some(st) = &session {
-                let (inodes, handles) = fs.restore_kept(st.flags, entries);
-                log::info!("restart: session taken back: {inodes} inode(s), {handles} handle(s)");
-            }
-            fs.set_keeper(link.clone());
-            Some((link, session))
-        }
-        None => None,
-    };
+    let keeper = keeper.map(|link| take_back(link, &fs)).transpose()?;
     // DAX coherence (shadow write-back, re-placement) wraps the filesystem.
     let fs = crate::dax::coherent::Coherent::new(fs, window.clone().map(|w| w as _));
     let server = Arc::new(Server::new(

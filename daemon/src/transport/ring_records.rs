@@ -20,6 +20,13 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU8, Ordering};
 
+use vhost_user_backend::VringT;
+use virtio_queue::QueueT;
+use vm_memory::{Bytes, GuestAddress};
+
+use super::vhost_user::{FsVring, GuestMemoryLogged};
+use super::vring_chain::ChainAt;
+
 /// Vrings recorded: hiprio, the notification queue and 63 request queues, and one spare.
 pub const MAX_VRINGS: usize = 66;
 const HEADS: usize = super::vhost_user::MAX_QUEUE_SIZE;
@@ -225,6 +232,50 @@ impl Drop for RingRecords {
         // SAFETY: `base` is the REGION_SIZE mapping made in `map`, unmapped once, here.
         unsafe { libc::munmap(self.base.cast(), REGION_SIZE) };
     }
+}
+
+/// Takes vring `queue` over where a dead server left it, at this process's first look at
+/// it: sets the next avail and used positions and returns the chains to serve again (`None`
+/// when the vring starts fresh). `in_order`: its buffers are taken and returned in order (the
+/// notification queue): the ones taken and not returned are simply taken again.
+pub(super) fn take_over(
+    records: &RingRecords,
+    queue: usize,
+    vring: &FsVring,
+    mem: &GuestMemoryLogged,
+    in_order: bool,
+) -> Option<Vec<ChainAt>> {
+    let mut v = vring.get_mut();
+    let q = v.get_queue_mut();
+    let used = q.used_idx(mem, Ordering::Acquire).map_or(0, |w| w.0);
+    let avail = q.avail_idx(mem, Ordering::Acquire).map_or(0, |w| w.0);
+    let (ring, size) = (q.avail_ring(), q.size());
+    let avail_at = |p: u16| {
+        let off = 4 + 2 * u64::from(p % size.max(1));
+        mem.read_obj::<u16>(GuestAddress(ring + off))
+            .ok()
+            .map(u16::from_le)
+    };
+    let r = records.start(queue, q.next_avail(), used, avail, avail_at)?;
+    q.set_next_used(used);
+    if in_order {
+        q.set_next_avail(used);
+        log::info!("queue {queue}: resumed at {used}");
+        return Some(Vec::new());
+    }
+    q.set_next_avail(r.next_avail);
+    log::info!(
+        "queue {queue}: resumed at avail {}; serving {} request(s) again",
+        r.next_avail,
+        r.heads.len()
+    );
+    let (table, size) = (q.desc_table(), q.size());
+    Some(
+        r.heads
+            .iter()
+            .map(|&head| ChainAt { table, size, head })
+            .collect(),
+    )
 }
 
 /// A new, zeroed region for the holder to keep.

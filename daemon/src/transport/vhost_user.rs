@@ -43,7 +43,7 @@ use super::chain_request::refuse;
 pub(crate) use super::chain_request::{decode, serve, Walked};
 use super::notify_queue::{NotifyQueue, VIRTIO_FS_F_NOTIFICATION};
 use super::queue_state::{Done, QueueShared};
-use super::ring_records::RingRecords;
+use super::ring_records::{take_over, RingRecords};
 use super::window_regions::{without_window_files, Window, NO_BASE};
 use super::worker_pool::{Awake, Pool, Seen, ThreadPlan, POLL_BEFORE_SLEEP};
 use crate::protocol::abi::VirtioFsConfig;
@@ -352,47 +352,10 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         }
         let Some(atomic) = self.memory() else { return };
         let mem = atomic.memory();
-        let (resumed, at) = {
-            let mut v = vring.get_mut();
-            let q = v.get_queue_mut();
-            let used = q.used_idx(&*mem, Ordering::Acquire).map_or(0, |w| w.0);
-            let avail = q.avail_idx(&*mem, Ordering::Acquire).map_or(0, |w| w.0);
-            let (ring, size) = (q.avail_ring(), q.size());
-            let avail_at = |p: u16| {
-                let off = 4 + 2 * u64::from(p % size.max(1));
-                vm_memory::Bytes::read_obj::<u16>(&*mem, vm_memory::GuestAddress(ring + off))
-                    .ok()
-                    .map(u16::from_le)
-            };
-            let Some(r) = records.start(queue, q.next_avail(), used, avail, avail_at) else {
-                return;
-            };
-            if self.is_notify_queue(queue) {
-                // Buffers are taken and returned in order: the ones taken and not returned
-                // are taken again.
-                q.set_next_avail(used);
-                q.set_next_used(used);
-                log::info!("queue {queue}: resumed at {used}");
-                return;
-            }
-            q.set_next_avail(r.next_avail);
-            q.set_next_used(used);
-            let at: Vec<ChainAt> = r
-                .heads
-                .iter()
-                .map(|&head| ChainAt {
-                    table: q.desc_table(),
-                    size: q.size(),
-                    head,
-                })
-                .collect();
-            (r, at)
+        let in_order = self.is_notify_queue(queue);
+        let Some(at) = take_over(records, queue, vring, &mem, in_order) else {
+            return;
         };
-        log::info!(
-            "queue {queue}: resumed at avail {}; serving {} request(s) again",
-            resumed.next_avail,
-            at.len()
-        );
         let Some(q) = self.queues.get(queue) else {
             return;
         };
