@@ -373,6 +373,10 @@ impl InodeStore {
             },
         );
         t.by_key.insert(key, id);
+        // Outside the table's lock: a send to the keeper is a system call. (A FORGET that
+        // lands in between leaves the keeper an entry the guest no longer names: one
+        // descriptor until the session ends.)
+        drop(t);
         self.keep(&data);
         Ok(data)
     }

@@ -128,14 +128,16 @@ impl RingRecords {
         vring < MAX_VRINGS && usize::from(head) < HEADS
     }
 
-    /// Head `head` was popped; `next_avail` is the position after it.
+    /// Head `head` was popped; `next_avail` is the position after it. The records' stores
+    /// are Release: the next process reads what this one executed, in order (all that
+    /// matters), at the cost of plain stores.
     pub fn popped(&self, vring: usize, head: u16, next_avail: u16) {
         if !Self::ok(vring, head) {
             return;
         }
-        self.flag(vring, head).store(1, Ordering::SeqCst);
+        self.flag(vring, head).store(1, Ordering::Release);
         self.u16(vring, LAST_AVAIL)
-            .store(next_avail, Ordering::SeqCst);
+            .store(next_avail, Ordering::Release);
     }
 
     /// Head `head` is about to be published at used index `used_before`.
@@ -144,9 +146,9 @@ impl RingRecords {
             return;
         }
         self.u16(vring, COMPLETING_USED)
-            .store(used_before, Ordering::SeqCst);
+            .store(used_before, Ordering::Release);
         self.u16(vring, COMPLETING_HEAD)
-            .store(head, Ordering::SeqCst);
+            .store(head, Ordering::Release);
     }
 
     /// Head `head` was published (or dropped by a reset).
@@ -154,9 +156,9 @@ impl RingRecords {
         if !Self::ok(vring, head) {
             return;
         }
-        self.flag(vring, head).store(0, Ordering::SeqCst);
+        self.flag(vring, head).store(0, Ordering::Release);
         self.u16(vring, COMPLETING_HEAD)
-            .store(NONE, Ordering::SeqCst);
+            .store(NONE, Ordering::Release);
     }
 
     /// The vring was stopped with nothing in flight (or reset): nothing to resume.
