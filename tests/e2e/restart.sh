@@ -41,13 +41,25 @@ vm_pid=""
 RIG_CLEANUP+=('[[ -z $vm_pid ]] || { kill "$vm_pid" 2>/dev/null; wait "$vm_pid" 2>/dev/null; }')
 RIG_CLEANUP+=("rm -rf -- $(printf %q "$work")")
 
-# Two builds: this tree's, and the same sources with another version string.
-log "building the upgrade target (DAXFSD_BUILD_ID=restart-test)"
+# Two builds: this tree's, and the same sources with another version string. The second is
+# cached under the first one's checksum (one entry: a changed tree replaces it).
 mkdir -p "$work/bin"
-DAXFSD_BUILD_ID=restart-test cargo build -q -p daxfsd --bin daxfsd
-cp target/debug/daxfsd "$work/new-daxfsd"
 cargo build -q -p daxfsd --bin daxfsd
 cp target/debug/daxfsd "$work/bin/daxfsd"
+upgrade_cache=$DAXFSD_CACHE/restart-build
+key=$(sha256sum target/debug/daxfsd | cut -c1-16)
+if [[ -x $upgrade_cache/$key/daxfsd ]]; then
+    log "upgrade target from the cache ($upgrade_cache/$key)"
+else
+    log "building the upgrade target (DAXFSD_BUILD_ID=restart-test)"
+    DAXFSD_BUILD_ID=restart-test cargo build -q -p daxfsd --bin daxfsd
+    rm -rf -- "$upgrade_cache"
+    mkdir -p "$upgrade_cache/$key"
+    cp target/debug/daxfsd "$upgrade_cache/$key/daxfsd"
+    # Back to this tree's build for whatever runs next.
+    cargo build -q -p daxfsd --bin daxfsd
+fi
+cp "$upgrade_cache/$key/daxfsd" "$work/new-daxfsd"
 new_version=$("$work/new-daxfsd" --version)
 [[ $new_version == *+restart-test ]] || die "the upgrade build says '$new_version'"
 
