@@ -667,8 +667,8 @@ struct Holder {
 }
 
 impl Holder {
-    /// Starts a server and brings it to the recorded state; with `state`, loads that session
-    /// into it before its vrings start, and `restart` are the vrings to start again.
+    /// Starts a server and brings it to the recorded state; `restart` are vrings the holder
+    /// stopped (an upgrade) to start again.
     fn start(&mut self, restart: &[u32]) -> io::Result<()> {
         let mut server = self.launcher.spawn(self.own_build)?;
         let pid = server.child.id();
@@ -775,8 +775,15 @@ impl Holder {
                 Err(e) => {
                     log::warn!("holder: file server lost during request {}: {e}", m.req);
                     self.crashed()?;
-                    // The record holds what `m` set; a query is asked again.
-                    if !expects_reply(&m, reply_ack) {
+                    // A query is asked again. What `m` set is in the record the new server
+                    // was given; when QEMU waits for its ack (NEED_REPLY), the holder acks.
+                    let waits_ack = reply_ack && m.flags & NEED_REPLY != 0;
+                    if !expects_reply(&m, false) {
+                        if waits_ack {
+                            let mut ack = Msg::new(m.req, 0u64.to_le_bytes().to_vec());
+                            ack.flags |= REPLY;
+                            send_msg(&self.qemu, &ack)?;
+                        }
                         return Ok(());
                     }
                     m = m.dup()?;
@@ -785,8 +792,7 @@ impl Holder {
         }
     }
 
-    /// A file server at the recorded state in place of the current one (which must go),
-    /// with `state` loaded.
+    /// A file server at the recorded state in place of the current one (which must go).
     fn restart_with(&mut self, restart: &[u32]) -> io::Result<()> {
         if let Some(s) = self.server.take() {
             s.finish();
