@@ -43,16 +43,11 @@ fn chown_socket_group(path: &std::path::Path, group: &str) -> io::Result<()> {
 /// The listening vhost-user socket: `--fd`, or a fresh socket on `--socket-path` behind its
 /// locked pid file (see [`RunFiles`]).
 fn listen(cli: &Cli) -> io::Result<(Listener, Option<RunFiles>)> {
-    if let Some(fd) = std::env::var_os(crate::host::holder::HOLDER_ENV) {
-        let fd: i32 = fd
-            .to_str()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| io::Error::other("bad holder listener number"))?;
-        // The variable goes so that no child takes the socket for its own.
-        std::env::remove_var(crate::host::holder::HOLDER_ENV);
-        // SAFETY: the holder started us with this inherited listening socket, which nothing
-        // else in this process uses.
-        return Ok((unsafe { Listener::from_raw_fd(fd) }, None));
+    if let Some(fd) = crate::host::holder::inherited(crate::host::holder::HOLDER_ENV)? {
+        return Ok((
+            Listener::from(std::os::unix::net::UnixListener::from(fd)),
+            None,
+        ));
     }
     match (&cli.socket_path, cli.fd) {
         (_, Some(fd)) => {
@@ -101,19 +96,9 @@ fn take_back(
 
 /// The ring-record region a holder (`--restartable`) started this server with.
 fn inherited_ring_records() -> io::Result<Option<crate::transport::ring_records::RingRecords>> {
-    let Some(v) = std::env::var_os(crate::host::holder::RECORDS_ENV) else {
-        return Ok(None);
-    };
-    let fd: i32 = v
-        .to_str()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| io::Error::other("bad ring-record region number"))?;
-    // SAFETY: the holder started us with this inherited memfd, which nothing else in this
-    // process uses.
-    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-    // Not for our children.
-    crate::host::holder::set_cloexec(std::os::fd::AsRawFd::as_raw_fd(&fd));
-    crate::transport::ring_records::RingRecords::map(fd).map(Some)
+    crate::host::holder::inherited(crate::host::holder::RECORDS_ENV)?
+        .map(crate::transport::ring_records::RingRecords::map)
+        .transpose()
 }
 
 #[derive(Default)]

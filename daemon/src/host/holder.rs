@@ -201,9 +201,41 @@ fn expects_reply(m: &Msg, reply_ack: bool) -> bool {
     ) || (reply_ack && m.flags & NEED_REPLY != 0)
 }
 
-pub(crate) fn set_cloexec(fd: RawFd) {
+fn set_cloexec(fd: RawFd) {
     // SAFETY: F_SETFD on a descriptor this process owns changes only its close-on-exec flag.
     unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+}
+
+/// Takes ownership of descriptors the kernel just installed from a message's SCM_RIGHTS,
+/// close-on-exec (no server the holder starts inherits them by accident).
+pub(crate) fn received(raw: &[RawFd]) -> Vec<OwnedFd> {
+    raw.iter()
+        .map(|&fd| {
+            set_cloexec(fd);
+            // SAFETY: the kernel just installed `fd` in this process for us; nothing else
+            // owns it.
+            unsafe { OwnedFd::from_raw_fd(fd) }
+        })
+        .collect()
+}
+
+/// The descriptor a holder passed this server in environment variable `var` (its number),
+/// if any: taken out of the environment (no child of ours takes it for its own) and made
+/// close-on-exec. Call it before any thread is spawned.
+pub(crate) fn inherited(var: &str) -> io::Result<Option<OwnedFd>> {
+    let Some(v) = std::env::var_os(var) else {
+        return Ok(None);
+    };
+    let fd: RawFd = v
+        .to_str()
+        .and_then(|s| s.parse().ok())
+        .filter(|&fd| fd >= 0)
+        .ok_or_else(|| io::Error::other(format!("{var}: not a descriptor number")))?;
+    std::env::remove_var(var);
+    set_cloexec(fd);
+    // SAFETY: the holder started us with this descriptor open under that number, for us
+    // alone; nothing else in this process uses it.
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
 /// Reads one message; `None` when the peer closed the connection.
@@ -217,14 +249,7 @@ fn recv_msg(sock: &UnixStream) -> io::Result<Option<Msg>> {
     // SAFETY: the iovec points to `hdr`, which outlives the call and may take any bytes.
     let (n, nfds) = unsafe { sock.recv_with_fds(&mut iov, &mut raw) }
         .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
-    let fds: Vec<OwnedFd> = raw[..nfds]
-        .iter()
-        .map(|&fd| {
-            set_cloexec(fd);
-            // SAFETY: the kernel just installed `fd` in this process for us; nothing else owns it.
-            unsafe { OwnedFd::from_raw_fd(fd) }
-        })
-        .collect();
+    let fds = received(&raw[..nfds]);
     if n == 0 {
         return Ok(None);
     }

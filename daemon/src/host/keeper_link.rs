@@ -67,11 +67,7 @@ pub fn recv(sock: &UnixDatagram) -> io::Result<Option<Message>> {
     // SAFETY: the iovec points to `buf`, which outlives the call and may take any bytes.
     let (n, nfds) = unsafe { sock.recv_with_fds(&mut iov, &mut raw) }
         .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
-    let fd = (nfds > 0).then(|| {
-        crate::host::holder::set_cloexec(raw[0]);
-        // SAFETY: the kernel just installed this descriptor for us; nothing else owns it.
-        unsafe { OwnedFd::from_raw_fd(raw[0]) }
-    });
+    let fd = crate::host::holder::received(&raw[..nfds]).pop();
     if n == 0 {
         return Ok(None);
     }
@@ -130,18 +126,11 @@ pub struct KeeperLink {
 impl KeeperLink {
     /// The link a holder started this server with, if any.
     pub fn inherited() -> io::Result<Option<Self>> {
-        let Some(v) = std::env::var_os(KEEPER_ENV) else {
-            return Ok(None);
-        };
-        let fd: RawFd = v
-            .to_str()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| io::Error::other("bad keeper socket number"))?;
-        crate::host::holder::set_cloexec(fd);
-        // SAFETY: the holder started us with this inherited socket, which nothing else in
-        // this process uses.
-        let sock = unsafe { UnixDatagram::from_raw_fd(fd) };
-        Ok(Some(KeeperLink { sock }))
+        Ok(
+            crate::host::holder::inherited(KEEPER_ENV)?.map(|fd| KeeperLink {
+                sock: UnixDatagram::from(fd),
+            }),
+        )
     }
 
     /// The entries kept by the servers before this one.
