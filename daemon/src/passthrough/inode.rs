@@ -431,6 +431,9 @@ impl InodeStore {
         if t.by_key.get(&slot.data.key) == Some(&id) {
             t.by_key.remove(&slot.data.key);
         }
+        // Outside the table's lock, as `keep` (ids are never reused: no later keep of this
+        // one can be overtaken).
+        drop(t);
         if let Some(k) = self.keeper.get() {
             k.release(Kept::Inode(id));
         }

@@ -3,6 +3,8 @@
 //! with its descriptor, given to the keeper as the tables change, and taken back by the
 //! next server.
 
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use super::handle::HandleData;
@@ -25,7 +27,8 @@ impl PassthroughFs {
         self.apply_agreed(agreed & self.init_wants());
         let mut inodes = Vec::new();
         let mut handles = Vec::new();
-        let mut owners = Vec::new();
+        // Lock owners' descriptors, by handle.
+        let mut owners: HashMap<u64, Vec<(u64, OwnedFd)>> = HashMap::new();
         for (what, meta, fd) in entries {
             match (what, fd) {
                 (Kept::Inode(id), Some(fd)) => match from_kept_meta(&meta) {
@@ -36,29 +39,20 @@ impl PassthroughFs {
                     Some(h) => handles.push((fh, h)),
                     None => log::warn!("restart: handle {fh}: entry does not decode"),
                 },
-                (Kept::Owner(fh, owner), Some(fd)) => owners.push((fh, owner, fd)),
+                (Kept::Owner(fh, owner), Some(fd)) => {
+                    owners.entry(fh).or_default().push((owner, fd))
+                }
                 (Kept::Session, _) => {}
                 (what, None) => log::warn!("restart: {what:?} came back without a descriptor"),
             }
         }
         let counts = (inodes.len(), handles.len());
         self.inodes.restore(inodes);
-        if let Some(w) = self.watch.get() {
-            // The guest's directories, by the ids it knows, are watched again.
-            let (all, _) = self.inodes.export();
-            for (data, _) in all {
-                w.note(&data);
-            }
-        }
-        if let Some(n) = self.notifier.get() {
-            // Host changes while no server ran went unseen.
-            n.mark_stale();
-        }
+        // Host changes while no server ran went unseen.
+        self.watch_tables_again();
         for (fh, h) in &handles {
-            for (_, owner, fd) in owners.iter_mut().filter(|o| o.0 == *fh) {
-                if let Ok(fd) = fd.try_clone() {
-                    h.restore_owner(*owner, fd);
-                }
+            for (owner, fd) in owners.remove(fh).into_iter().flatten() {
+                h.restore_owner(owner, fd);
             }
         }
         self.handles.restore(handles);

@@ -589,19 +589,8 @@ impl PassthroughFs {
         n.posix_acl
             .store(state.negotiated & NEG_POSIX_ACL != 0, Ordering::Relaxed);
         self.inodes.replace(inodes, state.next_inode);
-        if let Some(w) = self.watch.get() {
-            // The guest's directories, by the ids it knows, are watched again.
-            w.clear();
-            let (all, _) = self.inodes.export();
-            for (data, _) in all {
-                w.note(&data);
-            }
-        }
-        if let Some(n) = self.notifier.get() {
-            // Host changes between the source's last event and our first went unseen: the
-            // guest drops what it caches once, with its first notification.
-            n.mark_stale();
-        }
+        // Host changes between the source's last event and our first went unseen.
+        self.watch_tables_again();
         self.handles.replace(handles, state.next_handle);
         Ok((failed, failed_handles))
     }

@@ -726,6 +726,23 @@ impl PassthroughFs {
     /// a migrated session may have agreed).
     ///
     /// [`FileSystem::init`]: crate::protocol::filesystem::FileSystem::init
+    /// After the tables were replaced (a migration's import, a restart's take-back): the
+    /// guest's directories, by the ids it knows, are watched again, and, since host changes
+    /// meanwhile went unseen, the guest drops what it caches once, with its first
+    /// notification.
+    fn watch_tables_again(&self) {
+        if let Some(w) = self.watch.get() {
+            w.clear();
+            let (all, _) = self.inodes.export();
+            for (data, _) in all {
+                w.note(&data);
+            }
+        }
+        if let Some(n) = self.notifier.get() {
+            n.mark_stale();
+        }
+    }
+
     /// Applies the INIT flags agreed with the guest (`agreed`: what it offered of
     /// [`Self::init_wants`]) to how requests are served.
     fn apply_agreed(&self, agreed: u64) {

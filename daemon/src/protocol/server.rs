@@ -48,23 +48,20 @@ pub struct SessionState {
 }
 
 impl SessionState {
-    /// Its bytes as the keeper holds them.
+    /// Its bytes as the keeper holds them: the migration codec, framed and checksummed.
     pub fn to_kept(&self) -> Vec<u8> {
-        let mut v = vec![u8::from(self.initialized)];
-        v.extend_from_slice(&self.minor.to_le_bytes());
-        v.extend_from_slice(&self.max_io.to_le_bytes());
-        v.extend_from_slice(&self.flags.to_le_bytes());
-        v
+        let mut e = Enc::new();
+        // Fixed-size fields far below the stream's limit: neither step can fail.
+        let _ = self.encode(&mut e);
+        e.into_stream().unwrap_or_default()
     }
 
     /// From [`Self::to_kept`]'s bytes.
     pub fn from_kept(b: &[u8]) -> Option<Self> {
-        (b.len() == 17).then(|| SessionState {
-            initialized: b[0] != 0,
-            minor: u32::from_le_bytes(b[1..5].try_into().unwrap()),
-            max_io: u32::from_le_bytes(b[5..9].try_into().unwrap()),
-            flags: u64::from_le_bytes(b[9..17].try_into().unwrap()),
-        })
+        let mut d = Dec::stream(b).ok()?;
+        let st = Self::decode(&mut d).ok()?;
+        d.finish().ok()?;
+        Some(st)
     }
 }
 
