@@ -107,18 +107,26 @@ done
 holder=$(cat "$work/mon.daemon-pid")
 dlog="$work/con.daemon.log"
 server_pid() { pgrep -P "$holder" -n || true; }
-
-upgrade() { # upgrade N: SIGUSR2, wait for the N-th "upgrade done" line
-    local n=$1 before after i
-    before=$(server_pid)
-    kill -USR2 "$holder"
-    for ((i = 0; i < 300; i++)); do
-        (($(grep -c 'holder: upgrade done' "$dlog" || true) >= n)) && break
+# log_has PATTERN N TENTHS: waits up to TENTHS tenths of a second for N lines of the daemon
+# log matching PATTERN; status 1 when they did not come. nth_line PATTERN N: the N-th one.
+log_has() {
+    local i
+    for ((i = 0; i < $3; i++)); do
+        (($(grep -c "$1" "$dlog" || true) >= $2)) && return 0
         sleep 0.1
     done
+    (($(grep -c "$1" "$dlog" || true) >= $2))
+}
+nth_line() { grep "$1" "$dlog" | sed -n "${2}p"; }
+
+upgrade() { # upgrade N: SIGUSR2, wait for the N-th "upgrade done" line
+    local n=$1 before after done=0
+    before=$(server_pid)
+    kill -USR2 "$holder"
+    log_has 'holder: upgrade done' "$n" 300 || done=1
     after=$(server_pid)
-    if (($(grep -c 'holder: upgrade done' "$dlog" || true) >= n)) && [[ -n $after && $after != "$before" ]]; then
-        ok "upgrade_$n ($(grep 'holder: upgrade done' "$dlog" | sed -n "${n}p" | grep -o 'in [0-9]* ms'), server $before -> $after)"
+    if ((done == 0)) && [[ -n $after && $after != "$before" ]]; then
+        ok "upgrade_$n ($(nth_line 'holder: upgrade done' "$n" | grep -o 'in [0-9]* ms'), server $before -> $after)"
     else
         bad "upgrade_$n" "server $before -> $after; $(grep -E 'holder:.*(fail|error)' "$dlog" | tail -n 2 | tr '\n' '|')"
     fi
@@ -129,12 +137,8 @@ kills_and_upgrades() {
     for ((k = 1; k <= kills; k++)); do
         victim=$(server_pid)
         kill -KILL "$victim"
-        for ((i = 0; i < 100; i++)); do
-            (($(grep -c 'holder: serving again' "$dlog" || true) >= k)) && break
-            sleep 0.1
-        done
-        if (($(grep -c 'holder: serving again' "$dlog" || true) >= k)); then
-            ok "kill_$k ($(grep 'holder: serving again' "$dlog" | sed -n "${k}p" | grep -o '[0-9]* ms'))"
+        if log_has 'holder: serving again' "$k" 100; then
+            ok "kill_$k ($(nth_line 'holder: serving again' "$k" | grep -o '[0-9]* ms'))"
         else
             bad "kill_$k" "no new server after killing $victim: $(grep -E 'holder:.*(giving|error)' "$dlog" | tail -n 2 | tr '\n' '|')"
         fi

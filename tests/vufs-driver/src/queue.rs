@@ -83,6 +83,16 @@ pub struct Completion {
     pub capacity: u32,
 }
 
+impl Completion {
+    /// The `error` of the reply's out-header, `None` when the reply is shorter than one.
+    pub fn error(&self) -> Option<i32> {
+        self.data
+            .get(..16)
+            .and_then(daxfsd::abi::OutHeader::from_slice)
+            .map(|h| h.error)
+    }
+}
+
 /// Counters of one queue.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct QueueStats {

@@ -25,13 +25,8 @@ const ROOT: u64 = abi::ROOT_ID;
 
 /// The error field of a completion's out-header.
 fn reply_error(c: &vufs_driver::Completion) -> i32 {
-    let h = c
-        .data
-        .get(..16)
-        .and_then(abi::OutHeader::from_slice)
-        .copied()
-        .unwrap_or_else(|| panic!("no reply header in {} bytes", c.data.len()));
-    h.error
+    c.error()
+        .unwrap_or_else(|| panic!("no reply header in {} bytes", c.data.len()))
 }
 
 fn setlkw(s: &Session, nodeid: u64, fh: u64) -> Chain {

@@ -52,14 +52,6 @@ impl Drop for Overlay {
     }
 }
 
-/// The error field of a completion's out-header.
-fn reply_error(c: &vufs_driver::Completion) -> i32 {
-    c.data
-        .get(..16)
-        .and_then(abi::OutHeader::from_slice)
-        .map_or(i32::MIN, |h| h.error)
-}
-
 /// One guest owner holds a write lock on a file of an overlayfs share, 65 more wait for it
 /// with SETLKW (more than the 64 threads lock waits may take), then the holder closes the
 /// file: its FLUSH must run and free the lock, and every waiter must get the lock in turn
@@ -102,7 +94,7 @@ fn sixty_five_lock_waiters_never_starve_the_holders_close() {
         waiting.push(std::thread::spawn(move || {
             let r = p
                 .wait(Duration::from_secs(120))
-                .map(|c| reply_error(&c))
+                .map(|c| c.error().unwrap_or(i32::MIN))
                 .map_err(|e| e.to_string());
             let _ = tx.send((owner, r));
         }));
@@ -204,7 +196,7 @@ fn a_vring_stop_interrupts_sixty_five_lock_waiters() {
         let c = p
             .wait(Duration::from_secs(1))
             .expect("completed by the stop");
-        assert_eq!(reply_error(&c), -libc::EINTR);
+        assert_eq!(c.error(), Some(-libc::EINTR));
         interrupted += 1;
     }
     assert_eq!(interrupted, WAITERS);

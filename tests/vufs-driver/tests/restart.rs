@@ -3,7 +3,6 @@
 //! with the same session: node ids, open handles (an unlinked open file's too), a POSIX lock
 //! held on the host, and a lock wait that was in flight when the server died, answered once.
 
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -41,27 +40,16 @@ fn wait_new_server(d: &Daemon, old: u32, line: &str, n: usize) -> u32 {
     }
 }
 
-fn reply_error(c: &vufs_driver::Completion) -> i32 {
-    c.data
-        .get(..16)
-        .and_then(abi::OutHeader::from_slice)
-        .map_or(i32::MIN, |h| h.error)
-}
-
 /// A conflicting host OFD write lock on `path` is refused (someone holds one).
 fn host_lock_refused(path: &Path) -> bool {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    // SAFETY: flock is plain data; all zeroes is a valid value.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = libc::F_WRLCK as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    // SAFETY: F_OFD_SETLK reads `fl`, a valid flock, on an open descriptor.
-    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
-    r != 0
+    match vufs_driver::host_write_lock(path) {
+        Ok(_) => false,
+        Err(e) => {
+            let busy = matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES));
+            assert!(busy, "host lock on {path:?}: {e}");
+            true
+        }
+    }
 }
 
 /// Everything the session set up before the server went answers as before.
@@ -159,7 +147,7 @@ fn the_session_survives_a_killed_and_an_upgraded_file_server() {
     let c = waiting
         .wait(Duration::from_secs(10))
         .unwrap_or_else(|e| panic!("the lock wait never ended: {e}\n{}", d.log_contents()));
-    assert_eq!(reply_error(&c), 0, "the lock wait's reply");
+    assert_eq!(c.error(), Some(0), "the lock wait's reply");
 
     // SAFETY: SIGUSR2 to the holder, this test's daemon.
     assert_eq!(unsafe { libc::kill(holder as i32, libc::SIGUSR2) }, 0);
