@@ -43,6 +43,7 @@
 //! an entry in each vhost-user backend's memory table). The window never has more than
 //! `budget` of them live or in flight; see [`DEFAULT_MAP_BUDGET`].
 
+mod baseline;
 pub mod coherent;
 mod config;
 pub mod copy;
@@ -174,9 +175,6 @@ pub struct DaxWindow<S: WindowSink = Backend> {
     pool_always: AtomicBool,
     /// The copy slots' memfd, made at the first copy.
     slots: std::sync::OnceLock<Slots>,
-    /// The bytes writable pooled ranges agreed on with their files at the last merge (same
-    /// offsets as `slots`), made at the first writable pooled mapping.
-    agreed: std::sync::OnceLock<Slots>,
     /// Serialises the pool's SHMEM_MAP.
     pool_lock: Mutex<()>,
     /// Serialises SHMEM requests to the frontend, each until its memory-table update
@@ -249,7 +247,6 @@ impl<S: WindowSink> DaxWindow<S> {
             copy_mode: std::sync::atomic::AtomicU8::new(CopyMode::Off as u8),
             pool_always: AtomicBool::new(false),
             slots: std::sync::OnceLock::new(),
-            agreed: std::sync::OnceLock::new(),
             pool_lock: Mutex::new(()),
             shmem_lock: Mutex::new(()),
             committed: Mutex::new(TableUpdates::default()),

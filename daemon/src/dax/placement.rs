@@ -212,6 +212,7 @@ impl<S: WindowSink> DaxWindow<S> {
             copy: None,
             pooled: false,
             pool_agreed: None,
+            pool_pages: None,
             pool_sig: None,
         };
         if file_len > 0 {

@@ -6,6 +6,7 @@ use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::baseline::PageHashes;
 use super::copy::{CopySig, Slots};
 use super::placement::Source;
 use super::stranded::errno_of;
@@ -111,26 +112,27 @@ impl<S: WindowSink> DaxWindow<S> {
             if !writable {
                 return Ok((sig, None, Some(sig)));
             }
-            self.agreed()
-                .and_then(|a| a.copy_from(slots, moffset, len))
-                .inspect_err(|e| {
-                    log::error!("keeping the agreed bytes of pooled range {moffset:#x}: {e}")
-                })?;
             match stranded.take() {
                 Some(s) => self
                     .overlay_stranded(s, moffset)
-                    .map(|valid| (sig, Some(valid), None))
+                    .map(|(valid, pages)| (sig, Some((valid, pages)), None))
                     .inspect_err(|e| {
                         log::error!("taking stranded bytes into pooled range {moffset:#x}: {e}")
                     }),
-                None => Ok((sig, Some(copied), Some(sig))),
+                None => PageHashes::of(slots.file(), moffset, copied, len)
+                    .map(|pages| (sig, Some((copied, pages)), Some(sig)))
+                    .inspect_err(|e| {
+                        log::error!("keeping the agreed pages of pooled range {moffset:#x}: {e}")
+                    }),
             }
         })();
         if let Some(s) = stranded {
             // Not taken over: they stay stranded.
             self.strand(s.owner, s.key, s.foffset, s.len, s.shadow);
         }
-        let (sig, pool_agreed, pool_sig) = filled.map_err(|_| eio())?;
+        let (sig, agreed, pool_sig) = filled.map_err(|_| eio())?;
+        let (pool_agreed, pool_pages) =
+            agreed.map_or((None, None), |(v, h)| (Some(v), Some(Arc::new(h))));
         self.counters.pooled.fetch_add(1, Ordering::Relaxed);
         Ok(Some(Placed {
             owner: req.owner,
@@ -145,18 +147,25 @@ impl<S: WindowSink> DaxWindow<S> {
             copy: if writable { None } else { Some(sig) },
             pooled: true,
             pool_agreed,
+            pool_pages,
             pool_sig,
         }))
     }
 
-    /// The agreed bytes of writable pooled ranges (made on first use: the window's size at
-    /// most).
-    pub(super) fn agreed(&self) -> io::Result<&Slots> {
-        if let Some(s) = self.agreed.get() {
-            return Ok(s);
-        }
-        let s = Slots::named(c"daxfsd-pool-agreed", self.size)?;
-        Ok(self.agreed.get_or_init(|| s))
+    /// Host memory the pool holds: the pages of its memfds (see [`super::DaxStats`]).
+    pub(super) fn pool_held(&self) -> u64 {
+        let blocks = |s: Option<&Slots>| {
+            s.and_then(|s| crate::sys::fstat(s.fd()).ok())
+                .map_or(0, |st| st.st_blocks.max(0) as u64 * 512)
+        };
+        let pages: u64 = self.table.lock().map_or(0, |t| {
+            t.live
+                .values()
+                .filter_map(|p| p.pool_pages.as_ref())
+                .map(|h| h.bytes())
+                .sum()
+        });
+        blocks(self.slots.get()) + pages
     }
 
     /// Merges a writable pooled range with its file (three ways, as a shadow); returns the
@@ -187,10 +196,11 @@ impl<S: WindowSink> DaxWindow<S> {
         a: u64,
         b: u64,
     ) -> io::Result<Option<Merged>> {
-        let (Some(old), Some(f)) = (p.pool_agreed, p.file.as_ref()) else {
+        let (Some(old), Some(pages), Some(f)) = (p.pool_agreed, &p.pool_pages, p.file.as_ref())
+        else {
             return Ok(None);
         };
-        let (Some(slots), Some(agreed)) = (self.slots.get(), self.agreed.get()) else {
+        let Some(slots) = self.slots.get() else {
             return Ok(None);
         };
         let b = b.min(p.len);
@@ -204,10 +214,7 @@ impl<S: WindowSink> DaxWindow<S> {
                 file: slots.file(),
                 at: m + a,
             },
-            Some(tail::Span {
-                file: agreed.file(),
-                at: m + a,
-            }),
+            Some(tail::Agreed::Pages(pages, a)),
             old.saturating_sub(a).min(b - a),
             b - a,
             tail::Span {
@@ -223,6 +230,16 @@ impl<S: WindowSink> DaxWindow<S> {
                     .written_back
                     .fetch_add(r.written, Ordering::Relaxed);
                 self.counters.pulled.fetch_add(r.pulled, Ordering::Relaxed);
+                if r.conflicts > 0 {
+                    self.counters
+                        .conflicts
+                        .fetch_add(r.conflicts, Ordering::Relaxed);
+                    log::warn!(
+                        "DAX: {} page(s) of pooled range {m:#x} (inode {}) changed on both the guest and the host since the last write-back: the guest's pages were written whole",
+                        r.conflicts,
+                        p.owner
+                    );
+                }
                 self.written_back(p.owner);
                 Ok(Some(Merged {
                     agreed: if part { old } else { valid },
@@ -245,13 +262,6 @@ impl<S: WindowSink> DaxWindow<S> {
     /// Frees a pooled range's bytes (it left the table; already written back).
     pub(super) fn free_pooled(&self, m: u64, p: &Placed) {
         self.free_slot(m, p.len);
-        if p.pool_agreed.is_some() {
-            if let Some(a) = self.agreed.get() {
-                if let Err(e) = a.zero(m, p.len) {
-                    log::debug!("freeing pooled agreed bytes {m:#x}: {e}");
-                }
-            }
-        }
     }
 
     /// Merges `owner`'s writable pooled ranges (or every one) with their files; with

@@ -117,6 +117,12 @@ window_stats! {
     wb_failures: Counted,
     /// Ranges of guest stores kept after a failed write-back, waiting for the next one.
     stranded: Counted,
+    /// Pages of writable pooled ranges that the guest and a host process both changed
+    /// between two merges: the guest's page was written whole (see `dax/baseline.rs`).
+    conflicts: Counted,
+    /// Host memory the pool holds now: its memfd's pages and what writable pooled ranges
+    /// keep to merge with their files.
+    pool_held: FromTable,
 }
 
 impl std::fmt::Display for DaxStats {
@@ -139,6 +145,7 @@ impl<S: WindowSink> DaxWindow<S> {
             s.peak_regions = t.peak as u64;
             s.parked = t.parked.len() as u64;
         }
+        s.pool_held = self.pool_held();
         s
     }
 

@@ -14,6 +14,7 @@ use std::io;
 use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
 
+use super::baseline::PageHashes;
 use super::table::{Placed, SharedShadow};
 use super::tail::Shadow;
 use super::{DaxWindow, WindowSink};
@@ -52,11 +53,11 @@ impl<S: WindowSink> DaxWindow<S> {
     /// Keeps a pooled range whose merge just failed with `e`: its guest and agreed bytes move
     /// to a shadow of their own before the pool's range is freed.
     pub(super) fn strand_pooled(&self, m: u64, p: &Placed) {
-        let (Some(file), Some(valid), Some(slots), Some(agreed)) = (
+        let (Some(file), Some(valid), Some(pages), Some(slots)) = (
             p.file.clone(),
             p.pool_agreed,
+            p.pool_pages.as_ref(),
             self.slots.get(),
-            self.agreed.get(),
         ) else {
             return;
         };
@@ -64,16 +65,7 @@ impl<S: WindowSink> DaxWindow<S> {
             Ok(st) => (st.st_dev, st.st_ino),
             Err(_) => (0, 0),
         };
-        match Shadow::adopt(
-            slots.file(),
-            m,
-            agreed.file(),
-            m,
-            p.len,
-            valid,
-            file,
-            p.foffset,
-        ) {
+        match Shadow::adopt(slots.file(), m, pages, p.len, valid, file, p.foffset) {
             Ok(sh) => self.strand(p.owner, key, p.foffset, p.len, Arc::new(Mutex::new(sh))),
             Err(e) => {
                 log::error!(
@@ -204,23 +196,19 @@ impl<S: WindowSink> DaxWindow<S> {
         Some(s)
     }
 
-    /// Puts stranded bytes into the pooled range at `m` (filled from the file and agreed
-    /// just before): the guest's bytes and the agreed ones; returns the agreed length. On
-    /// failure they stay stranded.
-    pub(super) fn overlay_stranded(&self, s: Stranded, m: u64) -> io::Result<u64> {
+    /// Puts stranded bytes into the pooled range at `m` (filled from the file just before):
+    /// the guest's bytes, and the agreed ones as page hashes; returns the agreed length and
+    /// the hashes. On failure they stay stranded.
+    pub(super) fn overlay_stranded(&self, s: Stranded, m: u64) -> io::Result<(u64, PageHashes)> {
         let g = s.shadow.lock().unwrap_or_else(|e| e.into_inner());
         let (now, agreed, valid) = g.parts();
         let copied = (|| {
-            let (slots, pool_agreed) = (self.slots()?, self.agreed()?);
-            copy_all(now, slots.file(), m, s.len)?;
-            if let Some(a) = agreed {
-                copy_all(a, pool_agreed.file(), m, s.len)?;
-            }
-            Ok(())
+            copy_all(now, self.slots()?.file(), m, s.len)?;
+            PageHashes::of(agreed.unwrap_or(now), 0, valid, s.len)
         })();
         drop(g);
         match copied {
-            Ok(()) => Ok(valid),
+            Ok(pages) => Ok((valid, pages)),
             Err(e) => {
                 self.strand(s.owner, s.key, s.foffset, s.len, s.shadow);
                 Err(e)

@@ -10,6 +10,7 @@ use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::baseline::PageHashes;
 use super::copy::{Churn, CopySig};
 use super::tail::Shadow;
 use super::{einval, DaxWindow, WindowSink, MAP_ALIGNMENT};
@@ -42,11 +43,13 @@ pub(super) struct Placed {
     pub(super) copy: Option<CopySig>,
     /// Served from the pool (the window's one frontend mapping of [`Slots`]): no frontend
     /// mapping of its own. Read-only ones are copies (`copy`); writable ones are merged
-    /// with the file at sync points, `Some(agreed length)` of their bytes in the pool's
-    /// agreed copy, and the file's signature from before the last merge when that merge
-    /// wrote nothing into it (`pool_sig`; `None`: the next merge reads the file).
+    /// with the file at sync points, `Some(agreed length)` of their bytes, what was agreed
+    /// kept as page hashes (`pool_pages`, see [`super::baseline`]), and the file's signature
+    /// from before the last merge when that merge wrote nothing into it (`pool_sig`;
+    /// `None`: the next merge reads the file).
     pub(super) pooled: bool,
     pub(super) pool_agreed: Option<u64>,
+    pub(super) pool_pages: Option<Arc<PageHashes>>,
     pub(super) pool_sig: Option<CopySig>,
 }
 
@@ -80,6 +83,7 @@ impl Placed {
             copy: Some(sig),
             pooled: false,
             pool_agreed: None,
+            pool_pages: None,
             pool_sig: None,
         }
     }

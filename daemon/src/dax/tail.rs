@@ -31,6 +31,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
+use super::baseline::{self, PageHashes};
 use super::copy::CopySig;
 use super::memfd::{copy_range, memfd, pread_full, CHUNK};
 use super::MAP_ALIGNMENT;
@@ -61,6 +62,9 @@ pub struct Synced {
     pub written: u64,
     /// Host bytes copied into the memfd.
     pub pulled: u64,
+    /// Pages both sides changed since the last merge whose agreed bytes were not kept
+    /// (see [`super::baseline`]): the guest's page was written whole.
+    pub conflicts: u64,
 }
 
 /// One side of a three-way merge: `len` bytes of a file at an offset.
@@ -70,10 +74,20 @@ pub(crate) struct Span<'a> {
     pub at: u64,
 }
 
+/// What a merge knows of the agreed bytes.
+#[derive(Clone, Copy)]
+pub(crate) enum Agreed<'a> {
+    /// The bytes themselves (a shadow's second memfd).
+    Bytes(Span<'a>),
+    /// One hash per page (a writable pooled range, see [`super::baseline`]); the merge's
+    /// first byte is range offset `.1` (page aligned).
+    Pages(&'a PageHashes, u64),
+}
+
 /// The three-way merge of [`Shadow::sync`] over `size` bytes, a chunk at a time (the heap
 /// it uses is bounded by [`CHUNK`], not by `size`):
 /// - `now`: the guest's view (a memfd the frontend maps);
-/// - `agreed`: the bytes both sides agreed on at the last merge, its first `old` bytes valid;
+/// - `agreed`: what both sides agreed on at the last merge, its first `old` bytes valid;
 ///   `None` when the guest cannot store into `now` (then `now` holds them);
 /// - `host`: the file from `at`.
 ///
@@ -86,7 +100,7 @@ pub(crate) struct Span<'a> {
 /// signature for the next merge.
 pub(crate) fn merge(
     now: Span,
-    agreed: Option<Span>,
+    agreed: Option<Agreed>,
     old: u64,
     size: u64,
     host: Span,
@@ -127,7 +141,10 @@ pub(crate) fn merge(
         now.file.read_exact_at(nowc, now.at + c)?;
         let agc = &mut agb[..old_c];
         match agreed {
-            Some(a) => a.file.read_exact_at(agc, a.at + c)?,
+            Some(Agreed::Bytes(a)) => a.file.read_exact_at(agc, a.at + c)?,
+            Some(Agreed::Pages(h, base)) => {
+                out.conflicts += agreed_pages(h, base + c, &nowc[..old_c], host, c, agc)?;
+            }
             None => agc.copy_from_slice(&nowc[..old_c]),
         }
         if nowc[..old_c] == agc[..] {
@@ -189,7 +206,10 @@ pub(crate) fn merge(
                 }
             }
             if got != old_c || hostc[..] != agc[..] {
-                a.file.write_all_at(hostc, a.at + c)?;
+                match a {
+                    Agreed::Bytes(a) => a.file.write_all_at(hostc, a.at + c)?,
+                    Agreed::Pages(h, base) => h.set_chunk(base + c, hostc),
+                }
             }
         }
         c += n as u64;
@@ -197,11 +217,46 @@ pub(crate) fn merge(
     Ok((out, in_file, next(&out)))
 }
 
+/// The agreed bytes of a chunk kept as page hashes (see [`super::baseline`]): into `agc`,
+/// the guest's bytes `nowc` where they hash as agreed, the file's elsewhere (zeros past its
+/// end). Returns the pages where neither side's bytes do (both changed them: conflicts).
+fn agreed_pages(
+    h: &PageHashes,
+    at: u64,
+    nowc: &[u8],
+    host: Span,
+    c: u64,
+    agc: &mut [u8],
+) -> io::Result<u64> {
+    agc.copy_from_slice(nowc);
+    let changed = baseline::changed_pages(h, at, nowc);
+    if !changed.contains(&true) {
+        return Ok(0);
+    }
+    let got = pread_full(host.file, agc, host.at + c)?;
+    agc[got..].fill(0);
+    let page = MAP_ALIGNMENT as usize;
+    let mut conflicts = 0;
+    for (k, guest) in changed.into_iter().enumerate() {
+        let (s, e) = (k * page, ((k + 1) * page).min(agc.len()));
+        let i = (at / MAP_ALIGNMENT) as usize + k;
+        if !guest {
+            agc[s..e].copy_from_slice(&nowc[s..e]);
+        } else if agc[s..e] == nowc[s..e] {
+            // Both sides hold the same bytes: agreed now, nothing to move.
+            h.set(i, &nowc[s..e]);
+        } else if !h.agrees(i, &agc[s..e]) {
+            conflicts += 1;
+        }
+    }
+    Ok(conflicts)
+}
+
 /// [`merge`] when the file holds the agreed bytes: the guest's runs go to the file and into
 /// the agreed copy; nothing else moves.
 fn merge_guest_only(
     now: Span,
-    agreed: Span,
+    agreed: Agreed,
     old: u64,
     host: Span,
     writable: bool,
@@ -218,7 +273,21 @@ fn merge_guest_only(
         let n = (old - c).min(CHUNK as u64) as usize;
         let (nowc, agc) = (&mut nowb[..n], &mut agb[..n]);
         now.file.read_exact_at(nowc, now.at + c)?;
-        agreed.file.read_exact_at(agc, agreed.at + c)?;
+        match agreed {
+            Agreed::Bytes(a) => a.file.read_exact_at(agc, a.at + c)?,
+            Agreed::Pages(h, base) => {
+                // The file is unchanged since the last merge: its bytes are the agreed ones,
+                // read only for the pages the guest changed.
+                agc.copy_from_slice(nowc);
+                let changed = baseline::changed_pages(h, base + c, nowc);
+                let page = MAP_ALIGNMENT as usize;
+                for (k, _) in changed.iter().enumerate().filter(|(_, &g)| g) {
+                    let (s, e) = (k * page, ((k + 1) * page).min(n));
+                    let got = pread_full(host.file, &mut agc[s..e], host.at + c + s as u64)?;
+                    agc[s + got..e].fill(0);
+                }
+            }
+        }
         if nowc[..] != agc[..] {
             let room = room_at(host, c)?;
             for (s, e) in runs(nowc, agc) {
@@ -228,10 +297,14 @@ fn merge_guest_only(
                 }
                 host.file
                     .write_all_at(&nowc[s..e], host.at + c + s as u64)?;
-                agreed
-                    .file
-                    .write_all_at(&nowc[s..e], agreed.at + c + s as u64)?;
                 out.written += (e - s) as u64;
+                match agreed {
+                    Agreed::Bytes(a) => a.file.write_all_at(&nowc[s..e], a.at + c + s as u64)?,
+                    Agreed::Pages(..) => agc[s..e].copy_from_slice(&nowc[s..e]),
+                }
+            }
+            if let Agreed::Pages(h, base) = agreed {
+                h.set_chunk(base + c, agc);
             }
         }
         c += n as u64;
@@ -296,15 +369,13 @@ impl Shadow {
     }
 
     /// A writable shadow of file range `[at, at + size)` that takes over the guest's bytes
-    /// and the agreed bytes of a pooled range (`size` bytes of `now` at `now_at`, `valid` of
-    /// `agreed` at `agreed_at`) whose stores could not be written back: the range leaves the
-    /// window, its bytes must not.
-    #[allow(clippy::too_many_arguments)]
+    /// and the agreed bytes of a pooled range (`size` bytes of `now` at `now_at`; `valid`
+    /// agreed bytes, as far as `pages` knows them, see [`PageHashes::materialize`]) whose
+    /// stores could not be written back: the range leaves the window, its bytes must not.
     pub(crate) fn adopt(
         now: &File,
         now_at: u64,
-        agreed: &File,
-        agreed_at: u64,
+        pages: &PageHashes,
         size: u64,
         valid: u64,
         file: Arc<File>,
@@ -313,7 +384,7 @@ impl Shadow {
         let guest = memfd(c"daxfsd-stranded", size)?;
         copy_range(now, now_at, &guest, 0, size, true)?;
         let a = memfd(c"daxfsd-stranded-agreed", size)?;
-        copy_range(agreed, agreed_at, &a, 0, valid, true)?;
+        pages.materialize(&guest, 0, &file, at, valid, &a)?;
         Ok(Shadow {
             memfd: guest,
             size,
@@ -390,7 +461,9 @@ impl Shadow {
                 file: &self.memfd,
                 at: 0,
             },
-            self.agreed.as_ref().map(|a| Span { file: a, at: 0 }),
+            self.agreed
+                .as_ref()
+                .map(|a| Agreed::Bytes(Span { file: a, at: 0 })),
             self.valid,
             self.size,
             Span {
@@ -505,7 +578,7 @@ mod tests {
             t.sync().unwrap(),
             Synced {
                 written: 2,
-                pulled: 0
+                ..Synced::default()
             }
         );
         assert_eq!(file_bytes(&f), b"01AB456789");

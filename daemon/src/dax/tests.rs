@@ -708,17 +708,32 @@ fn a_window_with_more_ranges_than_the_budget_is_one_pooled_mapping() {
         assert!(got[..5000].iter().all(|&b| b == i as u8 + 1), "range {i}");
         assert!(got[5000..].iter().all(|&b| b == 0), "range {i} zero padded");
     }
-    // The guest stores into a writable range; the host writes elsewhere in the file: the
-    // next sync point writes the guest's run and shows the host's bytes.
+    // The guest stores into a writable range; the host writes another page of the file:
+    // the next sync point writes the guest's run and shows the host's bytes.
     let pool = rec.fds.lock().unwrap()[&0].try_clone().unwrap();
     pool.write_all_at(b"GUEST", MB2 + 10).unwrap();
-    files[1].write_all_at(b"HOST", 100).unwrap();
+    files[1].write_all_at(b"HOST", 4096 + 100).unwrap();
     w.sync(1);
     let mut got = [0u8; 5];
     files[1].read_exact_at(&mut got, 10).unwrap();
     assert_eq!(&got, b"GUEST");
-    assert_eq!(&pool_read(&rec, MB2 + 100, 4), b"HOST");
+    assert_eq!(&pool_read(&rec, MB2 + 4096 + 100, 4), b"HOST");
     assert_eq!(files[1].metadata().unwrap().len(), 5000, "never extended");
+    assert_eq!(w.stats().conflicts, 0);
+    // Both change the same page between two sync points: the agreed bytes of a pooled page
+    // are kept as a hash, so the guest's page is written whole (as a guest page cache writes
+    // a dirty page back), counted as a conflict. Every other page keeps the host's bytes.
+    pool.write_all_at(b"again", MB2 + 10).unwrap();
+    files[1].write_all_at(b"HOST2", 200).unwrap();
+    files[1].write_all_at(b"HOST3", 4096 + 200).unwrap();
+    w.sync(1);
+    let mut got = [0u8; 5];
+    files[1].read_exact_at(&mut got, 10).unwrap();
+    assert_eq!(&got, b"again");
+    files[1].read_exact_at(&mut got, 200).unwrap();
+    assert_eq!(got, [2u8; 5], "the guest's page won");
+    assert_eq!(&pool_read(&rec, MB2 + 4096 + 200, 5), b"HOST3");
+    assert_eq!(w.stats().conflicts, 1);
     // A read-only range follows the file at sync points and never writes it back.
     pool.write_all_at(b"X", 0).unwrap();
     files[0].write_all_at(b"NEW", 0).unwrap();
@@ -1565,5 +1580,35 @@ fn pool_pages_outside_guest_mappings_go_back_to_the_host() {
         &pool_read(&rec, 128 * MB2, 1),
         &[0x5a],
         "mapped ranges are kept"
+    );
+}
+
+#[test]
+fn writable_pooled_ranges_hold_no_more_than_they_map() {
+    // Issue #36, 3: host memory bounded by what the guest maps. Writable pooled ranges the
+    // guest stores into everywhere, merged: the pool holds their pages and a small fraction
+    // more, not a second copy of each range.
+    let (w, rec) = running(64 * MB2, DEFAULT_MAP_BUDGET);
+    w.set_map_mode(super::mode::MapMode::Pooled);
+    let f = data_file(7, 16 * MB2 as usize);
+    for i in 0..8u64 {
+        map_at(&w, 5, 4 * i * MB2, 2 * MB2, f.as_fd(), 2 * i * MB2, true).unwrap();
+    }
+    let pool = rec.fds.lock().unwrap()[&0].try_clone().unwrap();
+    for i in 0..8u64 {
+        pool.write_all_at(&vec![0x5au8; 2 * MB2 as usize], 4 * i * MB2)
+            .unwrap();
+    }
+    w.sync_all();
+    let mut got = vec![0u8; 2 * MB2 as usize];
+    f.read_exact_at(&mut got, 14 * MB2).unwrap();
+    assert!(got.iter().all(|&b| b == 0x5a), "merged into the file");
+    let s = w.stats();
+    assert_eq!(s.mapped_bytes, 16 * MB2);
+    assert!(
+        s.pool_held <= s.mapped_bytes + s.mapped_bytes / 100,
+        "{} bytes held for {} mapped",
+        s.pool_held,
+        s.mapped_bytes
     );
 }

@@ -1,0 +1,169 @@
+//! The baseline of a writable pooled range: what it and its file agreed on at the last
+//! merge, kept as one keyed 64-bit hash per page instead of a second copy of its bytes
+//! (issue #36: host memory bounded by what the guest maps; 8 bytes per 4 KiB page).
+//!
+//! The three-way merge ([`super::tail::merge`]) needs the agreed bytes of a page only where
+//! the guest changed it, and then they are the file's as long as the host did not change that
+//! page too:
+//! - the guest's page hashes as agreed: the guest did not change it, its bytes are the
+//!   agreed ones (host changes come in byte by byte);
+//! - it does not, and the file's page hashes as agreed: only the guest changed it, the file's
+//!   bytes are the agreed ones (the guest's runs go out byte by byte);
+//! - neither does: both changed the page since the last merge. Its agreed bytes are gone, so
+//!   the guest's page is written whole over the host's changes to it: a *conflict*, counted
+//!   and logged. This is what a guest's page cache does to a page it dirtied in the
+//!   non-DAX modes (and 9p's, NFS's); only `direct` DAX mappings, which share the host's page
+//!   cache, merge a page both sides store into byte by byte.
+//!
+//! The hasher's keys are random per range (std's `RandomState`): a guest cannot choose bytes
+//! that hash as another page's.
+
+use std::fs::File;
+use std::hash::{BuildHasher, RandomState};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::memfd::{pread_full, CHUNK};
+use super::MAP_ALIGNMENT;
+
+const PAGE: usize = MAP_ALIGNMENT as usize;
+
+/// One hash per page of a range, for its first `valid` bytes (the last page's hash covers
+/// its bytes up to there only). Updated only by the merge that claims the range.
+pub(crate) struct PageHashes {
+    keys: RandomState,
+    pages: Box<[AtomicU64]>,
+}
+
+impl PageHashes {
+    /// The hashes of the first `valid` bytes of `file` from `at` (a range of `len` bytes).
+    pub(crate) fn of(file: &File, at: u64, valid: u64, len: u64) -> io::Result<PageHashes> {
+        let n = usize::try_from(len.div_ceil(MAP_ALIGNMENT))
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let h = PageHashes {
+            keys: RandomState::new(),
+            pages: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        };
+        h.rehash(file, at, 0, valid)?;
+        Ok(h)
+    }
+
+    /// Heap bytes held.
+    pub(crate) fn bytes(&self) -> u64 {
+        (self.pages.len() * std::mem::size_of::<AtomicU64>()) as u64
+    }
+
+    fn hash(&self, bytes: &[u8]) -> u64 {
+        self.keys.hash_one(bytes)
+    }
+
+    /// Whether `bytes`, the first bytes of page `i` (as many as the agreed length leaves in
+    /// it), are the agreed ones.
+    pub(crate) fn agrees(&self, i: usize, bytes: &[u8]) -> bool {
+        self.pages
+            .get(i)
+            .is_some_and(|h| h.load(Ordering::Relaxed) == self.hash(bytes))
+    }
+
+    /// `bytes` are now the agreed bytes of page `i`.
+    pub(crate) fn set(&self, i: usize, bytes: &[u8]) {
+        if let Some(h) = self.pages.get(i) {
+            h.store(self.hash(bytes), Ordering::Relaxed);
+        }
+    }
+
+    /// Hashes bytes `[from, valid)` of the range (page aligned `from`) as `file` holds them
+    /// from `at`.
+    pub(crate) fn rehash(&self, file: &File, at: u64, from: u64, valid: u64) -> io::Result<()> {
+        let mut buf = vec![0u8; CHUNK.min(usize::try_from(valid).unwrap_or(CHUNK))];
+        let mut c = from;
+        while c < valid {
+            let n = (valid - c).min(buf.len() as u64) as usize;
+            let got = pread_full(file, &mut buf[..n], at + c)?;
+            buf[got..n].fill(0);
+            self.set_chunk(c, &buf[..n]);
+            c += n as u64;
+        }
+        Ok(())
+    }
+
+    /// `bytes` (a page-aligned chunk at range offset `c`, ending at the agreed length or on a
+    /// page boundary) are now agreed.
+    pub(crate) fn set_chunk(&self, c: u64, bytes: &[u8]) {
+        let first = (c / MAP_ALIGNMENT) as usize;
+        for (k, page) in bytes.chunks(PAGE).enumerate() {
+            self.set(first + k, page);
+        }
+    }
+
+    /// Writes the agreed bytes of `[0, valid)` of a range into `dst` from 0, as far as they
+    /// are known: a page the guest's bytes (`now` from `now_at`) hash as agreed is those
+    /// bytes, any other one the file's (`host` from `host_at`, zeros past its end). For a
+    /// shadow that takes a pooled range's bytes over (see [`super::stranded`]).
+    pub(crate) fn materialize(
+        &self,
+        now: &File,
+        now_at: u64,
+        host: &File,
+        host_at: u64,
+        valid: u64,
+        dst: &File,
+    ) -> io::Result<()> {
+        let mut page = vec![0u8; PAGE];
+        let mut c = 0u64;
+        while c < valid {
+            let n = (valid - c).min(MAP_ALIGNMENT) as usize;
+            now.read_exact_at(&mut page[..n], now_at + c)?;
+            if !self.agrees((c / MAP_ALIGNMENT) as usize, &page[..n]) {
+                let got = pread_full(host, &mut page[..n], host_at + c)?;
+                page[got..n].fill(0);
+            }
+            dst.write_all_at(&page[..n], c)?;
+            c += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Pages of a chunk at range offset `c` (page aligned) whose first `valid_c` bytes of
+/// `now` do not hash as agreed: the guest changed them.
+pub(crate) fn changed_pages(h: &PageHashes, c: u64, now: &[u8]) -> Vec<bool> {
+    let first = (c / MAP_ALIGNMENT) as usize;
+    now.chunks(PAGE)
+        .enumerate()
+        .map(|(k, page)| !h.agrees(first + k, page))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_agree_until_changed_and_keys_differ_per_range() {
+        let f = tempfile::tempfile().unwrap();
+        f.write_all_at(&vec![3u8; 3 * PAGE + 100], 0).unwrap();
+        let h = PageHashes::of(&f, 0, 3 * PAGE as u64 + 100, 4 * PAGE as u64).unwrap();
+        assert_eq!(h.bytes(), 32);
+        assert!(h.agrees(0, &[3u8; PAGE]));
+        assert!(
+            h.agrees(3, &[3u8; 100]),
+            "the last page up to the agreed length"
+        );
+        assert!(!h.agrees(3, &[3u8; PAGE]));
+        let mut p = [3u8; PAGE];
+        p[17] = 4;
+        assert!(!h.agrees(1, &p));
+        assert_eq!(
+            changed_pages(&h, 0, &[[3u8; PAGE], p].concat()),
+            [false, true]
+        );
+        let other = PageHashes::of(&f, 0, PAGE as u64, PAGE as u64).unwrap();
+        assert_ne!(
+            other.pages[0].load(Ordering::Relaxed),
+            h.pages[0].load(Ordering::Relaxed),
+            "keys are per range"
+        );
+    }
+}
