@@ -15,6 +15,11 @@
 //!   non-DAX modes (and 9p's, NFS's); only `direct` DAX mappings, which share the host's page
 //!   cache, merge a page both sides store into byte by byte.
 //!
+//! While the file's size and timestamps prove it unchanged since the last merge
+//! ([`super::copy::CopySig`]), its bytes are the agreed ones: a merge then compares the
+//! guest's bytes with the file's (exact, no hashing) and rehashes only the pages it writes.
+//! Hashes decide only after the file moved, and at placement (one pass over the range).
+//!
 //! The hasher's keys are random per range (std's `RandomState`): a guest cannot choose bytes
 //! that hash as another page's.
 
@@ -94,6 +99,23 @@ impl PageHashes {
         let first = (c / MAP_ALIGNMENT) as usize;
         for (k, page) in bytes.chunks(PAGE).enumerate() {
             self.set(first + k, page);
+        }
+    }
+
+    /// `bytes` (a chunk at range offset `c`, as [`Self::set_chunk`]) are now agreed; only
+    /// the pages holding byte ranges `runs` of it changed.
+    pub(crate) fn set_changed(&self, c: u64, bytes: &[u8], runs: &[(usize, usize)]) {
+        let first = (c / MAP_ALIGNMENT) as usize;
+        let mut last = None;
+        for &(s, e) in runs {
+            for k in s / PAGE..e.div_ceil(PAGE) {
+                if last.is_some_and(|l| l >= k) {
+                    continue;
+                }
+                last = Some(k);
+                let end = ((k + 1) * PAGE).min(bytes.len());
+                self.set(first + k, &bytes[k * PAGE..end]);
+            }
         }
     }
 
