@@ -24,14 +24,17 @@
 //! SipHash here, so hashing a range costs less than copying it into the pool. A guest does
 //! not know the seed; a collision it still found (or a chance one, 2^-64 per changed page)
 //! would hide a change of its own bytes from the merge: its own data, never another's.
+//! Under `--restartable` the hashes and the seed outlive the server ([`super::kept`]).
 
 use std::fs::File;
 use std::hash::{BuildHasher, RandomState};
-
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::kept::HashStore;
 
 use super::memfd::{pread_full, CHUNK};
 use super::MAP_ALIGNMENT;
@@ -42,7 +45,18 @@ const PAGE: usize = MAP_ALIGNMENT as usize;
 /// its bytes up to there only). Updated only by the merge that claims the range.
 pub(crate) struct PageHashes {
     seed: u64,
-    pages: Box<[AtomicU64]>,
+    pages: Pages,
+}
+
+/// Where a range's hashes live: its own heap, or (`--restartable`) its pages of the window's
+/// [`HashStore`], which the holder keeps across a server crash.
+enum Pages {
+    Own(Box<[AtomicU64]>),
+    Kept {
+        store: Arc<HashStore>,
+        first: usize,
+        n: usize,
+    },
 }
 
 impl PageHashes {
@@ -53,15 +67,54 @@ impl PageHashes {
         let h = PageHashes {
             // RandomState's keys come from the OS: a random seed without another crate.
             seed: RandomState::new().hash_one(at),
-            pages: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            pages: Pages::Own((0..n).map(|_| AtomicU64::new(0)).collect()),
         };
         h.rehash(file, at, 0, valid)?;
         Ok(h)
     }
 
-    /// Heap bytes held.
+    /// The hashes of a range placed at window page `first` as `store` holds them (kept by
+    /// a server before this one, with `seed`).
+    pub(crate) fn kept(store: Arc<HashStore>, first: usize, n: usize, seed: u64) -> Self {
+        PageHashes {
+            seed,
+            pages: Pages::Kept { store, first, n },
+        }
+    }
+
+    /// These hashes moved to window page `first` of `store` (nothing else uses those pages).
+    pub(crate) fn into_store(self, store: &Arc<HashStore>, first: usize) -> PageHashes {
+        let n = self.slots().len();
+        let to = store.hashes(first, n);
+        for (d, s) in to.iter().zip(self.slots()) {
+            d.store(s.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        PageHashes::kept(store.clone(), first, n, self.seed)
+    }
+
+    /// The hash's seed.
+    pub(crate) fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The store and window page of kept hashes.
+    pub(crate) fn store(&self) -> Option<(&Arc<HashStore>, usize)> {
+        match &self.pages {
+            Pages::Own(_) => None,
+            Pages::Kept { store, first, .. } => Some((store, *first)),
+        }
+    }
+
+    fn slots(&self) -> &[AtomicU64] {
+        match &self.pages {
+            Pages::Own(p) => p,
+            Pages::Kept { store, first, n } => store.hashes(*first, *n),
+        }
+    }
+
+    /// Heap bytes held (kept hashes are in the window's store).
     pub(crate) fn bytes(&self) -> u64 {
-        (self.pages.len() * std::mem::size_of::<AtomicU64>()) as u64
+        std::mem::size_of_val(self.slots()) as u64
     }
 
     fn hash(&self, bytes: &[u8]) -> u64 {
@@ -71,14 +124,14 @@ impl PageHashes {
     /// Whether `bytes`, the first bytes of page `i` (as many as the agreed length leaves in
     /// it), are the agreed ones.
     pub(crate) fn agrees(&self, i: usize, bytes: &[u8]) -> bool {
-        self.pages
+        self.slots()
             .get(i)
             .is_some_and(|h| h.load(Ordering::Relaxed) == self.hash(bytes))
     }
 
     /// `bytes` are now the agreed bytes of page `i`.
     pub(crate) fn set(&self, i: usize, bytes: &[u8]) {
-        if let Some(h) = self.pages.get(i) {
+        if let Some(h) = self.slots().get(i) {
             h.store(self.hash(bytes), Ordering::Relaxed);
         }
     }
@@ -188,8 +241,8 @@ mod tests {
         );
         let other = PageHashes::of(&f, 0, PAGE as u64, PAGE as u64).unwrap();
         assert_ne!(
-            other.pages[0].load(Ordering::Relaxed),
-            h.pages[0].load(Ordering::Relaxed),
+            other.slots()[0].load(Ordering::Relaxed),
+            h.slots()[0].load(Ordering::Relaxed),
             "seeds are per range"
         );
     }

@@ -212,6 +212,17 @@ impl Slots {
         Ok(Slots { memfd, size })
     }
 
+    /// The slots of a memfd a server before this one made for a window of `size` bytes.
+    pub fn from_memfd(memfd: File, size: u64) -> io::Result<Slots> {
+        let st = crate::sys::fstat(memfd.as_fd())?;
+        if (st.st_size.max(0) as u64) < size {
+            return Err(io::Error::other(
+                "the pool memfd is smaller than the window",
+            ));
+        }
+        Ok(Slots { memfd, size })
+    }
+
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.memfd.as_fd()
     }

@@ -131,6 +131,8 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
             };
             match placed {
                 Ok(p) => {
+                    // Kept before the reply names it (`--restartable`).
+                    self.keep_placed(moffset, &p);
                     self.release(gen, moffset, Some(p), 0);
                     self.counters.maps.fetch_add(1, Ordering::Relaxed);
                     Ok(())
@@ -183,6 +185,7 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
         // `unplace` tolerates).
         // While paused, `unplace` keeps them as orphans, unmapped once the device runs.
         let (live, parked, pool) = self.drain(false);
+        self.forget_pool(live.iter().map(|(m, _)| *m));
         self.wait_claims(None, None, true);
         for (m, p) in live {
             self.unplace(m, &p);

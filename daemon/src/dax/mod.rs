@@ -49,6 +49,7 @@ mod config;
 pub mod copy;
 mod evacuate;
 pub mod host_watch;
+mod kept;
 mod mapping;
 mod memfd;
 pub mod mode;
@@ -193,6 +194,13 @@ pub struct DaxWindow<S: WindowSink = Backend> {
     host: host_watch::HostWatch,
     /// Mappings sent and the evacuation gate, for request buffers in the window (leaf locks).
     io: window_io::IoState,
+    /// Where the pooled window is kept across a server crash (`--restartable`, [`kept`]).
+    keeper: std::sync::OnceLock<std::sync::Arc<dyn crate::protocol::keeper::Keeper>>,
+    /// The page hashes and agreed lengths of writable pooled ranges, when kept.
+    hash_store: std::sync::OnceLock<std::sync::Arc<kept::HashStore>>,
+    /// A server before this one may have sent the pool's SHMEM_MAP without its reply: the
+    /// next [`DaxWindow::ensure_pool`] unmaps the window first.
+    pool_unsure: AtomicBool,
 }
 
 fn einval(why: &str) -> io::Error {
@@ -255,6 +263,9 @@ impl<S: WindowSink> DaxWindow<S> {
             stranded: Mutex::new(Vec::new()),
             host: host_watch::HostWatch::default(),
             io: window_io::IoState::default(),
+            keeper: std::sync::OnceLock::new(),
+            hash_store: std::sync::OnceLock::new(),
+            pool_unsure: AtomicBool::new(false),
         })
     }
 }

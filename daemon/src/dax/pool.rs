@@ -51,9 +51,18 @@ impl<S: WindowSink> DaxWindow<S> {
             t.regions += 1;
             t.peak = t.peak.max(t.regions);
         }
-        let r = self
-            .slots()
-            .and_then(|slots| self.with_sink(|s| s.map(0, self.size, slots.fd(), 0, true)));
+        let r = self.slots().and_then(|slots| {
+            if self.pool_unsure.swap(false, Ordering::Relaxed) {
+                // A server before this one died waiting for this map's reply: QEMU may have
+                // it (and refuses an overlapping map) or not (and refuses the unmap).
+                if let Err(e) = self.with_sink(|s| s.unmap(0, self.size)) {
+                    log::debug!("SHMEM_UNMAP of a DAX pool that may not be mapped: {e}");
+                }
+            }
+            self.keep_pool(slots, false);
+            self.with_sink(|s| s.map(0, self.size, slots.fd(), 0, true))
+                .inspect(|_| self.keep_pool(slots, true))
+        });
         let mut t = self.lock()?;
         match r {
             Ok(()) if t.gen == gen => {
@@ -131,8 +140,9 @@ impl<S: WindowSink> DaxWindow<S> {
             self.strand(s.owner, s.key, s.foffset, s.len, s.shadow);
         }
         let (sig, agreed, pool_sig) = filled.map_err(|_| eio())?;
-        let (pool_agreed, pool_pages) =
-            agreed.map_or((None, None), |(v, h)| (Some(v), Some(Arc::new(h))));
+        let (pool_agreed, pool_pages) = agreed.map_or((None, None), |(v, h)| {
+            (Some(v), Some(Arc::new(self.kept_hashes(moffset, h))))
+        });
         self.counters.pooled.fetch_add(1, Ordering::Relaxed);
         Ok(Some(Placed {
             owner: req.owner,
@@ -261,6 +271,7 @@ impl<S: WindowSink> DaxWindow<S> {
 
     /// Frees a pooled range's bytes (it left the table; already written back).
     pub(super) fn free_pooled(&self, m: u64, p: &Placed) {
+        self.forget_placed(m);
         self.free_slot(m, p.len);
     }
 

@@ -135,6 +135,7 @@ impl<S: WindowSink> DaxWindow<S> {
         self.host.unmapped_all();
         self.wake_commit_waiters();
         let (live, parked, _pool) = self.drain(true);
+        self.forget_pool(live.iter().map(|(m, _)| *m));
         // A merge in progress (the periodic write-back, a request's sync point) ends first:
         // it never waits for the frontend, and a clean exit must not cut it short. Across
         // the new generation its release settles the range again.

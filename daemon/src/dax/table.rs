@@ -401,6 +401,7 @@ impl<S: WindowSink> DaxWindow<S> {
             t.regions = t.regions.saturating_sub(freed);
             for (m, p) in placed {
                 self.owners.add(p.owner);
+                self.note_agreed(&p);
                 t.insert(m, p);
             }
         } else {

@@ -76,6 +76,7 @@ fn listen(cli: &Cli) -> io::Result<(Listener, Option<RunFiles>)> {
 fn take_back(
     link: crate::host::keeper_link::KeeperLink,
     fs: &crate::passthrough::PassthroughFs,
+    window: Option<&DaxWindow<Backend>>,
 ) -> io::Result<(
     Arc<crate::host::keeper_link::KeeperLink>,
     Option<SessionState>,
@@ -87,10 +88,18 @@ fn take_back(
         .position(|(w, _, _)| *w == crate::protocol::keeper::Kept::Session)
         .and_then(|i| SessionState::from_kept(&entries.swap_remove(i).1));
     if let Some(st) = &session {
+        let (dax, entries): (Vec<_>, Vec<_>) = entries.into_iter().partition(|(w, _, _)| {
+            use crate::protocol::keeper::Kept;
+            matches!(w, Kept::DaxPool | Kept::DaxHashes | Kept::DaxPlaced(_))
+        });
         let (inodes, handles) = fs.restore_kept(st.flags, entries);
-        log::info!("restart: session taken back: {inodes} inode(s), {handles} handle(s)");
+        let placed = window.map_or(0, |w| w.restore_kept(dax));
+        log::info!("restart: session taken back: {inodes} inode(s), {handles} handle(s), {placed} DAX mapping(s)");
     }
     fs.set_keeper(link.clone());
+    if let Some(w) = window {
+        w.set_keeper(link.clone())?;
+    }
     Ok((link, session))
 }
 
@@ -312,7 +321,9 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         }));
     }
     let fs_wants = fs.init_wants();
-    let keeper = keeper.map(|link| take_back(link, &fs)).transpose()?;
+    let keeper = keeper
+        .map(|link| take_back(link, &fs, window.as_deref()))
+        .transpose()?;
     // DAX coherence (shadow write-back, re-placement) wraps the filesystem.
     let fs = crate::dax::coherent::Coherent::new(fs, window.clone().map(|w| w as _));
     let server = Arc::new(Server::new(

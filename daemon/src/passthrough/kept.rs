@@ -42,7 +42,8 @@ impl PassthroughFs {
                 (Kept::Owner(fh, owner), Some(fd)) => {
                     owners.entry(fh).or_default().push((owner, fd))
                 }
-                (Kept::Session, _) => {}
+                // The session is the caller's, the DAX window's entries the window's.
+                (Kept::Session | Kept::DaxPool | Kept::DaxHashes | Kept::DaxPlaced(_), _) => {}
                 (what, None) => log::warn!("restart: {what:?} came back without a descriptor"),
             }
         }

@@ -22,6 +22,13 @@ pub enum Kept {
     /// A POSIX lock owner's descriptor on a handle: handle id, lock owner. Released with
     /// its handle too.
     Owner(u64, u64),
+    /// The DAX pool's memfd (what QEMU maps as the whole window); meta: whether the pool's
+    /// SHMEM_MAP is known to have reached the frontend (1) or may have (0).
+    DaxPool,
+    /// The DAX window's page-hash memfd (`dax::kept::HashStore`); meta: the window size.
+    DaxHashes,
+    /// A guest mapping placed in the DAX pool, by window offset, with its file.
+    DaxPlaced(u64),
 }
 
 impl Kept {
@@ -32,6 +39,9 @@ impl Kept {
             Kept::Inode(id) => (2, id, 0),
             Kept::Handle(id) => (3, id, 0),
             Kept::Owner(fh, owner) => (4, fh, owner),
+            Kept::DaxPool => (5, 0, 0),
+            Kept::DaxHashes => (6, 0, 0),
+            Kept::DaxPlaced(m) => (7, m, 0),
         }
     }
 
@@ -41,6 +51,9 @@ impl Kept {
             2 => Some(Kept::Inode(id)),
             3 => Some(Kept::Handle(id)),
             4 => Some(Kept::Owner(id, id2)),
+            5 => Some(Kept::DaxPool),
+            6 => Some(Kept::DaxHashes),
+            7 => Some(Kept::DaxPlaced(id)),
             _ => None,
         }
     }

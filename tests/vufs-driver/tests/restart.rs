@@ -157,3 +157,119 @@ fn the_session_survives_a_killed_and_an_upgraded_file_server() {
     let (ne, no) = s.create(dir.nodeid, "new", rw, 0o644, 0).unwrap();
     assert_eq!(s.write(ne.nodeid, no.fh, 0, b"x").unwrap(), 1);
 }
+
+/// SIGKILL of the server, then an upgrade, under a pooled DAX window the frontend keeps
+/// mapped: the guest's stores made before and after each go to the file at the sync points
+/// (FSYNC, REMOVEMAPPING), a host change to a page the guest left alone survives the merge,
+/// and nothing more is sent to the frontend (it still maps the pool).
+#[test]
+fn a_pooled_dax_window_survives_a_killed_and_an_upgraded_file_server() {
+    use daxfsd::abi::SETUPMAPPING_FLAG_WRITE as WRITE;
+    use daxfsd::abi::{RemovemappingOne, SETUPMAPPING_FLAG_READ as READ};
+    const MIB2: u64 = 2 << 20;
+    let kind = DaemonKind::from_env();
+    if kind != DaemonKind::Daxfsd {
+        eprintln!("{}: has no --restartable; skipped", kind.name());
+        return;
+    }
+    let d = Daemon::builder(&kind)
+        .unwrap()
+        .arg("--restartable")
+        .arg("--dax-window=16M")
+        .arg("--dax-mapping=pooled")
+        .spawn()
+        .unwrap();
+    let data: Vec<u8> = (0..2 * MIB2 as usize).map(|i| (i % 251) as u8).collect();
+    let path = d.shared_dir().join("dax.bin");
+    std::fs::write(&path, &data).unwrap();
+    let s = Session::connect(d.socket_path()).unwrap();
+    s.init().unwrap();
+    let w = s
+        .dax()
+        .cloned()
+        .unwrap_or_else(|| panic!("no DAX window\n{}", d.log_contents()));
+    let e = s.lookup(ROOT_ID, "dax.bin").unwrap();
+    let o = s.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+    let rw = READ | WRITE;
+    s.setupmapping(e.nodeid, o.fh, 0, MIB2, rw, 0).unwrap();
+    s.setupmapping(e.nodeid, o.fh, MIB2, MIB2, rw, MIB2 * 4)
+        .unwrap();
+    w.write(100, b"before-kill").unwrap();
+    w.write(4 * MIB2 + 5000, b"range1-before").unwrap();
+    let file_has = |at: usize, want: &[u8], when: &str| {
+        let f = std::fs::read(&path).unwrap();
+        assert_eq!(
+            &f[at..at + want.len()],
+            want,
+            "{when}: the file at {at}\n{}",
+            d.log_contents()
+        );
+    };
+
+    let holder = d.pid().unwrap();
+    let first = server_pid(holder).expect("the holder has a file server child");
+    // SAFETY: kill sends SIGKILL to the file server, a process of this test's daemon.
+    assert_eq!(unsafe { libc::kill(first as i32, libc::SIGKILL) }, 0);
+    let second = wait_new_server(&d, first, "holder: serving again", 1);
+    let log = d.log_contents();
+    assert!(
+        log.contains("2 DAX mapping(s)"),
+        "the window was not taken back:\n{log}"
+    );
+    let mut buf = [0u8; 11];
+    w.read(100, &mut buf).unwrap();
+    assert_eq!(&buf, b"before-kill", "the guest's view of the pool");
+    w.write(200, b"after-kill").unwrap();
+    // A host change to a page the guest did not store into since the last merge.
+    std::os::unix::fs::FileExt::write_all_at(
+        &std::fs::OpenOptions::new().write(true).open(&path).unwrap(),
+        b"host-change",
+        3 * 4096,
+    )
+    .unwrap();
+    s.fsync(e.nodeid, o.fh, false)
+        .unwrap_or_else(|err| panic!("FSYNC after the crash: {err}\n{}", d.log_contents()));
+    file_has(100, b"before-kill", "FSYNC after SIGKILL");
+    file_has(200, b"after-kill", "FSYNC after SIGKILL");
+    file_has(
+        3 * 4096,
+        b"host-change",
+        "FSYNC after SIGKILL (host change)",
+    );
+    let mut hc = [0u8; 11];
+    w.read(3 * 4096, &mut hc).unwrap();
+    assert_eq!(
+        &hc, b"host-change",
+        "the host change reaches the guest's view"
+    );
+
+    // SAFETY: SIGUSR2 to the holder, this test's daemon.
+    assert_eq!(unsafe { libc::kill(holder as i32, libc::SIGUSR2) }, 0);
+    wait_new_server(&d, second, "holder: upgrade done", 1);
+    w.write(300, b"after-upgrade").unwrap();
+    w.write(4 * MIB2 + 6000, b"range1-after").unwrap();
+    // A range placed before both restarts leaves the window: its bytes go to the file.
+    let one = RemovemappingOne {
+        moffset: 4 * MIB2,
+        len: MIB2,
+    };
+    s.removemapping(e.nodeid, &[one])
+        .unwrap_or_else(|err| panic!("REMOVEMAPPING: {err}\n{}", d.log_contents()));
+    file_has(MIB2 as usize + 5000, b"range1-before", "REMOVEMAPPING");
+    file_has(MIB2 as usize + 6000, b"range1-after", "REMOVEMAPPING");
+    s.fsync(e.nodeid, o.fh, false).unwrap();
+    file_has(300, b"after-upgrade", "FSYNC after the upgrade");
+    file_has(100, b"before-kill", "FSYNC after the upgrade");
+    // A new mapping after both: placed in the pool QEMU still maps, nothing sent.
+    s.setupmapping(e.nodeid, o.fh, 0, MIB2, READ, 2 * MIB2)
+        .unwrap();
+    w.read(2 * MIB2 + 100, &mut buf).unwrap();
+    assert_eq!(&buf, b"before-kill");
+    let st = w.stats();
+    assert_eq!(
+        (st.map_requests, st.unmap_requests, st.maps_rejected),
+        (1, 0, 0),
+        "only the pool's one map reaches the frontend: {st:?}"
+    );
+    assert!(w.violations().is_empty(), "{:?}", w.violations());
+}
