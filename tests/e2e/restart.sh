@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # The file server killed and upgraded under a running guest (issue #39): daxfsd --restartable
 # (the holder keeps QEMU's connection), profile pci (vhost-user-fs-pci), --cache=auto,
-# --posix-lock.
+# --posix-lock; or, with --profile dax, the DAX window (pooled, 64 MiB, mounted dax=always
+# with the upstream window policy: every read and write of a file maps its range).
 #
-#   tests/e2e/restart.sh [-v] [--kills N]
+#   tests/e2e/restart.sh [-v] [--kills N] [--profile pci|dax]
+#
+# With dax every file is read and written through the window: the checksummed file is read
+# from it, and each loop also stores a numbered record into /mnt/dwrite through it (dd
+# conv=notrunc, a store into the pool QEMU maps; the kernel's DAX write path) and checks an
+# mmap MAP_SHARED write is read back (/e2e/vfstest mmap). After the VM, the host checks that
+# /mnt/dwrite holds every record the guest stored, across the kills and upgrades.
 #
 # The guest holds a POSIX write lock on /mnt/lockfile (a process of its own), an append fd on
 # /mnt/log and a working directory on the share, and loops: append a line, checksum an 8 MiB
@@ -24,12 +31,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 cd "$RIG_ROOT"
 # ok, bad, check, md5 and rig_summary come from scripts/lib.sh.
 
-verbose=() kills=10
+verbose=() kills=10 profile=pci
 while (($#)); do
     case $1 in
         -v) verbose=(-v); shift ;;
         --kills) [[ ${2:-} =~ ^[0-9]+$ ]] || die "--kills needs a number"; kills=$2; shift 2 ;;
-        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --profile) [[ ${2:-} == @(pci|dax) ]] || die "--profile needs pci or dax"; profile=$2; shift 2 ;;
+        -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (see --help)" ;;
     esac
 done
@@ -66,6 +74,17 @@ new_version=$("$work/new-daxfsd" --version)
 mkdir -p "$work/share/dir"
 head -c 8M /dev/urandom >"$work/share/data"
 want=$(md5 "$work/share/data")
+# dax: 4 MiB of records the guest stores through the window, 8 bytes each.
+dax_loop=":"
+vm_args=(-p pci)
+if [[ $profile == dax ]]; then
+    RIG_TAG=e2e-restart-dax
+    head -c 4M /dev/zero >"$work/share/dwrite"
+    # shellcheck disable=SC2016 # expanded in the guest
+    dax_loop='printf "%08d" $i | dd of=/mnt/dwrite bs=8 seek=$i conv=notrunc 2>/dev/null || { errs=$((errs + 1)); echo "FAILED dax store $i"; }
+    /e2e/vfstest mmap /mnt/mm >/dev/null || { errs=$((errs + 1)); echo "FAILED mmap $i"; }'
+    vm_args=(-p dax -a --dax-window=64M -o "dax=always,dax_policy=upstream")
+fi
 cat >"$work/guest.sh" <<GUEST
 /e2e/vfstest lockhold /mnt/lockfile >/tmp/lockhold.out 2>&1 &
 locker=\$!
@@ -81,6 +100,7 @@ while [ ! -e /mnt/stop ] && [ \$i -lt 3000 ]; do
     [ "\$m" = "$want" ] || { errs=\$((errs + 1)); echo "FAILED md5 \$i: \$m"; }
     ls -la . >/dev/null && stat . >/dev/null || { errs=\$((errs + 1)); echo "FAILED cwd \$i"; }
     echo x >f.\$i && rm f.\$i || { errs=\$((errs + 1)); echo "FAILED create \$i"; }
+    $dax_loop
     i=\$((i + 1))
 done
 exec 3>&-
@@ -90,12 +110,13 @@ check guest_log_has_every_line [ "\$(wc -l </mnt/log)" -eq \$i ]
 check guest_cwd_still_usable ls -la .
 check guest_lock_still_held /e2e/vfstest lockbusy /mnt/lockfile
 kill \$locker
+sync
 echo "LOOPS \$i"
 guest_end
 GUEST
 
-log "booting the guest (profile pci, daxfsd --restartable --posix-lock)"
-scripts/vm.sh "${verbose[@]}" -p pci -d "$work/bin/daxfsd" -a --restartable -a --posix-lock -s "$work/share" \
+log "booting the guest (profile $profile, daxfsd --restartable --posix-lock)"
+scripts/vm.sh "${verbose[@]}" "${vm_args[@]}" -d "$work/bin/daxfsd" -a --restartable -a --posix-lock -s "$work/share" \
     --monitor "$work/mon" -T 600 -l "$work/con.log" --script "$work/guest.sh" \
     >"$work/out" 2>"$work/err" &
 vm_pid=$!
@@ -179,5 +200,25 @@ done <"$work/out"
 subsuite_end guest "$work/out" "$rc" 4 guest
 check vm_exit "$rc" "vm.sh exited $rc: $(tail -n 3 "$work/err" | tr '\n' '|')"
 grep -q '^LOOPS' "$work/out" && log "guest $(grep '^LOOPS' "$work/out")"
+if [[ $profile == dax ]]; then
+    # Every record the guest stored through the window is in the file on the host.
+    loops=$(awk '/^LOOPS/ {print $2}' "$work/out")
+    loops=${loops:-0}
+    for ((i = 0; i < loops; i++)); do printf '%08d' "$i"; done >"$work/dwrite.want"
+    if ((loops == 0)); then
+        missing="no loops"
+    elif cmp -s -n $((loops * 8)) "$work/dwrite.want" "$work/share/dwrite"; then
+        missing=0
+    else
+        missing=$({ cmp -l -n $((loops * 8)) "$work/dwrite.want" "$work/share/dwrite" || true; } |
+            awk '{print int(($1 - 1) / 8)}' | sort -u | wc -l)
+    fi
+    if [[ $missing == 0 ]]; then
+        ok "dax_stores_in_the_file (${loops} records)"
+    else
+        bad "dax_stores_in_the_file" "$missing of ${loops:-?} records missing on the host"
+    fi
+    log "DAX: the last server $(grep -o 'written_back=[0-9]* pulled=[0-9]*' "$dlog" | tail -n 1 || true); $(grep -c 'changed on both the guest and the host' "$dlog" || true) conflict line(s)"
+fi
 log "requests served again after a crash: $(grep -o 'serving [0-9]* request(s) again' "$dlog" | awk '{s += $2} END {print s + 0}')"
-rig_summary e2e-restart
+rig_summary "$RIG_TAG"
