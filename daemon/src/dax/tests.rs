@@ -13,6 +13,7 @@ use super::coherent::{self, Coherence};
 use super::copy::{self, CopyMode};
 use super::sink::COMMIT_PROBE;
 use super::{fd_writable, DaxWindow, WindowSink, DEFAULT_MAP_BUDGET, MIN_GUEST_RANGE};
+use crate::protocol::keeper::{Keeper, Kept, KeptEntry};
 use crate::protocol::mapper::{MapRequest, Mapper};
 
 /// [`Mapper::map`] with the request's fields as arguments.
@@ -1611,4 +1612,115 @@ fn writable_pooled_ranges_hold_no_more_than_they_map() {
         s.pool_held,
         s.mapped_bytes
     );
+}
+
+/// The holder's vault, in memory (`--restartable`, `host::holder`).
+#[derive(Default)]
+struct Vault(Mutex<std::collections::BTreeMap<Kept, VaultEntry>>);
+
+type VaultEntry = (Vec<u8>, Option<std::os::fd::OwnedFd>);
+
+impl Keeper for Vault {
+    fn keep(&self, what: Kept, meta: &[u8], fd: Option<BorrowedFd<'_>>) {
+        let fd = fd.map(|f| f.try_clone_to_owned().unwrap());
+        self.0.lock().unwrap().insert(what, (meta.to_vec(), fd));
+    }
+    fn release(&self, what: Kept) {
+        self.0.lock().unwrap().remove(&what);
+    }
+    fn clear(&self) {
+        self.0.lock().unwrap().clear();
+    }
+}
+
+impl Vault {
+    /// What a new server gets back.
+    fn entries(&self) -> Vec<KeptEntry> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, (m, fd))| (*k, m.clone(), fd.as_ref().map(|f| f.try_clone().unwrap())))
+            .collect()
+    }
+}
+
+/// A pooled window kept with `vault`.
+fn kept_window(vault: &Arc<Vault>) -> (DaxWindow<Arc<Rec>>, Arc<Rec>) {
+    let (w, rec) = running(8 * MB2, DEFAULT_MAP_BUDGET);
+    w.set_map_mode(super::mode::MapMode::Pooled);
+    w.set_keeper(vault.clone()).unwrap();
+    (w, rec)
+}
+
+#[test]
+fn a_pooled_window_comes_back_from_the_vault_after_a_crash() {
+    let vault = Arc::new(Vault::default());
+    let (w, rec) = kept_window(&vault);
+    let f = data_file(5, 2 * MB2 as usize);
+    map_at(&w, 9, 0, MB2, f.as_fd(), 0, true).unwrap();
+    map_at(&w, 9, MB2, MB2, f.as_fd(), MB2, false).unwrap();
+    let pool = rec.fds.lock().unwrap()[&0].try_clone().unwrap();
+    pool.write_all_at(b"guest", 4096).unwrap();
+    // The server dies (nothing of it runs again); the frontend keeps mapping the pool. A
+    // new server's window takes the vault back before the device runs.
+    let (w2, rec2) = running(8 * MB2, DEFAULT_MAP_BUDGET);
+    w2.set_map_mode(super::mode::MapMode::Pooled);
+    assert_eq!(w2.restore_kept(vault.entries()), 2);
+    w2.set_keeper(vault.clone()).unwrap();
+    pool.write_all_at(b"after", 8192).unwrap();
+    f.write_all_at(b"host", 3 * 4096).unwrap();
+    Coherence::sync(&w2, 9);
+    let mut got = [0u8; 5];
+    f.read_exact_at(&mut got, 4096).unwrap();
+    assert_eq!(&got, b"guest", "a store from before the crash");
+    f.read_exact_at(&mut got, 8192).unwrap();
+    assert_eq!(&got, b"after", "a store from after it");
+    f.read_exact_at(&mut got[..4], 3 * 4096).unwrap();
+    assert_eq!(
+        &got[..4],
+        b"host",
+        "a host change to a page the guest left alone"
+    );
+    pool.read_exact_at(&mut got[..4], 3 * 4096).unwrap();
+    assert_eq!(&got[..4], b"host", "the host change reaches the pool");
+    assert_eq!(w2.stats().conflicts, 0);
+    // A range placed before the crash leaves the window; a new one goes to the pool, which
+    // the frontend still maps: nothing is sent.
+    pool.write_all_at(b"late", 5 * 4096).unwrap();
+    w2.unmap(0, MB2).unwrap();
+    f.read_exact_at(&mut got[..4], 5 * 4096).unwrap();
+    assert_eq!(&got[..4], b"late");
+    assert!(!vault.0.lock().unwrap().contains_key(&Kept::DaxPlaced(0)));
+    map_at(&w2, 9, 2 * MB2, MB2, f.as_fd(), 0, false).unwrap();
+    assert!(vault
+        .0
+        .lock()
+        .unwrap()
+        .contains_key(&Kept::DaxPlaced(2 * MB2)));
+    assert_eq!(calls(&rec2), Vec::<String>::new());
+    // The end of the session takes the pool out of the frontend and out of the vault.
+    w2.end_session();
+    assert_eq!(calls(&rec2), vec!["unmap 0x0+0x1000000"]);
+    let left: Vec<Kept> = vault.0.lock().unwrap().keys().copied().collect();
+    assert_eq!(left, vec![Kept::DaxHashes]);
+}
+
+#[test]
+fn a_pool_map_a_crash_left_unanswered_is_unmapped_before_it_is_sent_again() {
+    let vault = Arc::new(Vault::default());
+    let (w, _rec) = kept_window(&vault);
+    // The server died after sending the pool's SHMEM_MAP, before its reply.
+    w.keep_pool(w.slots().unwrap(), false);
+    let (w2, rec2) = running(8 * MB2, DEFAULT_MAP_BUDGET);
+    w2.set_map_mode(super::mode::MapMode::Pooled);
+    assert_eq!(w2.restore_kept(vault.entries()), 0);
+    w2.set_keeper(vault.clone()).unwrap();
+    let f = data_file(5, MB2 as usize);
+    map_at(&w2, 9, 0, MB2, f.as_fd(), 0, false).unwrap();
+    assert_eq!(
+        calls(&rec2),
+        vec!["unmap 0x0+0x1000000", "map 0x0+0x1000000@0x0 rw"]
+    );
+    assert_eq!(vault.0.lock().unwrap()[&Kept::DaxPool].0, vec![1]);
 }
