@@ -944,7 +944,7 @@ impl<F: FileSystem> Server<F> {
                 ))
             }
             op::REMOVEMAPPING => self.removemapping(r),
-            op::IOCTL => Err(err(libc::ENOTTY)),
+            op::IOCTL => crate::protocol::ioctl::serve(fs, ctx, ino, r, w).map(|()| Reply::Body),
             _ => {
                 log::debug!("unsupported opcode {opcode} ({})", op::name(opcode));
                 Err(err(libc::ENOSYS))
