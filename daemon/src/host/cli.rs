@@ -347,8 +347,8 @@ pub struct Cli {
 
     /// Let the guest set host inode flags (chattr: FS_IOC_SETFLAGS, FS_IOC_FSSETXATTR), and
     /// keep CAP_LINUX_IMMUTABLE for it. They change the host file for every host user
-    /// (`+i`, `+a` bind host root too), so by default only reading them (lsattr, statx
-    /// attributes) is served and a set that would change anything fails with EOPNOTSUPP.
+    /// (`+i`, `+a` bind host root too), so by default only reading them (lsattr) is served
+    /// and a set that would change anything fails with EOPNOTSUPP.
     #[arg(long)]
     pub inode_flags: bool,
 

@@ -1,4 +1,4 @@
-//! FUSE_IOCTL's inode flags (`chattr`/`lsattr`, statx attributes) on the host inode, through
+//! FUSE_IOCTL's inode flags (`chattr`/`lsattr`) on the host inode, through
 //! the descriptor of the guest's open handle, never a path.
 //!
 //! Reading is always served. Setting changes the host inode for every host user too

@@ -1,6 +1,6 @@
 //! FUSE_IOCTL, restricted to the inode-flag commands.
 //!
-//! A Linux guest sends FUSE_IOCTL for `chattr`/`lsattr` and statx attributes from
+//! A Linux guest sends FUSE_IOCTL for `chattr`/`lsattr` (and `xfs_io` chattr) from
 //! `fuse_fileattr_get`/`fuse_fileattr_set` (fs/fuse/ioctl.c): on a handle it opened for the
 //! purpose, `FS_IOC_GETFLAGS`/`FS_IOC_SETFLAGS` with a 4-byte flag word (whatever the
 //! command's encoded `long`), or `FS_IOC_FSGETXATTR`/`FS_IOC_FSSETXATTR` with a

@@ -1,4 +1,4 @@
-//! FUSE_IOCTL for inode flags (`chattr`/`lsattr`, statx attributes), sent as Linux's
+//! FUSE_IOCTL for inode flags (`chattr`/`lsattr`), sent as Linux's
 //! `fuse_fileattr_get`/`fuse_fileattr_set` send them: on a handle opened read-only, a 4-byte
 //! flag word for FS_IOC_GETFLAGS/SETFLAGS, a `struct fsxattr` for FS_IOC_FSGETXATTR/
 //! FSSETXATTR, `in_size` for a set, `out_size` for a get. What daxfsd reads is checked
