@@ -112,7 +112,11 @@ stop_pid() {
 cleanup_run() {
     local p
     for p in "${pids[@]}"; do stop_pid "$p"; done
-    # The shares hold what fstests left (root-owned, maybe immutable-free): ours to remove.
+    # The shares hold what fstests left (root-owned; with --inode-flags maybe immutable or
+    # append-only, from a test that died before its cleanup): ours to remove.
+    if [[ " ${daemon_args[*]} " == *" --inode-flags "* ]]; then
+        chattr -R -f -i -a -- "$work/test" "$work/scratch" 2>/dev/null || true
+    fi
     rm -rf --one-file-system -- "$work"
 }
 RIG_CLEANUP+=(cleanup_run)
