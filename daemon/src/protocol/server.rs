@@ -677,7 +677,7 @@ impl<F: FileSystem> Server<F> {
             op::SYNCFS => self.syncfs(req, r, w),
             op::SETUPMAPPING => self.setupmapping(req, r, w),
             op::REMOVEMAPPING => self.removemapping(req, r, w),
-            op::IOCTL => Err(err(libc::ENOTTY)),
+            op::IOCTL => self.ioctl(req, r, w),
             _ => {
                 log::debug!("unsupported opcode {opcode} ({})", op::name(opcode));
                 Err(err(libc::ENOSYS))

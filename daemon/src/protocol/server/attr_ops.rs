@@ -40,6 +40,11 @@ impl<F: FileSystem> Server<F> {
         obj(w, &StatfsOut { st })
     }
 
+    /// The inode-flag ioctls (see [`crate::protocol::ioctl`]); any other ENOTTY.
+    pub(super) fn ioctl(&self, req: &Req, r: &mut Reader, w: &mut Writer) -> HandlerResult {
+        crate::protocol::ioctl::serve(&self.fs, &req.ctx, req.nodeid, r, w).map(|()| Reply::Body)
+    }
+
     pub(super) fn syncfs(&self, req: &Req, r: &mut Reader, _: &mut Writer) -> HandlerResult {
         let _: SyncfsIn = r.read_obj()?;
         empty(self.fs.syncfs(&req.ctx, req.nodeid))
