@@ -145,10 +145,12 @@ test-restart: kernel initramfs qemu build
 	tests/e2e/restart.sh --profile dax
 
 # The DAX checks again with the guest kernel's upstream (Linux 6.12) window policy,
-# -o dax_policy=upstream; test-dax covers the default (hybrid) policy of guest-kernel/patches.
+# -o dax_policy=upstream, and the daemon's default mapping (pooled): what a user with an
+# upstream guest kernel gets; test-dax covers the default (hybrid) policy of
+# guest-kernel/patches with direct mappings.
 .PHONY: test-dax-policy
 test-dax-policy: kernel initramfs qemu build
-	tests/e2e/dax.sh --dax-policy upstream
+	tests/e2e/dax.sh --dax-policy upstream --dax-mapping pooled
 
 # The DAX suite with every read-only range served from a copy slot (daxfsd --dax-copy=always);
 # test-dax runs the default (auto), which copies only while the window churns.

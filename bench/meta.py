@@ -85,18 +85,27 @@ STEP_LABELS = {
 NINEP_MSIZE = 512 * 1024
 
 DENSITY_FILE_MIB = 256
+DENSITY_WINDOW = "512M"
 DENSITY_GUESTS = 4
-# name, daemon, cache, mount options, extra daemon args
-# daxfsd-dax-pooled: DAX with the default --dax-mapping=pooled (each daemon copies the
-# mapped ranges into its own memfd); daxfsd-dax: --dax-mapping=direct (the guests map the
-# host's page cache of the file). Direct runs last: a hang there must not cost the others.
-DENSITY_CONFIGS = [
-    ("daxfsd-nodax", "daxfsd", "auto", "dax=never", ["--dax-window=512M"]),
-    ("virtiofsd", "virtiofsd", "auto", "", []),
-    ("daxfsd-dax-pooled", "daxfsd", "auto", "dax=always", ["--dax-window=512M"]),
-    ("daxfsd-dax", "daxfsd", "auto", "dax=always", DAX_ARGS),
-]
-# Seconds the four guests get to read the file (TCG: 5-40 s each when they all run).
+
+
+def density_configs(window=DENSITY_WINDOW):
+    """name, daemon, cache, mount options, extra daemon args.
+    daxfsd-dax-pooled: DAX with the default --dax-mapping=pooled (each daemon copies the
+    mapped ranges into its own memfd); daxfsd-dax: --dax-mapping=direct (the guests map the
+    host's page cache of the file). Direct runs last: a hang there must not cost the others."""
+    win = f"--dax-window={window}"
+    return [
+        ("daxfsd-nodax", "daxfsd", "auto", "dax=never", [win]),
+        ("virtiofsd", "virtiofsd", "auto", "", []),
+        ("daxfsd-dax-pooled", "daxfsd", "auto", "dax=always", [win]),
+        ("daxfsd-dax", "daxfsd", "auto", "dax=always", [win, "--dax-mapping=direct"]),
+    ]
+
+
+DENSITY_CONFIGS = density_configs()
+# Seconds the four guests get to read 256 MiB (TCG: 5-40 s each when they all run); a
+# larger file gets as much more.
 DENSITY_READ_TIMEOUT = 180
 WALK_INODES = 100_000
 WALK_INODES_QUICK = 20_000
@@ -472,6 +481,8 @@ while [ ! -e /mnt/.d/exit ]; do sleep 0.2; n=$((n + 1)); [ $n -lt 9000 ] || exit
 
 def run_density_config(a, raw, cfg):
     name, daemon, cache, mo, dargs = cfg
+    mib = a.density_file_mib
+    timeout = DENSITY_READ_TIMEOUT * max(1, mib // DENSITY_FILE_MIB)
     real = a.daxfsd if daemon == "daxfsd" else a.virtiofsd
     d = os.path.join(raw, f"density-{name}")
     os.makedirs(d, exist_ok=True)
@@ -483,7 +494,7 @@ def run_density_config(a, raw, cfg):
     procs = []
     try:
         with open(big, "wb") as f:
-            for _ in range(DENSITY_FILE_MIB):
+            for _ in range(mib):
                 f.write(os.urandom(1 << 20))
         os.sync()
         # Out of the host page cache, so the reads bring it in (once, for every guest).
@@ -513,10 +524,10 @@ def run_density_config(a, raw, cfg):
         res["idle"] = host_mem(qemus, daemons, big)
         open(os.path.join(share, ".d", "go"), "w").close()
         done = [os.path.join(share, ".d", f"done.{i}") for i in range(DENSITY_GUESTS)]
-        if not wait_files(done, procs, DENSITY_READ_TIMEOUT):
+        if not wait_files(done, procs, timeout):
             n = sum(os.path.exists(p) for p in done)
             raise RuntimeError(f"{DENSITY_GUESTS - n} of {DENSITY_GUESTS} guests did not read the "
-                               f"file within {DENSITY_READ_TIMEOUT} s" + blocked(daemons))
+                               f"file within {timeout} s" + blocked(daemons))
         time.sleep(1)
         res["after"] = host_mem(qemus, daemons, big)
         open(os.path.join(share, ".d", "exit"), "w").close()
@@ -725,7 +736,8 @@ def startup_once(binary):
 
 def run_density(a, raw, results, save):
     den = results.setdefault("density", {})
-    den.update({"file_mib": DENSITY_FILE_MIB, "guests": DENSITY_GUESTS, "mem": "1G",
+    den.update({"file_mib": a.density_file_mib, "window": a.density_window,
+                "guests": DENSITY_GUESTS, "mem": "1G",
                 "configs": [], "walk": [], "startup": []})
     rounds = 3 if a.quick else STARTUP_ROUNDS
     times = {"daxfsd": [], "virtiofsd": []}
@@ -746,8 +758,8 @@ def run_density(a, raw, results, save):
         return r
 
     run_rows(log, "density",
-             [(c[0], f"density: {DENSITY_GUESTS} guests reading one {DENSITY_FILE_MIB} MiB file: "
-               f"{c[0]}", c) for c in DENSITY_CONFIGS
+             [(c[0], f"density: {DENSITY_GUESTS} guests reading one {a.density_file_mib} MiB "
+               f"file: {c[0]}", c) for c in density_configs(a.density_window)
               if not a.configs or re.search(a.configs, c[0])],
              density_config, den["configs"], save,
              lambda r: f"guest page cache {r['guest_cache_kib'] / 1024:.0f} MiB in all, "

@@ -561,6 +561,10 @@ def main():
     p.add_argument("--protobench")
     p.add_argument("--daxfsd", default=os.path.join(ROOT, "target/release/daxfsd"))
     p.add_argument("--virtiofsd")
+    p.add_argument("--density-file-mib", type=int, default=meta.DENSITY_FILE_MIB,
+                   help="density: the file the four guests read, in MiB (default %(default)s)")
+    p.add_argument("--density-window", default=meta.DENSITY_WINDOW,
+                   help="density: the DAX window of each guest (default %(default)s)")
     p.add_argument("--kernel", help="meta, density, notify: guest bzImage (default: "
                    "guest-kernel/build.sh's)")
     a = p.parse_args()

@@ -231,7 +231,8 @@ rig_summary() {
 # disagrees with the CHECK (or GUEST) lines it printed, it exited non-zero with no failed
 # check, or it ran fewer than MIN checks. MARKER is the marker's kind: suite (`SUITE END ...
 # pass=N fail=M[ skip=K]`, default), e2e (the guest suite's `E2E RESULT passed=N failed=M
-# skipped=K`) or guest (a guest script's `GUEST END pass=N fail=M`). DETAIL ends the message.
+# skipped=K`) or guest (a guest script's `GUEST END pass=N fail=M[ skip=K]`). DETAIL ends the
+# message.
 subsuite_end() {
     local name=$1 out=$2 rc=$3 min=${4:-0} kind=${5:-suite} extra=${6:-} word=CHECK p f s end why=""
     [[ $kind == guest ]] && word=GUEST
@@ -241,7 +242,7 @@ subsuite_end() {
     case $kind in
         suite) end=$(sed -n 's/^SUITE END .* pass=\([0-9]*\) fail=\([0-9]*\)\( skip=\([0-9]*\)\)\{0,1\}$/\1 \2 \4/p' "$out" | tail -n 1) ;;
         e2e) end=$(sed -n 's/^E2E RESULT passed=\([0-9]*\) failed=\([0-9]*\) skipped=\([0-9]*\).*/\1 \2 \3/p' "$out" | tail -n 1) ;;
-        guest) end=$(sed -n 's/^GUEST END pass=\([0-9]*\) fail=\([0-9]*\)$/\1 \2 /p' "$out" | tail -n 1) ;;
+        guest) end=$(sed -n 's/^GUEST END pass=\([0-9]*\) fail=\([0-9]*\)\( skip=\([0-9]*\)\)\{0,1\}$/\1 \2 \4/p' "$out" | tail -n 1) ;;
         *) die "subsuite_end: unknown marker kind '$kind'" ;;
     esac
     # An absent skip count is zero.
@@ -306,6 +307,6 @@ guest_helpers() {
 # must end with guest_end's `GUEST END` line and agree with it (subsuite_end, marker guest;
 # with STATUS, also a non-zero status without a failed check is NAME/incomplete).
 guest_complete() {
-    grep -aE '^GUEST (PASS|FAIL)' "$2" || true
+    grep -aE '^GUEST (PASS|FAIL|SKIP)' "$2" || true
     subsuite_end "$1" "$2" "${3:-0}" 0 guest
 }

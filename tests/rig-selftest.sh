@@ -15,6 +15,8 @@
 #   acl fhandles dax dax-buffers dax-host dax-full lifecycle escape migrate soak notify
 #   notify-burst (tests/e2e/notify.sh --boots 3: its third guest script), restart
 #   (tests/e2e/restart.sh --kills 1)
+#   fstests    tests/fstests/test.sh on one test (its guest program, guest.sh with the guest
+#              helpers, died after its first check: no GUEST END line)
 #              tests/e2e/NAME.sh, the cheapest options that reach a guest script (its first
 #              guest script died: no GUEST END line)
 # Each runner stops at the first sub-suite it finds cut short, so a case costs one boot.
@@ -35,7 +37,7 @@ RIG_TAG=rig-selftest
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 cd "$RIG_ROOT"
 
-all="lib launchers lima e2e host io-uring pjdfstest acl fhandles dax dax-buffers dax-host dax-full lifecycle escape migrate soak notify notify-burst restart"
+all="lib launchers lima e2e host io-uring pjdfstest acl fhandles dax dax-buffers dax-host dax-full lifecycle escape migrate soak notify notify-burst restart fstests"
 per_kind="lib io-uring host e2e migrate notify"
 only=$all
 while (($#)); do
@@ -125,6 +127,8 @@ for part in $only; do
             guest_case complete pass "" 'check one true; waitfor /; check two [ "$(echo x | md5)" = 401b30e3b8b5d629635a5c613cdb7919 ]; guest_end'
             guest_case complete-with-failure pass "" 'check one true; check two false && exit 3; guest_end'
             guest_case die-after-first fail 1 'check one true; check two true; guest_end'
+            guest_case skips-counted pass "" 'check one true; skip two "not here"; guest_end'
+            guest_case skip-lost fail "" 'check one true; skip two; echo "GUEST END pass=1 fail=0"'
             guest_case no-end fail "" 'check one true'
             guest_case exit-0-early fail "" 'ok one; exit 0; guest_end'
             ;;
@@ -149,6 +153,9 @@ for part in $only; do
         migrate) runner_case migrate tests/e2e/migrate.sh -m find-paths ;;
         soak) runner_case soak tests/e2e/soak.sh --seconds 5 --pause-every 0 ;;
         notify) runner_case notify tests/e2e/notify.sh -d "$daxfsd" ;;
+        fstests)
+            printf 'generic/184\n' >"$work/fstests.list"
+            runner_case fstests tests/fstests/test.sh --no-control -f "$work/fstests.list" --out "$work/fstests" ;;
         notify-burst) runner_case notify-burst tests/e2e/notify.sh -d "$daxfsd" --boots 3 --burst 1000 ;;
         *) die "unknown part '$part' ($all)" ;;
     esac

@@ -1,15 +1,17 @@
 #!/bin/bash
-# In the fstests guest (copied to the control disk as init.sh by run.sh and started by
-# /sbin/fstests-boot): run the listed tests with fstests' ./check on each file system of
-# run.conf (virtiofs: tags fsttest and fstscratch; ext4: the virtio-blk disks with serials
-# ext4test and ext4scratch), results under /ctl/results/FS, and print one line per test,
-#   @@FST FS TEST passed|failed|notrun REASON@@
-# on the console for the host.
+# In the fstests guest (written to the control disk as init.sh by run.sh, after the rig's
+# guest helpers, tests/e2e/guest/lib.sh; started by /sbin/fstests-boot): run the listed
+# tests with fstests' ./check on each file system of run.conf (virtiofs: tags fsttest and
+# fstscratch; ext4: the virtio-blk disks with serials ext4test and ext4scratch), results
+# under /ctl/results/FS, and print one guest check per test on the console for the host:
+#   GUEST PASS FS/TEST | GUEST FAIL FS/TEST: REASON | GUEST SKIP FS/TEST: REASON (not run)
+# then `GUEST END pass=N fail=M skip=K` (guest_end): without it the host knows the run was
+# cut short.
 set -u
 # shellcheck source=/dev/null
 source /ctl/run.conf
 mapfile -t TESTS </ctl/tests
-cd /opt/xfstests || { echo "no /opt/xfstests"; exit 1; }
+cd /opt/xfstests || { bad setup "no /opt/xfstests"; guest_end; }
 mkdir -p /mnt/test /mnt/scratch /ctl/results
 # Loopback up (no iproute2 in the root): fstests' lock tests (generic/131) talk over TCP to
 # localhost. SIOCSIFFLAGS (0x8914) with IFF_UP|IFF_RUNNING; the kernel gives lo 127.0.0.1.
@@ -25,7 +27,6 @@ disk() { # disk SERIAL: /dev/vdX with that virtio-blk serial
     return 1
 }
 
-rc=0
 for fs in "${FSLIST[@]}"; do
     cfg=/ctl/$fs.config
     case $fs in
@@ -41,9 +42,9 @@ for fs in "${FSLIST[@]}"; do
             } >"$cfg" ;;
         ext4)
             if ! tdev=$(disk ext4test) || ! sdev=$(disk ext4scratch); then
-                echo "ext4 disks missing"; rc=1; continue
+                bad "ext4/setup" "ext4 disks missing"; continue
             fi
-            mkfs.ext4 -q -F "$tdev" || { echo "mkfs.ext4 $tdev failed"; rc=1; continue; }
+            mkfs.ext4 -q -F "$tdev" || { bad "ext4/setup" "mkfs.ext4 $tdev failed"; continue; }
             {
                 echo "export FSTYP=ext4"
                 echo "export TEST_DEV=$tdev TEST_DIR=/mnt/test"
@@ -61,18 +62,15 @@ for fs in "${FSLIST[@]}"; do
     for t in "${TESTS[@]}"; do
         why=""
         if [[ $failed == *" $t "* ]]; then
-            st=failed
             why=$(grep -a "^$t " "$log" | tail -n 1 | sed "s|^$t *||;s| *(see .*||;s|^[0-9]*s \.\.\. *||")
+            bad "$fs/$t" "${why:0:120}"
         elif [[ $notrun == *" $t "* ]]; then
-            st=notrun
             why=$(head -n 1 "/ctl/results/$fs/$t.notrun" 2>/dev/null)
+            skip "$fs/$t" "${why:0:120}"
         elif [[ $ran == *" $t "* ]]; then
-            st=passed
-        else
-            continue
+            ok "$fs/$t"
         fi
-        echo "@@FST $fs $t $st ${why:0:120}@@"
     done
 done
 sync
-exit "$rc"
+guest_end

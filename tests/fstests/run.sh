@@ -25,9 +25,12 @@
 #   FSTEST <name> <fs> <test> passed|failed|notrun|missing [reason]
 # then one summary line per file system:
 #   FSTESTS <name> <fs> passed=N failed=N notrun=N missing=N
-# ("fs" is virtiofs or ext4; "missing": the test gave no result, e.g. the guest died).
+# ("fs" is virtiofs or ext4; "missing": the test gave no result, e.g. the guest died), and
+# `CHECK FAIL fstests-<name>/incomplete: ...` when the guest program (guest.sh, with the
+# rig's guest helpers) ended without its GUEST END line or disagrees with it.
 # Exit status: 0 when every listed test has a result on every file system and none failed;
-# 1 when a test failed or is missing; 125 when the rig failed (no guest result at all).
+# 1 when a test failed or is missing or the guest program was cut short; 125 when the rig
+# failed (no guest result at all).
 set -euo pipefail
 RIG_TAG=fstests
 # shellcheck source=../../scripts/lib.sh
@@ -109,7 +112,11 @@ stop_pid() {
 cleanup_run() {
     local p
     for p in "${pids[@]}"; do stop_pid "$p"; done
-    # The shares hold what fstests left (root-owned, maybe immutable-free): ours to remove.
+    # The shares hold what fstests left (root-owned; with --inode-flags maybe immutable or
+    # append-only, from a test that died before its cleanup): ours to remove.
+    if [[ " ${daemon_args[*]} " == *" --inode-flags "* ]]; then
+        chattr -R -f -i -a -- "$work/test" "$work/scratch" 2>/dev/null || true
+    fi
     rm -rf --one-file-system -- "$work"
 }
 RIG_CLEANUP+=(cleanup_run)
@@ -125,7 +132,8 @@ fslist=()
     printf 'VIRTIOFS_MOUNT_OPTS=%q\n' "$mountopts"
     printf 'RUN_NAME=%q\n' "$name"
 } >"$work/ctl/run.conf"
-cp -- "$HERE/guest.sh" "$work/ctl/init.sh"
+# The rig's guest helpers first (the negative control's count included), then the program.
+{ guest_helpers; cat -- "$HERE/guest.sh"; } >"$work/ctl/init.sh"
 mkfs.ext4 -q -F -L fstctl -d "$work/ctl" "$work/ctl.img" 512M >/dev/null
 
 # ---- daemons: one per share ----------------------------------------------------------------
@@ -217,15 +225,21 @@ progress_results() {
         $NF ~ /^[0-9]+s$/ { print t "\tpassed\t" }'
 }
 guest_rc=$(grep -ao '@@FSTESTS-GUEST-EXIT rc=[0-9]*@@' "$work/console.log" | tail -n 1 | tr -dc 0-9 || true)
+tr -d '\r' <"$work/console.log" >"$work/guest.out" 2>/dev/null || true
 rc=0 any=0
 for fs in "${fslist[@]}"; do
     declare -A res=() why=()
     while IFS= read -r line; do
-        # @@FST fs test status reason...@@
-        read -r f t s r <<<"${line#@@FST }"
-        [[ $f == "$fs" ]] || continue
-        res[$t]=$s why[$t]=${r%@@}
-    done < <(grep -a '^@@FST ' "$work/console.log" | tr -d '\r' || true)
+        # GUEST PASS fs/test | GUEST FAIL fs/test: reason | GUEST SKIP fs/test: reason
+        line=${line#GUEST }
+        k=${line%% *} line=${line#* } r=""
+        [[ $line == *": "* ]] && r=${line#*: }
+        line=${line%%: *}
+        [[ ${line%%/*} == "$fs" ]] || continue
+        t=${line#*/}
+        case $k in PASS) s=passed ;; FAIL) s=failed ;; *) s=notrun ;; esac
+        res[$t]=$s why[$t]=$r
+    done < <(grep -aE '^GUEST (PASS|FAIL|SKIP) ' "$work/guest.out" || true)
     if ((${#res[@]} == 0)); then
         # No summary for this file system (the guest was stopped or died during ./check):
         # take the results ./check printed per test so far; the test it was in is missing.
@@ -247,6 +261,12 @@ for fs in "${fslist[@]}"; do
     ((nf + nm == 0)) || rc=1
     unset res why
 done
+# The guest program must have ended with its GUEST END line, in agreement with its checks
+# (scripts/lib.sh): else CHECK FAIL fstests-NAME/incomplete, and under the negative control
+# (RIG_SUBSUITE_DIE_AFTER) the run stops here.
+RIG_LABEL=fstests-$name
+subsuite_end "fstests-$name" "$work/guest.out" "${guest_rc:-125}" 0 guest
+((RIG_FAIL == 0)) || rc=1
 if ((timed_out || daemon_died)) || [[ -z $guest_rc ]] || ((any == 0)); then
     printf -- '--- last 30 console lines ---\n' >&2
     tail -n 30 "$work/console.log" >&2 || true

@@ -157,12 +157,12 @@ pub(crate) fn merge(
                 continue;
             }
         }
-        let guest_changed = |i: usize, nowc: &[u8], agc: &[u8]| i < old_c && nowc[i] != agc[i];
+        // The bytes the guest changed (inside the old agreed length).
+        let rs = runs(&nowc[..old_c], agc);
         // 1. The guest's runs go to the file, one run at a time, never past its end.
         if writable {
-            let rs = runs(&nowc[..old_c], agc);
             let room = if rs.is_empty() { 0 } else { room_at(host, c)? };
-            for (s, e) in rs {
+            for &(s, e) in &rs {
                 let e = e.min(in_c).min(room);
                 if s >= e {
                     continue;
@@ -176,22 +176,19 @@ pub(crate) fn merge(
         let hostc = &mut hostb[..in_c];
         let got = pread_full(host.file, hostc, host.at + c)?;
         let hostc = &mut hostb[..got];
-        let mut i = 0;
-        while i < got {
-            let differs = |i: usize| {
-                !guest_changed(i, nowc, agc)
-                    && (i >= old_c || hostc[i] != agc[i] || nowc[i] != hostc[i])
-            };
-            if !differs(i) {
-                i += 1;
-                continue;
+        let lim = got.min(old_c);
+        for (s, e) in runs(&hostc[..lim], &agc[..lim]) {
+            // Host changes, less the bytes the guest changed too (its store wins).
+            for (u, v) in unchanged_parts(&nowc[s..e], &agc[s..e]) {
+                let (u, v) = (s + u, s + v);
+                now.file.write_all_at(&hostc[u..v], now.at + c + u as u64)?;
+                out.pulled += (v - u) as u64;
             }
-            let s = i;
-            while i < got && differs(i) {
-                i += 1;
-            }
-            now.file.write_all_at(&hostc[s..i], now.at + c + s as u64)?;
-            out.pulled += (i - s) as u64;
+        }
+        if got > old_c {
+            now.file
+                .write_all_at(&hostc[old_c..], now.at + c + old_c as u64)?;
+            out.pulled += (got - old_c) as u64;
         }
         // 3. Bytes past a shrunken end read as zeros, as past EOF of a mapped file.
         if got < old_c {
@@ -200,9 +197,10 @@ pub(crate) fn merge(
         }
         // The agreed bytes are now the file's (guest runs included, as just written).
         if let Some(a) = agreed {
-            for k in 0..got {
-                if guest_changed(k, nowc, agc) {
-                    hostc[k] = nowc[k];
+            for &(s, e) in &rs {
+                let e = e.min(got);
+                if s < e {
+                    hostc[s..e].copy_from_slice(&nowc[s..e]);
                 }
             }
             if got != old_c || hostc[..] != agc[..] {
@@ -477,21 +475,75 @@ impl Shadow {
 
 /// Runs `[start, end)` where `a` and `b` differ.
 fn runs(a: &[u8], b: &[u8]) -> Vec<(usize, usize)> {
-    let mut out = Vec::new();
-    let mut i = 0;
+    // Equal blocks cost one comparison (memcmp); inside a block that differs, a word whose
+    // bytes are all equal or all different is one step: a chunk the guest rewrote whole or
+    // not at all costs about a memcmp, not a loop per byte.
+    const BLOCK: usize = 256;
+    fn extend(out: &mut Vec<(usize, usize)>, s: usize, e: usize) {
+        match out.last_mut() {
+            Some(r) if r.1 == s => r.1 = e,
+            _ => out.push((s, e)),
+        }
+    }
     let n = a.len().min(b.len());
-    while i < n {
-        if a[i] == b[i] {
-            i += 1;
+    let mut out = Vec::new();
+    let mut blk = 0;
+    while blk < n {
+        let end = (blk + BLOCK).min(n);
+        if a[blk..end] == b[blk..end] {
+            blk = end;
             continue;
         }
-        let s = i;
-        while i < n && a[i] != b[i] {
+        let mut i = blk;
+        while i < end {
+            if i + 8 <= end {
+                let x = word(a, i) ^ word(b, i);
+                if x == 0 {
+                    i += 8;
+                    continue;
+                }
+                if !has_zero_byte(x) {
+                    extend(&mut out, i, i + 8);
+                    i += 8;
+                    continue;
+                }
+            }
+            if a[i] != b[i] {
+                extend(&mut out, i, i + 1);
+            }
             i += 1;
         }
-        out.push((s, i));
+        blk = end;
     }
     out
+}
+
+/// The complement of [`runs`] over `[0, len)`: the maximal runs where `a` and `b` agree.
+fn unchanged_parts(a: &[u8], b: &[u8]) -> Vec<(usize, usize)> {
+    let n = a.len().min(b.len());
+    let mut out = Vec::new();
+    let mut at = 0;
+    for (s, e) in runs(a, b) {
+        if s > at {
+            out.push((at, s));
+        }
+        at = e;
+    }
+    if at < n {
+        out.push((at, n));
+    }
+    out
+}
+
+fn word(s: &[u8], i: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&s[i..i + 8]);
+    u64::from_ne_bytes(w)
+}
+
+/// Whether any byte of `x` is zero.
+fn has_zero_byte(x: u64) -> bool {
+    x.wrapping_sub(0x0101_0101_0101_0101) & !x & 0x8080_8080_8080_8080 != 0
 }
 #[cfg(test)]
 mod tests {
@@ -512,6 +564,52 @@ mod tests {
         let mut v = vec![0u8; n];
         f.read_exact_at(&mut v, 0).unwrap();
         v
+    }
+
+    #[test]
+    fn runs_match_a_byte_by_byte_scan() {
+        // Words equal, all different, mixed; runs across word and block edges.
+        let naive = |a: &[u8], b: &[u8]| {
+            let mut out: Vec<(usize, usize)> = Vec::new();
+            for i in 0..a.len().min(b.len()) {
+                if a[i] != b[i] {
+                    match out.last_mut() {
+                        Some(r) if r.1 == i => r.1 = i + 1,
+                        _ => out.push((i, i + 1)),
+                    }
+                }
+            }
+            out
+        };
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for round in 0..400 {
+            let n = (rnd() % 1500) as usize;
+            let a: Vec<u8> = (0..n).map(|_| rnd() as u8).collect();
+            let mut b = a.clone();
+            for _ in 0..(round % 12) {
+                let s = (rnd() as usize) % (n + 1);
+                let len = (rnd() as usize) % 300;
+                for (k, v) in b.iter_mut().enumerate().skip(s).take(len) {
+                    // Mostly different bytes, some equal ones inside a run.
+                    *v = if rnd() % 9 == 0 {
+                        a[k]
+                    } else {
+                        a[k].wrapping_add(1 + (rnd() % 200) as u8)
+                    };
+                }
+            }
+            assert_eq!(runs(&a, &b), naive(&a, &b), "round {round}");
+            let gaps = unchanged_parts(&a, &b);
+            let covered: usize = gaps.iter().map(|(s, e)| e - s).sum::<usize>()
+                + naive(&a, &b).iter().map(|(s, e)| e - s).sum::<usize>();
+            assert_eq!(covered, n);
+        }
     }
 
     #[test]

@@ -62,6 +62,7 @@ pub const CAP_FSETID: u32 = 4;
 pub const CAP_SETGID: u32 = 6;
 pub const CAP_SETUID: u32 = 7;
 pub const CAP_SETPCAP: u32 = 8;
+pub const CAP_LINUX_IMMUTABLE: u32 = 9;
 pub const CAP_SYS_ADMIN: u32 = 21;
 pub const CAP_MKNOD: u32 = 27;
 pub const CAP_SETFCAP: u32 = 31;

@@ -345,6 +345,13 @@ pub struct Cli {
     #[arg(long)]
     pub no_killpriv_v2: bool,
 
+    /// Let the guest set host inode flags (chattr: FS_IOC_SETFLAGS, FS_IOC_FSSETXATTR), and
+    /// keep CAP_LINUX_IMMUTABLE for it. They change the host file for every host user
+    /// (`+i`, `+a` bind host root too), so by default only reading them (lsattr) is served
+    /// and a set that would change anything fails with EOPNOTSUPP.
+    #[arg(long)]
+    pub inode_flags: bool,
+
     /// Pass the guest's O_NOATIME on to the host. By default, as in virtiofsd, it is dropped
     /// (it fails with EPERM on files the daemon does not own without CAP_FOWNER).
     #[arg(long)]

@@ -12,6 +12,7 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use crate::dax::DaxWindow;
 use crate::host::caps;
 use crate::host::cli::Cli;
+use crate::host::keeper_link::KeeperLink;
 use crate::host::runfiles::RunFiles;
 use crate::host::sandbox::{self, Entered};
 use crate::host::startup::{self, capabilities_to_keep, signal_name, STOP_SIGNALS};
@@ -19,6 +20,12 @@ use crate::protocol::mapper::{Mapper, NoMapper};
 use crate::protocol::notify::{Notification, Notifier};
 use crate::protocol::server::{Server, ServerOptions, SessionState};
 use crate::transport::vhost_user::{BackendChannel, FsBackend, FsBackendConfig};
+
+/// The filesystem served: the host directory, behind the DAX coherence decorator.
+type ServedFs = crate::dax::coherent::Coherent<crate::passthrough::PassthroughFs>;
+
+/// The DAX window, whose backend channel is vhost-user's.
+type Window = Arc<DaxWindow<Backend>>;
 
 /// Gives the socket file to `group`.
 fn chown_socket_group(path: &std::path::Path, group: &str) -> io::Result<()> {
@@ -74,13 +81,10 @@ fn listen(cli: &Cli) -> io::Result<(Listener, Option<RunFiles>)> {
 /// `fs` keeps its own with `link` from now on. Returns the link and the kept session, for
 /// the server.
 fn take_back(
-    link: crate::host::keeper_link::KeeperLink,
+    link: KeeperLink,
     fs: &crate::passthrough::PassthroughFs,
     window: Option<&DaxWindow<Backend>>,
-) -> io::Result<(
-    Arc<crate::host::keeper_link::KeeperLink>,
-    Option<SessionState>,
-)> {
+) -> io::Result<(Arc<KeeperLink>, Option<SessionState>)> {
     let link = Arc::new(link);
     let mut entries = link.fetch()?;
     let session = entries
@@ -230,31 +234,16 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     let (_, caps_before, _) = caps::current()?;
     let keep = capabilities_to_keep(cli, caps_before)?;
 
-    let (mut listener, mut run_files) = listen(cli)?;
+    let (listener, run_files) = listen(cli)?;
     // Mapped before the sandbox, which keeps no inherited descriptor.
     let records = inherited_ring_records()?;
-    let keeper = crate::host::keeper_link::KeeperLink::inherited()?;
+    let keeper = KeeperLink::inherited()?;
 
     let maps = cli
         .user_ns_maps()
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let inside = match sandbox::enter(cli.sandbox, &shared_dir, &maps)? {
-        Entered::Supervisor(mut sup) => {
-            log::debug!("sandbox: serving process {} started", sup.child());
-            let exit = sup.wait()?;
-            drop(listener);
-            drop(run_files);
-            exit.exit_process()
-        }
-        Entered::Serving(inside) => inside,
-    };
-    if cli.sandbox == sandbox::Sandbox::Namespace {
-        // The supervisor owns the pid file and removes both files; no host descriptor
-        // stays open in the sandbox.
-        if let Some(f) = run_files.take() {
-            f.close_without_removing();
-        }
-    }
+    let (inside, listener, run_files) =
+        enter_sandbox(cli, &shared_dir, &maps, listener, run_files)?;
     // With --uid-map/--gid-map the daemon is (typically) root of its own user namespace: it
     // keeps the capabilities serving needs there (over that namespace only), to switch to
     // the guest's ids and set owners within the mapped ranges.
@@ -264,61 +253,20 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         keep
     };
     let stopper = Stopper::install()?;
-    // Host truncates of DAX-mapped files: the fanotify group needs CAP_SYS_ADMIN. A pooled
-    // window (the default) maps no host file, so it has nothing to watch.
-    let host_watch = (cli.dax_window > 0 && cli.dax_mapping == crate::dax::mode::MapMode::Direct)
-        .then(crate::dax::host_watch::init)
-        .flatten();
-    // Host changes for the guest (--notify): the group is made while capabilities last.
-    let notify = cli.wants_notify();
-    let watch_group = if notify {
-        crate::passthrough::open_watch_group()
-    } else {
-        None
-    };
-    caps::drop_to(keep)?;
-    let kept = keep.names();
-    log::debug!(
-        "sandbox {:?}; capabilities kept: {}",
-        cli.sandbox,
-        if kept.is_empty() {
-            "none".to_string()
-        } else {
-            kept.join(",")
-        }
-    );
+    let groups = WatchGroups::open(cli);
+    drop_capabilities(cli, keep)?;
 
     let dax_proc_fd = inside.proc_self_fd.try_clone()?;
     let fs = startup::passthrough_fs(cli, inside, |_| {})?;
-    let notifier = notify.then(|| Arc::new(Notifier::new(crate::protocol::notify::QUEUE_CAP)));
-    if let (Some(n), Some(group)) = (&notifier, watch_group) {
+    let notifier = cli
+        .wants_notify()
+        .then(|| Arc::new(Notifier::new(crate::protocol::notify::QUEUE_CAP)));
+    if let (Some(n), Some(group)) = (&notifier, groups.notify) {
         fs.watch_host(group, n.clone())?;
     }
-
-    let window: Option<Arc<DaxWindow<Backend>>> = match cli.dax_window {
-        0 => None,
-        size => Some(Arc::new(DaxWindow::new(size)?)),
-    };
-    let mapper: Arc<dyn Mapper> = match &window {
-        Some(w) => {
-            w.set_copy_mode(cli.dax_copy);
-            w.set_map_mode(cli.dax_mapping);
-            log::info!("{}", w.describe());
-            w.set_proc_self_fd(dax_proc_fd);
-            w.clone()
-        }
-        None => Arc::new(NoMapper),
-    };
+    let (window, mapper) = dax_window(cli, dax_proc_fd)?;
     if let (Some(n), Some(w)) = (&notifier, window.clone()) {
-        // A host write to a file the window holds (pooled, copied or shadowed bytes) reaches
-        // them at once, not at the guest's next sync point of the file.
-        n.set_observer(Box::new(move |note| {
-            if let Notification::InvalInode { node, off, .. } = note {
-                if *off >= 0 {
-                    crate::dax::coherent::Coherence::refresh(&*w, *node);
-                }
-            }
-        }));
+        refresh_window_on_host_writes(n, w);
     }
     let fs_wants = fs.init_wants();
     let keeper = keeper
@@ -340,31 +288,170 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         }
         server.set_keeper(link);
     }
-    let channel = window.clone().map(|w| w as Arc<dyn BackendChannel>);
+    let backend = fs_backend(cli, server, window.clone(), notifier, records)?;
+    if let Some(w) = &window {
+        start_window_threads(w, groups.host);
+    }
+    serve(
+        cli,
+        &shared_dir,
+        &stopper,
+        &backend,
+        listener,
+        run_files,
+        window,
+    )
+}
+
+/// Enters the sandbox of `cli`. A namespace sandbox forks: the supervising parent waits
+/// for the serving child and exits with it (never returns); the child goes on, without
+/// the run files' descriptors (the supervisor owns the pid file and removes both files).
+fn enter_sandbox(
+    cli: &Cli,
+    shared_dir: &std::path::Path,
+    maps: &sandbox::UserNsMaps,
+    listener: Listener,
+    mut run_files: Option<RunFiles>,
+) -> io::Result<(sandbox::Inside, Listener, Option<RunFiles>)> {
+    let inside = match sandbox::enter(cli.sandbox, shared_dir, maps)? {
+        Entered::Supervisor(mut sup) => {
+            log::debug!("sandbox: serving process {} started", sup.child());
+            let exit = sup.wait()?;
+            drop(listener);
+            drop(run_files);
+            exit.exit_process()
+        }
+        Entered::Serving(inside) => inside,
+    };
+    if cli.sandbox == sandbox::Sandbox::Namespace {
+        // No host descriptor stays open in the sandbox.
+        if let Some(f) = run_files.take() {
+            f.close_without_removing();
+        }
+    }
+    Ok((inside, listener, run_files))
+}
+
+/// The fanotify groups serving needs, made while the capabilities last.
+struct WatchGroups {
+    /// Host truncates of DAX-mapped files (needs CAP_SYS_ADMIN). A pooled window (the
+    /// default) maps no host file, so it has nothing to watch.
+    host: Option<crate::dax::host_watch::Group>,
+    /// Host changes for the guest (`--notify`).
+    notify: Option<std::os::fd::OwnedFd>,
+}
+
+impl WatchGroups {
+    fn open(cli: &Cli) -> Self {
+        let direct = cli.dax_window > 0 && cli.dax_mapping == crate::dax::mode::MapMode::Direct;
+        WatchGroups {
+            host: direct.then(crate::dax::host_watch::init).flatten(),
+            notify: if cli.wants_notify() {
+                crate::passthrough::open_watch_group()
+            } else {
+                None
+            },
+        }
+    }
+}
+
+/// Drops every capability but `keep`, and says which remain.
+fn drop_capabilities(cli: &Cli, keep: caps::CapSet) -> io::Result<()> {
+    caps::drop_to(keep)?;
+    let kept = keep.names();
+    log::debug!(
+        "sandbox {:?}; capabilities kept: {}",
+        cli.sandbox,
+        if kept.is_empty() {
+            "none".to_string()
+        } else {
+            kept.join(",")
+        }
+    );
+    Ok(())
+}
+
+/// The DAX window of `--dax-window` (none for 0) and the mapper the server maps through.
+fn dax_window(
+    cli: &Cli,
+    proc_self_fd: std::os::fd::OwnedFd,
+) -> io::Result<(Option<Window>, Arc<dyn Mapper>)> {
+    let window: Option<Window> = match cli.dax_window {
+        0 => None,
+        size => Some(Arc::new(DaxWindow::new(size)?)),
+    };
+    let mapper: Arc<dyn Mapper> = match &window {
+        Some(w) => {
+            w.set_copy_mode(cli.dax_copy);
+            w.set_map_mode(cli.dax_mapping);
+            log::info!("{}", w.describe());
+            w.set_proc_self_fd(proc_self_fd);
+            w.clone()
+        }
+        None => Arc::new(NoMapper),
+    };
+    Ok((window, mapper))
+}
+
+/// A host write to a file the window holds (pooled, copied or shadowed bytes) reaches
+/// them at once, not at the guest's next sync point of the file.
+fn refresh_window_on_host_writes(notifier: &Notifier, w: Window) {
+    notifier.set_observer(Box::new(move |note| {
+        if let Notification::InvalInode { node, off, .. } = note {
+            if *off >= 0 {
+                crate::dax::coherent::Coherence::refresh(&*w, *node);
+            }
+        }
+    }));
+}
+
+/// The vhost-user backend over `server`, with the window as its backend channel, the
+/// migration state and the ring records a holder kept.
+fn fs_backend(
+    cli: &Cli,
+    server: Arc<Server<ServedFs>>,
+    window: Option<Window>,
+    notify: Option<Arc<Notifier>>,
+    records: Option<crate::transport::ring_records::RingRecords>,
+) -> io::Result<Arc<FsBackend<ServedFs>>> {
+    let channel = window.map(|w| w as Arc<dyn BackendChannel>);
     let cfg = FsBackendConfig {
         tag: cli.tag.clone(),
         request_queues: cli.queues,
         thread_pool_size: cli.thread_pool_size,
-        notify: notifier,
+        notify,
     };
     let migration = crate::migration::Migration::new(server.state_host(cli.migration_options()));
     let mut backend = FsBackend::new(server, &cfg, channel)?.with_device_state(Arc::new(migration));
     if let Some(records) = records {
         backend = backend.with_ring_records(Arc::new(records));
     }
-    let backend = Arc::new(backend);
+    Ok(Arc::new(backend))
+}
 
-    if let Some(w) = window.clone() {
-        startup::spawn_sigusr1_reporter(move || log::info!("{}", w.stats()));
+/// The window's own threads: the SIGUSR1 statistics reporter, the periodic write-back of
+/// shadow tails (bounds what a SIGKILL can lose of guest stores into them) and the watch
+/// of host truncates.
+fn start_window_threads(w: &Window, host: Option<crate::dax::host_watch::Group>) {
+    let stats = w.clone();
+    startup::spawn_sigusr1_reporter(move || log::info!("{}", stats.stats()));
+    w.spawn_writeback(crate::dax::WRITEBACK_PERIOD);
+    if let Some(group) = host {
+        w.watch_host(group);
     }
-    if let Some(w) = &window {
-        // Bounds what a SIGKILL can lose of guest stores into shadow tails.
-        w.spawn_writeback(crate::dax::WRITEBACK_PERIOD);
-        if let Some(group) = host_watch {
-            w.watch_host(group);
-        }
-    }
+}
 
+/// Installs seccomp, waits for the frontend and serves it until it disconnects or a stop
+/// signal comes; then ends the session cleanly.
+fn serve(
+    cli: &Cli,
+    shared_dir: &std::path::Path,
+    stopper: &Stopper,
+    backend: &Arc<FsBackend<ServedFs>>,
+    mut listener: Listener,
+    run_files: Option<RunFiles>,
+    window: Option<Window>,
+) -> io::Result<()> {
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
     let mut daemon = VhostUserDaemon::new("daxfsd".to_string(), backend.clone(), mem)
         .map_err(|e| io::Error::other(format!("cannot create the vhost-user daemon: {e}")))?;
@@ -399,19 +486,7 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         .map_err(|e| io::Error::other(format!("vhost-user connection failed: {e}")))?;
     stopper.connected(daemon.shutdown_handle());
     log::info!("frontend connected");
-    let result = match daemon.wait() {
-        _ if stopper.signal().is_some() => Ok(()),
-        Ok(())
-        | Err(vhost_user_backend::Error::HandleRequest(
-            vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
-        )) => {
-            log::info!("frontend disconnected, exiting");
-            Ok(())
-        }
-        Err(e) => Err(io::Error::other(format!(
-            "vhost-user session ended with an error: {e}"
-        ))),
-    };
+    let result = session_end(stopper, daemon.wait());
     for handler in daemon.get_epoll_handlers() {
         handler.send_exit_event();
     }
@@ -428,4 +503,22 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     }
     drop(run_files);
     result
+}
+
+/// How the session ended, as `run`'s result: a stop signal or the frontend's disconnect is
+/// a clean end.
+fn session_end(stopper: &Stopper, waited: vhost_user_backend::Result<()>) -> io::Result<()> {
+    match waited {
+        _ if stopper.signal().is_some() => Ok(()),
+        Ok(())
+        | Err(vhost_user_backend::Error::HandleRequest(
+            vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+        )) => {
+            log::info!("frontend disconnected, exiting");
+            Ok(())
+        }
+        Err(e) => Err(io::Error::other(format!(
+            "vhost-user session ended with an error: {e}"
+        ))),
+    }
 }

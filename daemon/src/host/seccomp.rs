@@ -228,10 +228,35 @@ fn conditional_rules() -> Result<Vec<(libc::c_long, Vec<SeccompRule>)>, seccompi
             )?])?],
         ),
         // FUSE passthrough on a host mount (--mount): registering and dropping backing
-        // files on the /dev/fuse connection; no other ioctl.
+        // files on the /dev/fuse connection; the inode-flag ioctls of FUSE_IOCTL
+        // (`protocol::ioctl`); no other ioctl.
         (
             libc::SYS_ioctl,
             vec![
+                rule(vec![SeccompCondition::new(
+                    1,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::Eq,
+                    crate::protocol::ioctl::FS_IOC_GETFLAGS.into(),
+                )?])?,
+                rule(vec![SeccompCondition::new(
+                    1,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::Eq,
+                    crate::protocol::ioctl::FS_IOC_SETFLAGS.into(),
+                )?])?,
+                rule(vec![SeccompCondition::new(
+                    1,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::Eq,
+                    crate::protocol::ioctl::FS_IOC_FSGETXATTR.into(),
+                )?])?,
+                rule(vec![SeccompCondition::new(
+                    1,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::Eq,
+                    crate::protocol::ioctl::FS_IOC_FSSETXATTR.into(),
+                )?])?,
                 rule(vec![SeccompCondition::new(
                     1,
                     SeccompCmpArgLen::Dword,

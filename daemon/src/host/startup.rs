@@ -62,6 +62,10 @@ pub fn capabilities_to_keep(cli: &Cli, had: CapSet) -> io::Result<CapSet> {
         // `--modcaps=-dac_read_search` removes it again and `prefer` then keeps descriptors).
         base = CapSet(base.0 | (1u64 << caps::CAP_DAC_READ_SEARCH));
     }
+    if cli.inode_flags {
+        // Setting or clearing the immutable and append-only flags on the host needs it.
+        base = CapSet(base.0 | (1u64 << caps::CAP_LINUX_IMMUTABLE));
+    }
     let want = match &cli.modcaps {
         Some(spec) => base
             .modify(spec)
@@ -181,6 +185,7 @@ pub fn passthrough_config(cli: &Cli) -> io::Result<passthrough::Config> {
             crate::host::cli::InodeFileHandles::Prefer => passthrough::FileHandleMode::Prefer,
             crate::host::cli::InodeFileHandles::Mandatory => passthrough::FileHandleMode::Mandatory,
         },
+        inode_flags: cli.inode_flags,
     })
 }
 

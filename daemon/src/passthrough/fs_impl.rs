@@ -124,6 +124,8 @@ filesystem_impl! {
     }
     fn access(&self, ctx, inode, mask) { self.do_access(ctx, inode, mask) }
 
+    fn fileattr(&self, _, inode, handle, request) { self.do_fileattr(inode, handle, request) }
+
     fn backing_fd(&self, inode, handle) { Ok(Box::new(self.handles.get_file(inode, handle)?)) }
     fn setupmapping(&self, _, inode, handle, foffset, len, moffset, writable, mapper) {
         self.do_setupmapping(inode, handle, foffset, len, moffset, writable, mapper)

@@ -41,6 +41,7 @@ mod dir_ops;
 mod entry_ops;
 pub mod fhandle;
 mod file_ops;
+mod fileattr;
 mod fs_impl;
 mod handle;
 pub mod idmap;
@@ -147,6 +148,9 @@ pub struct Config {
     pub gid_map: idmap::IdMap,
     /// Keep inodes as file handles (see [`FileHandleMode`]).
     pub inode_file_handles: FileHandleMode,
+    /// Let the guest set host inode flags (`chattr`, FS_IOC_SETFLAGS/FSSETXATTR; see
+    /// [`fileattr`]). Off by default: reading them is always served.
+    pub inode_flags: bool,
 }
 
 impl Default for Config {
@@ -171,6 +175,7 @@ impl Default for Config {
             uid_map: idmap::IdMap::default(),
             gid_map: idmap::IdMap::default(),
             inode_file_handles: FileHandleMode::Never,
+            inode_flags: false,
         }
     }
 }

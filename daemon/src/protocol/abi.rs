@@ -678,6 +678,57 @@ pub struct SyncfsIn {
     pub padding: u64,
 }
 
+/// `fuse_ioctl_in`; `in_size` bytes of argument follow.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IoctlIn {
+    pub fh: u64,
+    /// `ioctl_flags::*`.
+    pub flags: u32,
+    pub cmd: u32,
+    pub arg: u64,
+    pub in_size: u32,
+    pub out_size: u32,
+}
+
+/// `fuse_ioctl_out`; the `out_size` bytes of the result follow.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IoctlOut {
+    pub result: i32,
+    pub flags: u32,
+    pub in_iovs: u32,
+    pub out_iovs: u32,
+}
+
+/// `FUSE_IOCTL_*` request flags.
+pub mod ioctl_flags {
+    /// A 32-bit (compat) caller.
+    pub const COMPAT: u32 = 1 << 0;
+    /// Not restricted to the sizes the command encodes (CUSE only; never virtio-fs).
+    pub const UNRESTRICTED: u32 = 1 << 1;
+    /// In a reply: retry with other buffers (refused by the kernel when restricted).
+    pub const RETRY: u32 = 1 << 2;
+    /// A 32-bit kernel.
+    pub const BIT32: u32 = 1 << 3;
+    /// The handle is a directory's.
+    pub const DIR: u32 = 1 << 4;
+    /// An x32 caller.
+    pub const COMPAT_X32: u32 = 1 << 5;
+}
+
+/// `struct fsxattr` (`FS_IOC_FSGETXATTR` / `FS_IOC_FSSETXATTR`).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Fsxattr {
+    pub xflags: u32,
+    pub extsize: u32,
+    pub nextents: u32,
+    pub projid: u32,
+    pub cowextsize: u32,
+    pub pad: [u8; 8],
+}
+
 /// virtio-fs device configuration space (`struct virtio_fs_config`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -720,7 +771,7 @@ wire_structs! {
     AccessIn = 8, InitIn = 64, InitOut = 64, InterruptIn = 8, InHeader = 40, OutHeader = 16,
     Dirent = 24, DirentPlus = 152, FallocateIn = 32, LseekIn = 24, LseekOut = 8,
     CopyFileRangeIn = 56, SetupmappingIn = 40, RemovemappingIn = 4, RemovemappingOne = 16,
-    SyncfsIn = 8, VirtioFsConfig = 44,
+    SyncfsIn = 8, VirtioFsConfig = 44, IoctlIn = 32, IoctlOut = 16, Fsxattr = 28,
 }
 
 /// Size of a directory entry record with a name of `namelen` bytes, padded to 8 bytes.

@@ -595,6 +595,21 @@ macro_rules! with_filesystem_methods {
             enosys()
         }
 
+        /// IOCTL, the inode-flag commands only (decoded and bounded by
+        /// `protocol::ioctl`): read or change the `FS_*_FL` word or the `fsxattr` of
+        /// `inode` through its open `handle` (file or directory). A get answers with the
+        /// matching [`crate::protocol::ioctl::FileAttrReply`], a set with `Done`. The
+        /// default is `ENOTTY`, what a file system without these ioctls answers.
+        fn fileattr(
+            &self,
+            ctx: &Context,
+            inode: Inode,
+            handle: Handle,
+            request: crate::protocol::ioctl::FileAttrRequest,
+        ) -> io::Result<crate::protocol::ioctl::FileAttrReply> {
+            Err(io::Error::from_raw_os_error(libc::ENOTTY))
+        }
+
         // --- Host-side seams (not FUSE requests of their own) ---
 
         /// The host descriptor behind open `handle` of `inode`, for FUSE passthrough: the
@@ -855,6 +870,12 @@ pub(crate) mod tests {
         let _ = fs.getlk(&ctx, 2, 3, 7, lock);
         let _ = fs.setlk(&ctx, 2, 3, 7, lock, false, true);
         let _ = fs.access(&ctx, 2, libc::R_OK as u32);
+        let _ = fs.fileattr(
+            &ctx,
+            2,
+            3,
+            crate::protocol::ioctl::FileAttrRequest::GetFlags,
+        );
         let _ = fs.backing_fd(2, 3);
         let _ = fs.setupmapping(&ctx, 2, 3, 0, 4096, 0, false, &NoMapper);
     }
@@ -872,7 +893,7 @@ pub(crate) mod tests {
         unique.sort_unstable();
         unique.dedup();
         assert_eq!(unique.len(), METHODS.len());
-        assert_eq!(METHODS.len(), 43);
+        assert_eq!(METHODS.len(), 44);
     }
 
     /// A decorator that writes nothing itself forwards everything, results included.

@@ -6,6 +6,7 @@ pub mod abi;
 pub mod backing;
 pub mod filesystem;
 pub mod iobuf;
+pub mod ioctl;
 pub mod keeper;
 pub mod mapper;
 pub mod notify;

@@ -6,7 +6,6 @@
 //! with checked arithmetic; a malformed request gets an errno reply (or, when even its header
 //! is unreadable, is dropped) and a log line, and the server goes on with the next one.
 
-use std::ffi::CStr;
 use std::io;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -15,11 +14,16 @@ use std::time::Duration;
 use vm_memory::ByteValued;
 
 use crate::migration::format::{Codec, Dec, Enc};
-use crate::protocol::abi::{self, opcode as op, *};
+use crate::protocol::abi::{opcode as op, *};
 use crate::protocol::backing::{Passthrough as FusePassthrough, Stats as FusePassthroughStats};
-use crate::protocol::filesystem::{Context, DirEntry, Entry, FileSystem, InitCaps, XattrReply};
+use crate::protocol::filesystem::{Context, Entry, FileSystem, InitCaps, XattrReply};
 use crate::protocol::iobuf::{Reader, Writer};
 use crate::protocol::mapper::Mapper;
+
+mod attr_ops;
+mod decode;
+mod entry_ops;
+mod file_ops;
 
 const IN_HEADER_LEN: usize = std::mem::size_of::<InHeader>();
 const OUT_HEADER_LEN: usize = std::mem::size_of::<OutHeader>();
@@ -610,43 +614,6 @@ impl<F: FileSystem> Server<F> {
         Ok(ext_area)
     }
 
-    /// The security context a creating request carries (parsed before the create, so a
-    /// malformed extension creates nothing).
-    fn secctx(&self, req: &Req) -> io::Result<Option<crate::protocol::secctx::SecCtx>> {
-        if req.ext.is_empty() {
-            return Ok(None);
-        }
-        crate::protocol::secctx::parse(&req.ext)
-            .inspect_err(|_| log::warn!("unique={}: bad request extension", req.unique))
-    }
-
-    /// Sets the security context on a new inode, as virtiofsd does without SELinux's
-    /// fscreate: after the create (not atomic; the guest sees the inode only with the
-    /// reply). If that fails the create is undone (`undo`, then FORGET of the entry) and
-    /// the error returned, so the guest never gets an unlabelled inode.
-    fn label(
-        &self,
-        req: &Req,
-        sec: Option<crate::protocol::secctx::SecCtx>,
-        e: &Entry,
-        undo: impl FnOnce(),
-    ) -> io::Result<()> {
-        let Some(sec) = sec else { return Ok(()) };
-        let set = self
-            .fs
-            .setxattr(&req.ctx, e.inode, &sec.name, &sec.value, 0, 0);
-        if let Err(ref err) = set {
-            log::warn!(
-                "unique={}: cannot set {:?} on the new inode: {err}; create undone",
-                req.unique,
-                sec.name
-            );
-            undo();
-            self.fs.forget(&req.ctx, e.inode, 1);
-        }
-        set
-    }
-
     /// Requests that never get a reply may come without a writable buffer.
     fn dispatch_no_reply(&self, opcode: u32, req: &Req, r: &mut Reader) -> HandlerResult {
         match opcode {
@@ -664,292 +631,64 @@ impl<F: FileSystem> Server<F> {
         }
     }
 
+    /// One arm per opcode, each its handler (in `entry_ops`, `file_ops`, `attr_ops`).
     fn dispatch(&self, opcode: u32, req: &Req, r: &mut Reader, w: &mut Writer) -> HandlerResult {
-        let (ctx, ino) = (&req.ctx, req.nodeid);
-        let fs = &self.fs;
         match opcode {
             op::INIT => self.init(r, w),
-            op::DESTROY => {
-                self.reset();
-                Ok(Reply::Body)
-            }
+            op::DESTROY => self.destroy(),
             op::FORGET | op::BATCH_FORGET | op::INTERRUPT => self.dispatch_no_reply(opcode, req, r),
-            op::LOOKUP => self.entry(w, fs.lookup(ctx, ino, &one_name(r)?)?),
-            op::GETATTR => {
-                let a: GetattrIn = r.read_obj()?;
-                let fh = (a.flags & GETATTR_FH != 0).then_some(a.fh);
-                self.attr(w, fs.getattr(ctx, ino, fh)?)
-            }
-            op::SETATTR => {
-                let a: SetattrIn = r.read_obj()?;
-                let fh = (a.valid & fattr::FH != 0).then_some(a.fh);
-                self.attr(w, fs.setattr(ctx, ino, &a, fh)?)
-            }
-            op::READLINK => {
-                let target = fs.readlink(ctx, ino)?;
-                w.write_all(&target)?;
-                Ok(Reply::Body)
-            }
-            op::SYMLINK => {
-                let rest = r.read_vec(r.available())?;
-                let (name, rest) = split_cstr(&rest)?;
-                let (target, rest) = split_cstr(rest)?;
-                check_component(name)?;
-                check_empty(rest)?;
-                if target.to_bytes().is_empty() || target.to_bytes().len() >= PATH_MAX {
-                    return Err(err(libc::ENAMETOOLONG));
-                }
-                let sec = self.secctx(req)?;
-                let e = fs.symlink(ctx, target, ino, name)?;
-                self.label(req, sec, &e, || {
-                    let _ = fs.unlink(ctx, ino, name);
-                })?;
-                self.entry(w, e)
-            }
-            op::MKNOD => {
-                let a: MknodIn = r.read_obj()?;
-                let (name, sec) = (one_name(r)?, self.secctx(req)?);
-                let e = fs.mknod(ctx, ino, &name, a.mode, a.rdev, a.umask)?;
-                self.label(req, sec, &e, || {
-                    let _ = fs.unlink(ctx, ino, &name);
-                })?;
-                self.entry(w, e)
-            }
-            op::MKDIR => {
-                let a: MkdirIn = r.read_obj()?;
-                let (name, sec) = (one_name(r)?, self.secctx(req)?);
-                let e = fs.mkdir(ctx, ino, &name, a.mode, a.umask)?;
-                self.label(req, sec, &e, || {
-                    let _ = fs.rmdir(ctx, ino, &name);
-                })?;
-                self.entry(w, e)
-            }
-            op::UNLINK => empty(fs.unlink(ctx, ino, &one_name(r)?)),
-            op::RMDIR => empty(fs.rmdir(ctx, ino, &one_name(r)?)),
-            op::RENAME => {
-                let a: RenameIn = r.read_obj()?;
-                let (old, new) = two_names(r)?;
-                empty(fs.rename(ctx, ino, &old, a.newdir, &new, 0))
-            }
-            op::RENAME2 => {
-                let a: Rename2In = r.read_obj()?;
-                let (old, new) = two_names(r)?;
-                empty(fs.rename(ctx, ino, &old, a.newdir, &new, a.flags))
-            }
-            op::LINK => {
-                let a: LinkIn = r.read_obj()?;
-                self.entry(w, fs.link(ctx, a.oldnodeid, ino, &one_name(r)?)?)
-            }
-            op::OPEN => {
-                let a: OpenIn = r.read_obj()?;
-                let (fh, flags) = fs.open(ctx, ino, a.flags, a.open_flags)?;
-                let out = open_out(fh, flags, self.pass_through(ino, fh));
-                obj(w, &out)
-            }
-            op::OPENDIR => {
-                let a: OpenIn = r.read_obj()?;
-                let (fh, flags) = fs.opendir(ctx, ino, a.flags)?;
-                obj(w, &open_out(fh, flags, None))
-            }
-            op::CREATE => {
-                let a: CreateIn = r.read_obj()?;
-                let (name, mut sec) = (one_name(r)?, self.secctx(req)?);
-                let create =
-                    |flags| fs.create(ctx, ino, &name, a.mode, flags, a.umask, a.open_flags);
-                // Only a file created here is labelled (and removed if that fails): with a
-                // context, create exclusively; an existing file is then opened unlabelled.
-                let excl = libc::O_EXCL as u32;
-                let (e, fh, flags) = match sec.is_some() && a.flags & excl == 0 {
-                    false => create(a.flags)?,
-                    true => match create(a.flags | excl) {
-                        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                            sec = None;
-                            create(a.flags)?
-                        }
-                        other => other?,
-                    },
-                };
-                self.label(req, sec, &e, || {
-                    let _ = fs.release(ctx, e.inode, fh, false, 0);
-                    let _ = fs.unlink(ctx, ino, &name);
-                })?;
-                w.write_obj(&self.entry_out(&e))?;
-                obj(w, &open_out(fh, flags, self.pass_through(e.inode, fh)))
-            }
-            op::TMPFILE => {
-                let a: CreateIn = r.read_obj()?;
-                // The client sends a placeholder name; it only has to be well formed.
-                let rest = r.read_vec(r.available())?;
-                check_empty(split_cstr(&rest)?.1)?;
-                let sec = self.secctx(req)?;
-                let (e, fh, flags) = fs.tmpfile(ctx, ino, a.mode, a.flags, a.umask)?;
-                self.label(req, sec, &e, || {
-                    let _ = fs.release(ctx, e.inode, fh, false, 0);
-                })?;
-                w.write_obj(&self.entry_out(&e))?;
-                obj(w, &open_out(fh, flags, self.pass_through(e.inode, fh)))
-            }
-            op::READ => {
-                let a: ReadIn = r.read_obj()?;
-                self.check_io_size(a.size)?;
-                if (a.size as usize) > w.available() {
-                    return Err(err(libc::ENOBUFS));
-                }
-                fs.read(ctx, ino, a.fh, w, a.size, a.offset)?;
-                Ok(Reply::Body)
-            }
-            op::WRITE => {
-                let a: WriteIn = r.read_obj()?;
-                self.check_io_size(a.size)?;
-                if a.size as usize != r.available() {
-                    log::warn!(
-                        "WRITE of {} bytes carries {} bytes of data",
-                        a.size,
-                        r.available()
-                    );
-                    return Err(einval());
-                }
-                let kill = a.write_flags & WRITE_KILL_SUIDGID != 0;
-                let n = fs.write(ctx, ino, a.fh, r, a.size, a.offset, kill)?;
-                obj(
-                    w,
-                    &WriteOut {
-                        size: u32::try_from(n).map_err(|_| einval())?,
-                        padding: 0,
-                    },
-                )
-            }
-            op::STATFS => obj(
-                w,
-                &StatfsOut {
-                    st: fs.statfs(ctx, ino)?,
-                },
-            ),
-            op::RELEASE => {
-                let a: ReleaseIn = r.read_obj()?;
-                let flock = a.release_flags & RELEASE_FLOCK_UNLOCK != 0;
-                if let Some(p) = &self.fuse_passthrough {
-                    p.released(a.fh);
-                }
-                empty(fs.release(ctx, ino, a.fh, flock, a.lock_owner))
-            }
-            op::RELEASEDIR => {
-                let a: ReleaseIn = r.read_obj()?;
-                empty(fs.releasedir(ctx, ino, a.fh))
-            }
-            op::FSYNC | op::FSYNCDIR => {
-                let a: FsyncIn = r.read_obj()?;
-                let datasync = a.fsync_flags & FSYNC_FDATASYNC != 0;
-                if opcode == op::FSYNC {
-                    empty(fs.fsync(ctx, ino, datasync, a.fh))
-                } else {
-                    empty(fs.fsyncdir(ctx, ino, datasync, a.fh))
-                }
-            }
-            op::FLUSH => {
-                let a: FlushIn = r.read_obj()?;
-                empty(fs.flush(ctx, ino, a.fh, a.lock_owner))
-            }
-            op::SETXATTR => self.setxattr(req, r),
-            op::GETXATTR => {
-                let a: GetxattrIn = r.read_obj()?;
-                let rest = r.read_vec(r.available())?;
-                let (name, rest) = split_cstr(&rest)?;
-                check_xattr_name(name)?;
-                check_empty(rest)?;
-                xattr(w, a.size, fs.getxattr(ctx, ino, name, a.size)?)
-            }
-            op::LISTXATTR => {
-                let a: GetxattrIn = r.read_obj()?;
-                xattr(w, a.size, fs.listxattr(ctx, ino, a.size)?)
-            }
-            op::REMOVEXATTR => {
-                let rest = r.read_vec(r.available())?;
-                let (name, rest) = split_cstr(&rest)?;
-                check_xattr_name(name)?;
-                check_empty(rest)?;
-                empty(fs.removexattr(ctx, ino, name))
-            }
-            op::READDIR | op::READDIRPLUS => self.readdir(req, r, w, opcode == op::READDIRPLUS),
-            op::GETLK => {
-                let a: LkIn = r.read_obj()?;
-                obj(
-                    w,
-                    &LkOut {
-                        lk: fs.getlk(ctx, ino, a.fh, a.owner, a.lk)?,
-                    },
-                )
-            }
-            op::SETLK | op::SETLKW => {
-                let a: LkIn = r.read_obj()?;
-                let flock = a.lk_flags & LK_FLOCK != 0;
-                empty(fs.setlk(ctx, ino, a.fh, a.owner, a.lk, flock, opcode == op::SETLKW))
-            }
-            op::ACCESS => {
-                let a: AccessIn = r.read_obj()?;
-                empty(fs.access(ctx, ino, a.mask))
-            }
-            op::FALLOCATE => {
-                let a: FallocateIn = r.read_obj()?;
-                empty(fs.fallocate(ctx, ino, a.fh, a.mode, a.offset, a.length))
-            }
-            op::LSEEK => {
-                let a: LseekIn = r.read_obj()?;
-                obj(
-                    w,
-                    &LseekOut {
-                        offset: fs.lseek(ctx, ino, a.fh, a.offset, a.whence)?,
-                    },
-                )
-            }
-            op::COPY_FILE_RANGE => {
-                let a: CopyFileRangeIn = r.read_obj()?;
-                // The reply carries a 32-bit count: never copy more than fits.
-                let len = a.len.min(u64::from(u32::MAX) & !u64::from(PAGE_SIZE - 1));
-                let n = fs.copy_file_range(
-                    ctx,
-                    ino,
-                    a.fh_in,
-                    a.off_in,
-                    a.nodeid_out,
-                    a.fh_out,
-                    a.off_out,
-                    len,
-                    a.flags,
-                )?;
-                obj(
-                    w,
-                    &WriteOut {
-                        size: u32::try_from(n).map_err(|_| einval())?,
-                        padding: 0,
-                    },
-                )
-            }
-            op::SYNCFS => {
-                let _: SyncfsIn = r.read_obj()?;
-                empty(fs.syncfs(ctx, ino))
-            }
-            op::SETUPMAPPING => {
-                let a: SetupmappingIn = r.read_obj()?;
-                let writable = a.flags & SETUPMAPPING_FLAG_WRITE != 0;
-                empty(fs.setupmapping(
-                    ctx,
-                    ino,
-                    a.fh,
-                    a.foffset,
-                    a.len,
-                    a.moffset,
-                    writable,
-                    self.mapper.as_ref(),
-                ))
-            }
-            op::REMOVEMAPPING => self.removemapping(r),
-            op::IOCTL => Err(err(libc::ENOTTY)),
+            op::LOOKUP => self.lookup(req, r, w),
+            op::GETATTR => self.getattr(req, r, w),
+            op::SETATTR => self.setattr(req, r, w),
+            op::READLINK => self.readlink(req, r, w),
+            op::SYMLINK => self.symlink(req, r, w),
+            op::MKNOD => self.mknod(req, r, w),
+            op::MKDIR => self.mkdir(req, r, w),
+            op::UNLINK => self.unlink(req, r, w),
+            op::RMDIR => self.rmdir(req, r, w),
+            op::RENAME => self.rename(req, r, w),
+            op::RENAME2 => self.rename2(req, r, w),
+            op::LINK => self.link(req, r, w),
+            op::OPEN => self.open(req, r, w),
+            op::OPENDIR => self.opendir(req, r, w),
+            op::CREATE => self.create(req, r, w),
+            op::TMPFILE => self.tmpfile(req, r, w),
+            op::READ => self.read(req, r, w),
+            op::WRITE => self.write(req, r, w),
+            op::STATFS => self.statfs(req, r, w),
+            op::RELEASE => self.release(req, r, w),
+            op::RELEASEDIR => self.releasedir(req, r, w),
+            op::FSYNC => self.fsync(req, r, w),
+            op::FSYNCDIR => self.fsyncdir(req, r, w),
+            op::FLUSH => self.flush(req, r, w),
+            op::SETXATTR => self.setxattr(req, r, w),
+            op::GETXATTR => self.getxattr(req, r, w),
+            op::LISTXATTR => self.listxattr(req, r, w),
+            op::REMOVEXATTR => self.removexattr(req, r, w),
+            op::READDIR => self.readdir(req, r, w),
+            op::READDIRPLUS => self.readdirplus(req, r, w),
+            op::GETLK => self.getlk(req, r, w),
+            op::SETLK => self.setlk(req, r, w),
+            op::SETLKW => self.setlkw(req, r, w),
+            op::ACCESS => self.access(req, r, w),
+            op::FALLOCATE => self.fallocate(req, r, w),
+            op::LSEEK => self.lseek(req, r, w),
+            op::COPY_FILE_RANGE => self.copy_file_range(req, r, w),
+            op::SYNCFS => self.syncfs(req, r, w),
+            op::SETUPMAPPING => self.setupmapping(req, r, w),
+            op::REMOVEMAPPING => self.removemapping(req, r, w),
+            op::IOCTL => self.ioctl(req, r, w),
             _ => {
                 log::debug!("unsupported opcode {opcode} ({})", op::name(opcode));
                 Err(err(libc::ENOSYS))
             }
         }
+    }
+
+    /// DESTROY: the session ends.
+    fn destroy(&self) -> HandlerResult {
+        self.reset();
+        Ok(Reply::Body)
     }
 
     /// The largest payload (after the header, before extensions) a request with `opcode` may
@@ -1083,137 +822,6 @@ impl<F: FileSystem> Server<F> {
         obj(w, &out)
     }
 
-    fn forget(&self, req: &Req, r: &mut Reader) -> HandlerResult {
-        let a: ForgetIn = r.read_obj()?;
-        self.fs.forget(&req.ctx, req.nodeid, a.nlookup);
-        Ok(Reply::None)
-    }
-
-    fn batch_forget(&self, req: &Req, r: &mut Reader) -> HandlerResult {
-        let a: BatchForgetIn = r.read_obj()?;
-        let len = (a.count as usize).checked_mul(std::mem::size_of::<ForgetOne>());
-        if len != Some(r.available()) {
-            log::warn!(
-                "BATCH_FORGET count {} does not match {} bytes",
-                a.count,
-                r.available()
-            );
-            return Err(einval());
-        }
-        let mut items = Vec::with_capacity(a.count as usize);
-        for _ in 0..a.count {
-            let one: ForgetOne = r.read_obj()?;
-            items.push((one.nodeid, one.nlookup));
-        }
-        self.fs.batch_forget(&req.ctx, &items);
-        Ok(Reply::None)
-    }
-
-    fn setxattr(&self, req: &Req, r: &mut Reader) -> HandlerResult {
-        let ext = self.session.flags.load(Ordering::Relaxed) & init_flags::SETXATTR_EXT != 0;
-        let mut a = SetxattrIn::default();
-        let n = if ext {
-            std::mem::size_of::<SetxattrIn>()
-        } else {
-            COMPAT_SETXATTR_IN_SIZE
-        };
-        r.read_exact(&mut a.as_mut_slice()[..n])?;
-        let rest = r.read_vec(r.available())?;
-        let (name, value) = split_cstr(&rest)?;
-        check_xattr_name(name)?;
-        if a.size as usize > XATTR_SIZE_MAX {
-            return Err(err(libc::E2BIG));
-        }
-        if value.len() != a.size as usize {
-            return Err(einval());
-        }
-        // Without FUSE_SETXATTR_EXT the compat struct ends before `setxattr_flags` (left 0).
-        let (ctx, ino, ext_flags) = (&req.ctx, req.nodeid, a.setxattr_flags);
-        empty(self.fs.setxattr(ctx, ino, name, value, a.flags, ext_flags))
-    }
-
-    fn readdir(&self, req: &Req, r: &mut Reader, w: &mut Writer, plus: bool) -> HandlerResult {
-        let a: ReadIn = r.read_obj()?;
-        self.check_io_size(a.size)?;
-        let mut budget = (a.size as usize).min(w.available());
-        let fixed = if plus {
-            std::mem::size_of::<DirentPlus>()
-        } else {
-            std::mem::size_of::<Dirent>()
-        };
-        let mut add = |d: DirEntry, e: Option<&Entry>| -> io::Result<bool> {
-            if d.name.is_empty() || d.name.len() > NAME_MAX {
-                return Err(err(libc::EIO));
-            }
-            let size = abi::dirent_size(fixed, d.name.len()).ok_or_else(einval)?;
-            if size > budget {
-                return Ok(false);
-            }
-            let dirent = Dirent {
-                ino: d.ino,
-                off: d.offset,
-                namelen: d.name.len() as u32,
-                typ: d.typ,
-            };
-            if plus {
-                let entry_out = e.map(|e| self.entry_out(e)).unwrap_or_default();
-                w.write_obj(&DirentPlus { entry_out, dirent })?;
-            } else {
-                w.write_obj(&dirent)?;
-            }
-            w.write_all(d.name)?;
-            let pad = size - fixed - d.name.len();
-            w.write_all(&[0u8; 8][..pad])?;
-            budget -= size;
-            Ok(true)
-        };
-        self.fs
-            .readdir(&req.ctx, req.nodeid, a.fh, a.offset, plus, &mut add)?;
-        Ok(Reply::Body)
-    }
-
-    fn removemapping(&self, r: &mut Reader) -> HandlerResult {
-        let a: RemovemappingIn = r.read_obj()?;
-        let len = (a.count as usize).checked_mul(std::mem::size_of::<RemovemappingOne>());
-        if a.count == 0 || len != Some(r.available()) {
-            log::warn!(
-                "REMOVEMAPPING count {} does not match {} bytes",
-                a.count,
-                r.available()
-            );
-            return Err(einval());
-        }
-        let mut ranges = Vec::with_capacity(a.count as usize);
-        for _ in 0..a.count {
-            ranges.push(r.read_obj::<RemovemappingOne>()?);
-        }
-        // Every range is checked before any is unmapped: a malformed request changes nothing.
-        let size = self.mapper.window_size();
-        let align = 1u64 << MAP_ALIGNMENT_LOG2;
-        if size > 0 {
-            if let Some(bad) = ranges.iter().find(|one| {
-                one.len == 0
-                    || one.moffset % align != 0
-                    || one.len % align != 0
-                    || !matches!(one.moffset.checked_add(one.len), Some(end) if end <= size)
-            }) {
-                log::warn!(
-                    "REMOVEMAPPING of {:#x}+{:#x}: not a range of the {size:#x}-byte window",
-                    bad.moffset,
-                    bad.len
-                );
-                return Err(einval());
-            }
-        }
-        let mut first_err = None;
-        for one in ranges {
-            if let Err(e) = self.mapper.unmap(one.moffset, one.len) {
-                first_err.get_or_insert(e);
-            }
-        }
-        first_err.map_or(Ok(Reply::Body), Err)
-    }
-
     /// Marks a regular file for per-inode DAX when the session negotiated it and the
     /// policy picks the file.
     fn apply_dax_policy(&self, attr: &mut Attr) {
@@ -1325,69 +933,4 @@ fn xattr(w: &mut Writer, size: u32, reply: XattrReply) -> HandlerResult {
             Ok(Reply::Body)
         }
     }
-}
-
-/// Splits a NUL-terminated string off the front of `buf`.
-fn split_cstr(buf: &[u8]) -> io::Result<(&CStr, &[u8])> {
-    let nul = buf.iter().position(|&b| b == 0).ok_or_else(|| {
-        log::warn!("string without NUL terminator");
-        einval()
-    })?;
-    let s = CStr::from_bytes_with_nul(&buf[..=nul]).map_err(|_| einval())?;
-    Ok((s, &buf[nul + 1..]))
-}
-
-fn check_empty(rest: &[u8]) -> io::Result<()> {
-    if rest.is_empty() {
-        Ok(())
-    } else {
-        log::warn!("{} unexpected trailing bytes", rest.len());
-        Err(einval())
-    }
-}
-
-/// A name must be one path component: non-empty, no `/`, at most `NAME_MAX` bytes.
-fn check_component(name: &CStr) -> io::Result<()> {
-    let b = name.to_bytes();
-    if b.len() > NAME_MAX {
-        return Err(err(libc::ENAMETOOLONG));
-    }
-    if b.is_empty() || b.contains(&b'/') {
-        log::warn!("invalid name component {name:?}");
-        return Err(einval());
-    }
-    Ok(())
-}
-
-fn check_xattr_name(name: &CStr) -> io::Result<()> {
-    let n = name.to_bytes().len();
-    if n == 0 {
-        return Err(einval());
-    }
-    if n > XATTR_NAME_MAX {
-        return Err(err(libc::ERANGE));
-    }
-    Ok(())
-}
-
-/// The rest of the request as exactly one name component.
-fn one_name(r: &mut Reader) -> io::Result<std::ffi::CString> {
-    let buf = r.read_vec(r.available())?;
-    let (name, rest) = split_cstr(&buf)?;
-    check_component(name)?;
-    check_empty(rest)?;
-    // The buffer is the name and its NUL (checked above): it becomes the name, without a
-    // second allocation and copy.
-    std::ffi::CString::from_vec_with_nul(buf).map_err(|_| einval())
-}
-
-/// The rest of the request as exactly two name components.
-fn two_names(r: &mut Reader) -> io::Result<(std::ffi::CString, std::ffi::CString)> {
-    let rest = r.read_vec(r.available())?;
-    let (a, rest) = split_cstr(&rest)?;
-    let (b, rest) = split_cstr(rest)?;
-    check_component(a)?;
-    check_component(b)?;
-    check_empty(rest)?;
-    Ok((a.to_owned(), b.to_owned()))
 }

@@ -8,11 +8,12 @@
 # or its counts disagree with the lines printed.
 #   ok NAME             `GUEST PASS NAME`
 #   bad NAME [DETAIL]   `GUEST FAIL NAME: DETAIL`, rc=1
+#   skip NAME [WHY]     `GUEST SKIP NAME: WHY` (counted apart; not a check)
 #   check NAME CMD...   run CMD: ok NAME, or bad NAME CMD (status 1)
 #   waitfor FILE [S]    wait up to S seconds (default 180) for FILE; status 0 when it exists
 #   md5 [FILE...]       the bare MD5 digest
-#   guest_end           `GUEST END pass=N fail=M`, then exit with rc
-rc=0 guest_pass=0 guest_fail=0
+#   guest_end           `GUEST END pass=N fail=M[ skip=K]`, then exit with rc
+rc=0 guest_pass=0 guest_fail=0 guest_skip=0
 ok() {
     echo "GUEST PASS $1"
     guest_pass=$((guest_pass + 1))
@@ -22,6 +23,10 @@ bad() {
     echo "GUEST FAIL $1: ${2:-failed}"
     guest_fail=$((guest_fail + 1)) rc=1
     guest_after_check
+}
+skip() {
+    echo "GUEST SKIP $1: ${2:-skipped}"
+    guest_skip=$((guest_skip + 1))
 }
 # The negative control: exit (status 97, no GUEST END) after GUEST_DIE_AFTER checks.
 guest_after_check() {
@@ -47,6 +52,10 @@ waitfor() {
 }
 md5() { md5sum "$@" | cut -d' ' -f1; }
 guest_end() {
-    echo "GUEST END pass=$guest_pass fail=$guest_fail"
+    if [ "$guest_skip" -gt 0 ]; then
+        echo "GUEST END pass=$guest_pass fail=$guest_fail skip=$guest_skip"
+    else
+        echo "GUEST END pass=$guest_pass fail=$guest_fail"
+    fi
     exit $rc
 }

@@ -1,0 +1,95 @@
+//! Handlers of the opcodes that read or change what an inode or the filesystem is rather
+//! than a file's bytes: attributes, symlink targets, access, xattrs, statfs and syncfs.
+//! One method per opcode.
+
+use vm_memory::ByteValued;
+
+use crate::protocol::abi::*;
+use crate::protocol::filesystem::FileSystem;
+use crate::protocol::iobuf::{Reader, Writer};
+
+use super::decode::{check_xattr_name, split_cstr, xattr_name};
+use super::{einval, empty, err, obj, xattr, HandlerResult, Reply, Req, Server};
+
+impl<F: FileSystem> Server<F> {
+    pub(super) fn getattr(&self, req: &Req, r: &mut Reader, w: &mut Writer) -> HandlerResult {
+        let a: GetattrIn = r.read_obj()?;
+        let fh = (a.flags & GETATTR_FH != 0).then_some(a.fh);
+        self.attr(w, self.fs.getattr(&req.ctx, req.nodeid, fh)?)
+    }
+
+    pub(super) fn setattr(&self, req: &Req, r: &mut Reader, w: &mut Writer) -> HandlerResult {
+        let a: SetattrIn = r.read_obj()?;
+        let fh = (a.valid & fattr::FH != 0).then_some(a.fh);
+        self.attr(w, self.fs.setattr(&req.ctx, req.nodeid, &a, fh)?)
+    }
+
+    pub(super) fn readlink(&self, req: &Req, _: &mut Reader, w: &mut Writer) -> HandlerResult {
+        let target = self.fs.readlink(&req.ctx, req.nodeid)?;
+        w.write_all(&target)?;
+        Ok(Reply::Body)
+    }
+
+    pub(super) fn access(&self, req: &Req, r: &mut Reader, _: &mut Writer) -> HandlerResult {
+        let a: AccessIn = r.read_obj()?;
+        empty(self.fs.access(&req.ctx, req.nodeid, a.mask))
+    }
+
+    pub(super) fn statfs(&self, req: &Req, _: &mut Reader, w: &mut Writer) -> HandlerResult {
+        let st = self.fs.statfs(&req.ctx, req.nodeid)?;
+        obj(w, &StatfsOut { st })
+    }
+
+    /// The inode-flag ioctls (see [`crate::protocol::ioctl`]); any other ENOTTY.
+    pub(super) fn ioctl(&self, req: &Req, r: &mut Reader, w: &mut Writer) -> HandlerResult {
+        crate::protocol::ioctl::serve(&self.fs, &req.ctx, req.nodeid, r, w).map(|()| Reply::Body)
+    }
+
+    pub(super) fn syncfs(&self, req: &Req, r: &mut Reader, _: &mut Writer) -> HandlerResult {
+        let _: SyncfsIn = r.read_obj()?;
+        empty(self.fs.syncfs(&req.ctx, req.nodeid))
+    }
+
+    pub(super) fn setxattr(&self, req: &Req, r: &mut Reader, _: &mut Writer) -> HandlerResult {
+        let ext = self.negotiated_flags() & init_flags::SETXATTR_EXT != 0;
+        let mut a = SetxattrIn::default();
+        let n = if ext {
+            std::mem::size_of::<SetxattrIn>()
+        } else {
+            COMPAT_SETXATTR_IN_SIZE
+        };
+        r.read_exact(&mut a.as_mut_slice()[..n])?;
+        let rest = r.read_vec(r.available())?;
+        let (name, value) = split_cstr(&rest)?;
+        check_xattr_name(name)?;
+        if a.size as usize > XATTR_SIZE_MAX {
+            return Err(err(libc::E2BIG));
+        }
+        if value.len() != a.size as usize {
+            return Err(einval());
+        }
+        // Without FUSE_SETXATTR_EXT the compat struct ends before `setxattr_flags` (left 0).
+        let (ctx, ino, ext_flags) = (&req.ctx, req.nodeid, a.setxattr_flags);
+        empty(self.fs.setxattr(ctx, ino, name, value, a.flags, ext_flags))
+    }
+
+    pub(super) fn getxattr(&self, req: &Req, r: &mut Reader, w: &mut Writer) -> HandlerResult {
+        let a: GetxattrIn = r.read_obj()?;
+        let name = xattr_name(r)?;
+        xattr(
+            w,
+            a.size,
+            self.fs.getxattr(&req.ctx, req.nodeid, &name, a.size)?,
+        )
+    }
+
+    pub(super) fn listxattr(&self, req: &Req, r: &mut Reader, w: &mut Writer) -> HandlerResult {
+        let a: GetxattrIn = r.read_obj()?;
+        xattr(w, a.size, self.fs.listxattr(&req.ctx, req.nodeid, a.size)?)
+    }
+
+    pub(super) fn removexattr(&self, req: &Req, r: &mut Reader, _: &mut Writer) -> HandlerResult {
+        let name = xattr_name(r)?;
+        empty(self.fs.removexattr(&req.ctx, req.nodeid, &name))
+    }
+}
