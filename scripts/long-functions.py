@@ -4,8 +4,8 @@
 Usage: scripts/long-functions.py [LIMIT] [DIR...]   (default 150, daemon/src)
 Prints `lines path:line name` per function over the limit, longest first; exits 1 when any.
 A function is counted from its `fn` line to the line of its closing brace, found by brace
-depth outside strings, chars and comments. `#[cfg(test)]` items and files named tests.rs or
-*_tests.rs are skipped.
+depth outside strings, chars and comments. `#[cfg(test)]` items, files named tests.rs or
+*_tests.rs, and files in a tests/ folder are skipped.
 """
 import os
 import re
@@ -88,7 +88,8 @@ def main():
     for root in roots:
         for d, _, files in os.walk(root):
             for f in files:
-                if not f.endswith(".rs") or f == "tests.rs" or f.endswith("_tests.rs"):
+                if (not f.endswith(".rs") or f == "tests.rs" or f.endswith("_tests.rs")
+                        or "tests" in os.path.relpath(d, root).split(os.sep)):
                     continue
                 p = os.path.join(d, f)
                 found += [(ln, p, s, name) for name, s, ln in functions(p) if ln > limit]

@@ -7,7 +7,7 @@
 //! file systems `passthrough` and `dax`; `transport` (which never imports `dax`); `host`;
 //! `testing` above everything.
 //! Unit tests inside a file (`#[cfg(test)] mod tests { .. }`, or a `tests.rs` /
-//! `*_tests.rs` file) may also use `testing`.
+//! `*_tests.rs` file, or any file in a `tests/` folder) may also use `testing`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -128,7 +128,9 @@ fn check(rel: &str, text: &str) -> Vec<String> {
         )];
     };
     let name = rel.rsplit('/').next().unwrap_or(rel);
-    let whole_file_is_test = name == "tests.rs" || name.ends_with("_tests.rs");
+    let whole_file_is_test = name == "tests.rs"
+        || name.ends_with("_tests.rs")
+        || rel.split('/').rev().skip(1).any(|dir| dir == "tests");
     let mut errors = Vec::new();
     let mut in_test_mod = false;
     let mut cfg_test_pending = false;
