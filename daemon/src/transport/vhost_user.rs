@@ -377,7 +377,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             };
             self.serve_chain(queue, q, vring, chain, epoch, &atomic);
         }
-        q.flush(vring);
+        q.flush(vring, &mem);
     }
 
     /// Offers live migration (protocol feature DEVICE_STATE) through `t`.
@@ -528,6 +528,8 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 let Some(q) = self.queues.get(queue) else {
                     continue;
                 };
+                // One load of the memory table for the turn's pops and its flush.
+                let mem = atomic.memory();
                 let mut taken = 0;
                 loop {
                     if set.len() > 1 && taken == ROUND {
@@ -539,7 +541,8 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                         since_hiprio = 0;
                         self.serve_hiprio(hiprio, &atomic);
                     }
-                    let Some((epoch, chain)) = self.pop_with_room(queue, q, vring, hiprio, &atomic)
+                    let Some((epoch, chain)) =
+                        self.pop_with_room(queue, q, vring, hiprio, &atomic, &mem)
                     else {
                         stopped |= 1 << i;
                         break;
@@ -547,7 +550,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                     let Some(at) = chain else {
                         // Empty: what its turn completed goes to the guest now, whatever
                         // the other queues hold.
-                        q.flush(vring);
+                        q.flush(vring, &mem);
                         break;
                     };
                     self.serve_chain(queue, q, vring, at, epoch, &atomic);
@@ -599,6 +602,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         vring: &FsVring,
         hiprio: Option<&FsVring>,
         atomic: &GuestMem,
+        mem: &GuestMemoryLogged,
     ) -> Option<(u64, Option<ChainAt>)> {
         let mut s = q.lock();
         // Backpressure: at most a ring's worth of requests in flight. A guest
@@ -615,7 +619,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 log::debug!("queue {queue}: {limit} requests in flight; waiting");
                 warned = true;
             }
-            if hiprio.is_some_and(|h| Self::has_request(h, &atomic.memory())) {
+            if hiprio.is_some_and(|h| Self::has_request(h, mem)) {
                 drop(s);
                 self.serve_hiprio(hiprio, atomic);
                 s = q.lock();
@@ -629,7 +633,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 .0;
             s.space_waiters -= 1;
         }
-        let chain = self.pop(queue, vring, atomic);
+        let chain = self.pop(queue, vring, mem);
         if chain.is_some() {
             s.inflight += 1;
             // A vring stopped and restarted while this loop ran (a `stop`/`cont`
@@ -774,10 +778,10 @@ impl<F: FileSystem + 'static> FsBackend<F> {
 
     /// Takes the next available chain: where it is (the walk happens later, outside the
     /// vring lock).
-    fn pop(&self, queue: usize, vring: &FsVring, mem: &GuestMem) -> Option<ChainAt> {
+    fn pop(&self, queue: usize, vring: &FsVring, mem: &GuestMemoryLogged) -> Option<ChainAt> {
         let mut v = vring.get_mut();
         let q = v.get_queue_mut();
-        let head = q.pop_descriptor_chain(mem.memory())?.head_index();
+        let head = q.pop_descriptor_chain(mem)?.head_index();
         if let Some(r) = &self.records {
             r.popped(queue, head, q.next_avail());
         }
