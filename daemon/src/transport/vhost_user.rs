@@ -469,19 +469,24 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     }
 
     /// Serves the request queues `set` (one thread's: [`thread_masks`]) until all of them are
-    /// empty, in one loop with one look and one sleep for all: turns of at most
+    /// empty, in one loop and one sleep for all: turns of at most
     /// [`ROUND`] requests per queue, starting with `set[0]` (the kicked one), so that a queue
     /// the guest keeps full holds the others back by a turn at most. `hiprio`: the hiprio
     /// vring, when the thread serves it too: served in between, every [`HIPRIO_EVERY`]
     /// requests and while waiting for room, so that a request queue the guest keeps full
     /// never holds its FORGETs back (each one pins a host descriptor and an inode table entry
-    /// until it is served). `look`: whether to look before sleeping (not for the hiprio queue
-    /// served in between: its thread looks at its request queues).
+    /// until it is served). `look`: whether to look before sleeping: only where the thread
+    /// serves one request queue. (Not for the hiprio queue: its thread looks at its request
+    /// queue. Not over several queues: on 2 cores, 4 queues on one thread spent 2.86 us of
+    /// daemon CPU per 4 KiB READ at depth 16 with a look against 2.38 without, and made no
+    /// steady gain in rate: the driver, busy with 4 rings, fed the look one request at a
+    /// time.)
     ///
-    /// Serving each queue of a thread on its own (one epoll wake-up, one batch and, with
-    /// EVENT_IDX, one re-enabled notification each, and no look while other queues wait
-    /// behind it) cost 4 request queues on one thread 1.09x the instructions per request of one
-    /// queue and 0.73x-0.81x its rate (bench/HISTORY.md, 2026-11-28).
+    /// Serving each queue of a thread on its own (one epoll event and one batch each) cost 4
+    /// request queues on one thread 1.07x-1.08x the instructions per request of one queue;
+    /// one loop, 1.05x (protobench at depth 16; bench/HISTORY.md, 2026-11-28): what is left
+    /// is each queue's own turn (its empty pop, its EVENT_IDX check and signal, its
+    /// re-enabled notification), four per batch instead of one.
     fn process_queues(
         &self,
         set: &[(usize, &FsVring)],
@@ -1014,7 +1019,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             // The hiprio vring, served in between by the request queue(s) sharing its thread.
             let hiprio = (thread_id == 0).then(|| vrings.first()).flatten();
             // Every request queue of this thread, the kicked one first, then the others in
-            // turn: served in one loop, one look and one sleep for all.
+            // turn: served in one loop and one sleep for all.
             let mut set = [(queue, vring); 64];
             let mut n = 1;
             let ranks = vrings.len().min(64);
@@ -1026,7 +1031,7 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
                     n += 1;
                 }
             }
-            self.process_queues(&set[..n], hiprio, true)
+            self.process_queues(&set[..n], hiprio, n == 1)
         };
         if let Err(e) = served {
             log::error!("queue {queue}: {e}");
