@@ -502,12 +502,12 @@ impl<F: FileSystem + 'static> FsBackend<F> {
             log::warn!("queue kicked before the memory table was set");
             return Ok(());
         };
-        // A vring served without its kick (in between, or ahead of it) may be popped before
-        // its own kick is seen.
-        for &(queue, vring) in set {
+        // A vring served without its kick (hiprio in between) may be popped before its own
+        // kick is seen. (The thread's other queues: at their turns, once started.)
+        if let Some(&(queue, vring)) = set.first() {
             self.resume_once(queue, vring);
         }
-        // The thread's look: its first queue's (no other thread serves that one).
+        // The queue's look (used only where the thread serves this one request queue).
         let looks = set
             .first()
             .and_then(|&(queue, _)| self.queues.get(queue))
@@ -539,6 +539,12 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 let Some(q) = self.queues.get(queue) else {
                     continue;
                 };
+                // Served ahead of its own kick: taken over first where a previous process left
+                // it live (`--restartable`), once the frontend started it (a vring not started
+                // has no ring to read; its pops find nothing).
+                if i > 0 && self.records.is_some() && vring.get_ref().get_queue().ready() {
+                    self.resume_once(queue, vring);
+                }
                 // One load of the memory table for the turn's pops and its flush.
                 let mem = atomic.memory();
                 let mut taken = 0;
