@@ -8,7 +8,7 @@ use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
 
 use super::ring_records::RingRecords;
-use super::vhost_user::FsVring;
+use super::vhost_user::{FsVring, GuestMemoryLogged};
 use super::worker_pool::Look;
 
 /// Completions held back at most before the guest is notified.
@@ -97,12 +97,14 @@ impl QueueShared {
         }
     }
 
-    /// Notifies the guest of completions held back by a batch.
-    pub(super) fn flush(&self, vring: &FsVring) {
+    /// Notifies the guest of completions held back by a batch; `mem`: the queue thread's
+    /// view of guest memory, where the guest's `used_event` is read (loaded once per turn,
+    /// not once per call as the vring's own would be).
+    pub(super) fn flush(&self, vring: &FsVring, mem: &GuestMemoryLogged) {
         let mut s = self.lock();
         if s.unsignalled > 0 {
             s.unsignalled = 0;
-            notify(vring);
+            notify_in(vring, mem);
         }
         if s.inflight == 0 && s.drain_waiters > 0 {
             self.drained.notify_all();
@@ -116,6 +118,22 @@ pub(super) struct Done {
     pub(super) used: u32,
     pub(super) epoch: u64,
     pub(super) blocking: bool,
+}
+
+/// [`notify`] reading the guest's `used_event` in `mem` (guest RAM: the same bytes the
+/// vring's own memory has; only read here, so no dirty-page log is bypassed).
+fn notify_in(vring: &FsVring, mem: &GuestMemoryLogged) {
+    let yes = vring.get_mut().get_queue_mut().needs_notification(mem);
+    let res = yes.map_err(io::Error::other).and_then(|yes| {
+        if yes {
+            vring.signal_used_queue()
+        } else {
+            Ok(())
+        }
+    });
+    if let Err(e) = res {
+        log::warn!("cannot notify the guest: {e}");
+    }
 }
 
 /// Signals the guest if it asked to be (EVENT_IDX) or always without EVENT_IDX.

@@ -180,12 +180,18 @@ impl ThreadPlan {
 
     /// [`Self::new`] on this host's CPUs, saying in the log when it runs fewer threads than
     /// asked. `DAXFSD_THREADS=asked` in the environment keeps the counts asked (threads that
-    /// mostly wait, on slow or remote storage; the tests of the pool and queue threads).
+    /// mostly wait, on slow or remote storage; the tests of the pool and queue threads);
+    /// `DAXFSD_THREADS=N` plans as for N CPUs (the tests of queues sharing a thread, on any
+    /// host).
     pub(crate) fn for_host(request_queues: usize, pool_asked: usize) -> Self {
-        if std::env::var_os("DAXFSD_THREADS").is_some_and(|v| v == "asked") {
+        let env = std::env::var_os("DAXFSD_THREADS");
+        if env.as_ref().is_some_and(|v| v == "asked") {
             return Self::new(request_queues, pool_asked, usize::MAX);
         }
-        let cpus = affinity_cpus();
+        let cpus = env
+            .and_then(|v| v.to_str()?.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(affinity_cpus);
         let plan = Self::new(request_queues, pool_asked, cpus);
         let pool_cut = pool_asked > 1 && plan.pool < pool_asked;
         if plan.queue_threads < request_queues || pool_cut {

@@ -510,3 +510,125 @@ fn forget_is_served_while_the_request_queue_is_kept_full() {
         "a FORGET waited {worst:?} behind the request queue ({took:?})"
     );
 }
+
+/// Two request queues served by one thread (`DAXFSD_THREADS=2`: the plan of a 2-CPU host): a
+/// guest keeping queue 1 full (reposting a GETATTR a whole ring ahead) must not hold queue 2's
+/// requests back. The thread served a kicked queue until it found it empty, so queue 2 waited
+/// for the flood to end (4 s); it now takes turns of at most 32 requests. Against another
+/// daemon (one request queue) it is not run.
+#[test]
+fn a_full_request_queue_does_not_hold_back_one_sharing_its_thread() {
+    let kind = common::kind();
+    if kind != DaemonKind::Daxfsd {
+        eprintln!("{}: one request queue only; not run", kind.name());
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), vec![7u8; 256 << 10]).unwrap();
+    let d = vufs_driver::Daemon::builder(&kind)
+        .unwrap()
+        .shared_dir(dir.path())
+        .sandbox("none")
+        .env("DAXFSD_THREADS", "2")
+        .arg("--seccomp=none")
+        .arg("--queues=2")
+        .spawn()
+        .unwrap();
+    let cfg = DriverConfig {
+        indirect_desc: vufs_driver::FeatureMode::Off,
+        event_idx: vufs_driver::FeatureMode::On,
+        queue_size: 1024,
+        max_request_queues: Some(2),
+        ..Default::default()
+    };
+    let s = host::connect(&d, &cfg);
+    s.device().set_timeout(Duration::from_secs(20));
+    let dev = s.device().clone();
+    assert!(
+        d.log_contents().contains("on 1 thread(s)"),
+        "the two queues do not share a thread:\n{}",
+        d.log_contents()
+    );
+    let e = s.lookup(abi::ROOT_ID, "f").unwrap();
+    let getattr = || {
+        let hdr = s.header(op::GETATTR, e.nodeid, std::mem::size_of::<abi::GetattrIn>());
+        Chain {
+            segs: vec![
+                Seg::Readable(hdr.as_slice().to_vec()),
+                Seg::Readable(abi::GetattrIn::default().as_slice().to_vec()),
+                Seg::Writable(16 + 104),
+            ],
+            indirect: false,
+        }
+    };
+    // Queue 1's request: a 256 KiB READ, long enough to serve that the flood stays ahead.
+    let o = s.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
+    let read = s.linux_chain(
+        op::READ,
+        e.nodeid,
+        &[abi::ReadIn {
+            fh: o.fh,
+            size: 256 << 10,
+            ..Default::default()
+        }
+        .as_slice()],
+        256 << 10,
+    );
+    let _first = dev.submit(1, &read).unwrap();
+    let queue = dev.queue(1).unwrap().clone();
+    let (_, avail, used) = queue.ring_addrs();
+    let size = queue.size();
+    let mut took = Vec::new();
+    let mut reposted = 0u64;
+    let t_end = Instant::now() + Duration::from_secs(4);
+    std::thread::scope(|sc| {
+        let flooder = sc.spawn(|| {
+            let mem = dev.mem();
+            let mut idx: u16 = mem.read_obj(avail + 2).unwrap();
+            let head: u16 = mem
+                .read_obj(avail + 4 + 2 * u64::from(idx.wrapping_sub(1) % size))
+                .unwrap();
+            let mut n = 0u64;
+            while Instant::now() < t_end {
+                let done: u16 = mem.read_obj(used + 2).unwrap();
+                if idx.wrapping_sub(done) >= size - 1 {
+                    queue.kick_fd().write(1).unwrap();
+                    std::hint::spin_loop();
+                    continue;
+                }
+                mem.write_obj(avail + 4 + 2 * u64::from(idx % size), head)
+                    .unwrap();
+                idx = idx.wrapping_add(1);
+                mem.write_obj(avail + 2, idx).unwrap();
+                n += 1;
+                if n % 16 == 0 {
+                    queue.kick_fd().write(1).unwrap();
+                }
+            }
+            n
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        for _ in 0..6 {
+            if Instant::now() + Duration::from_millis(500) > t_end {
+                break;
+            }
+            let t0 = Instant::now();
+            let c = dev
+                .submit(2, &getattr())
+                .unwrap()
+                .wait(Duration::from_secs(20))
+                .unwrap();
+            took.push(t0.elapsed());
+            assert_eq!(c.data.len(), 16 + 104);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        reposted = flooder.join().unwrap();
+    });
+    let worst = *took.iter().max().unwrap();
+    eprintln!("{reposted} READs reposted on queue 1 in 4 s; queue 2 latencies {took:?}");
+    assert!(reposted > 1000, "queue 1 was not kept busy");
+    assert!(
+        worst < Duration::from_millis(250),
+        "a request on queue 2 waited {worst:?} behind queue 1 ({took:?})"
+    );
+}
