@@ -69,7 +69,7 @@ impl PageHashes {
             seed: RandomState::new().hash_one(at),
             pages: Pages::Own((0..n).map(|_| AtomicU64::new(0)).collect()),
         };
-        h.rehash(file, at, 0, valid)?;
+        h.rehash(file, at, valid)?;
         Ok(h)
     }
 
@@ -136,11 +136,10 @@ impl PageHashes {
         }
     }
 
-    /// Hashes bytes `[from, valid)` of the range (page aligned `from`) as `file` holds them
-    /// from `at`.
-    pub(crate) fn rehash(&self, file: &File, at: u64, from: u64, valid: u64) -> io::Result<()> {
+    /// Hashes bytes `[0, valid)` of the range as `file` holds them from `at`.
+    fn rehash(&self, file: &File, at: u64, valid: u64) -> io::Result<()> {
         let mut buf = vec![0u8; CHUNK.min(usize::try_from(valid).unwrap_or(CHUNK))];
-        let mut c = from;
+        let mut c = 0;
         while c < valid {
             let n = (valid - c).min(buf.len() as u64) as usize;
             let got = pread_full(file, &mut buf[..n], at + c)?;

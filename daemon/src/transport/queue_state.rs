@@ -123,31 +123,25 @@ pub(super) struct Done {
 /// [`notify`] reading the guest's `used_event` in `mem` (guest RAM: the same bytes the
 /// vring's own memory has; only read here, so no dirty-page log is bypassed).
 fn notify_in(vring: &FsVring, mem: &GuestMemoryLogged) {
+    // The queue's lock is dropped before the signal.
     let yes = vring.get_mut().get_queue_mut().needs_notification(mem);
-    let res = yes.map_err(io::Error::other).and_then(|yes| {
+    signal_if(vring, yes.map_err(io::Error::other));
+}
+
+/// Signals the guest if it asked to be (EVENT_IDX) or always without EVENT_IDX.
+pub(super) fn notify(vring: &FsVring) {
+    signal_if(vring, vring.needs_notification().map_err(io::Error::other));
+}
+
+/// Signals the guest when `yes` says it asked to be; a failure is logged.
+fn signal_if(vring: &FsVring, yes: io::Result<bool>) {
+    let res = yes.and_then(|yes| {
         if yes {
             vring.signal_used_queue()
         } else {
             Ok(())
         }
     });
-    if let Err(e) = res {
-        log::warn!("cannot notify the guest: {e}");
-    }
-}
-
-/// Signals the guest if it asked to be (EVENT_IDX) or always without EVENT_IDX.
-pub(super) fn notify(vring: &FsVring) {
-    let res = vring
-        .needs_notification()
-        .map_err(io::Error::other)
-        .and_then(|yes| {
-            if yes {
-                vring.signal_used_queue()
-            } else {
-                Ok(())
-            }
-        });
     if let Err(e) = res {
         log::warn!("cannot notify the guest: {e}");
     }
