@@ -56,6 +56,7 @@ pub mod mode;
 mod placement;
 mod pool;
 mod prealloc;
+pub use prealloc::folio_span;
 mod sink;
 mod stats;
 mod stranded;

@@ -11,6 +11,18 @@
 //! FUSE_WRITE for a write(2), which gets the same error; a page fault gets SIGBUS in the
 //! guest process, as on a local file system that cannot allocate at a fault).
 //!
+//! The blocks allocated are those of the range rounded out to the host's largest page-cache
+//! folio ([`folio_span`], the transparent huge page size: 2 MiB on x86-64), within the file's
+//! size. QEMU asks for transparent huge pages on every RAM block it maps (`qemu_madvise(...,
+//! QEMU_MADV_HUGEPAGE)` in `ram_block_add`, the SHMEM_MAP mappings included), so a read
+//! fault there may fill a 2 MiB folio, and file systems with large folios (ext4 since Linux
+//! 6.16, xfs, btrfs) prepare the WHOLE folio for writing at QEMU's first store into it
+//! (`block_page_mkwrite` over `folio_size`): blocks of the neighbouring, unmapped part of
+//! that folio are reserved then, and on a nearly full file system that reservation failed
+//! with SIGBUS in QEMU although the mapped range itself had its blocks (issue #36; shown on
+//! this host without QEMU by a store into a fallocated 512 KiB range of a `MADV_HUGEPAGE`
+//! mapping of a sparse file on an ext4 with 1 MiB free).
+//!
 //! A file system without `fallocate` (EOPNOTSUPP) is mapped as before: a store into a hole
 //! there can still fault in QEMU when the file system is full (README, "Limits"). So can a
 //! store into a range whose blocks exist but must be copied on write (btrfs, reflinked xfs
@@ -20,6 +32,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 
 /// What [`allocate`] did.
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
@@ -33,12 +46,47 @@ pub(super) enum Allocated {
 /// `fallocate(2)` attempts interrupted by a signal before giving up with EINTR.
 const EINTR_TRIES: usize = 8;
 
-/// Allocates the blocks of `[offset, offset + len)` of `file` without changing its size.
-/// `Err` carries the file system's errno for the guest.
+/// Used when the host does not say (no `/sys`, no transparent huge pages): x86-64's and
+/// arm64's (4 KiB pages) PMD size.
+const DEFAULT_FOLIO_SPAN: u64 = 2 << 20;
+
+static FOLIO_SPAN: OnceLock<u64> = OnceLock::new();
+
+/// The largest page-cache folio the host kernel makes, which a store through a mapping
+/// prepares for writing whole: the transparent huge page size
+/// (`/sys/kernel/mm/transparent_hugepage/hpage_pmd_size`). Read once; the daemon calls it
+/// before entering its sandbox (which has no `/sys`).
+pub fn folio_span() -> u64 {
+    *FOLIO_SPAN.get_or_init(|| {
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .filter(|&n| n.is_power_of_two() && (4096..=1 << 30).contains(&n))
+            .unwrap_or(DEFAULT_FOLIO_SPAN)
+    })
+}
+
+/// `[offset, offset + len)` rounded out to whole folios of `span` bytes, but never past the
+/// file's last page (`size` rounded up to 4 KiB: no folio reaches further into the file) nor
+/// short of the range asked.
+fn folio_bounds(offset: u64, len: u64, size: u64, span: u64) -> (u64, u64) {
+    let end = offset.saturating_add(len);
+    let last_page = size.saturating_add(4095) & !4095;
+    let start = offset & !(span - 1);
+    let wide_end = end.checked_next_multiple_of(span).unwrap_or(end);
+    (start, wide_end.min(last_page).max(end))
+}
+
+/// Allocates the blocks of `[offset, offset + len)` of `file`, and of the rest of the folios
+/// it touches ([`folio_span`]), without changing the file's size. `Err` carries the file
+/// system's errno for the guest.
 pub(super) fn allocate(file: &File, offset: u64, len: u64) -> io::Result<Allocated> {
     if len == 0 {
         return Ok(Allocated::Yes);
     }
+    let size = file.metadata()?.len();
+    let (offset, end) = folio_bounds(offset, len, size, folio_span());
+    let len = end - offset;
     let mut tries = 0;
     loop {
         match crate::sys::fallocate(file.as_fd(), libc::FALLOC_FL_KEEP_SIZE, offset, len) {
@@ -77,7 +125,7 @@ mod tests {
     use std::path::{Path, PathBuf};
     use std::sync::{Arc, Mutex};
 
-    use super::{allocate, Allocated};
+    use super::{allocate, folio_bounds, folio_span, Allocated};
     use crate::dax::{DaxWindow, WindowSink};
     use crate::protocol::mapper::{MapRequest, Mapper};
 
@@ -192,9 +240,13 @@ mod tests {
         let Some(fs) = SmallFs::mount("allocate_keeps_size", 4 * MB) else {
             return;
         };
+        assert!(
+            folio_span() <= 2 * MB,
+            "this test assumes folios of at most 2 MiB"
+        );
         let f = rw_file(&fs.path().join("sparse"), 16 * MB);
         assert_eq!(f.metadata().unwrap().blocks(), 0);
-        assert_eq!(allocate(&f, MB, 2 * MB).unwrap(), Allocated::Yes);
+        assert_eq!(allocate(&f, 2 * MB, 2 * MB).unwrap(), Allocated::Yes);
         let md = f.metadata().unwrap();
         assert_eq!(md.len(), 16 * MB, "the size moved");
         assert_eq!(md.blocks() * 512, 2 * MB, "the range was not allocated");
@@ -202,7 +254,7 @@ mod tests {
         let fill = rw_file(&fs.path().join("fill"), 0);
         let e = allocate(&fill, 0, 4 * MB).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
-        assert_eq!(allocate(&f, MB, 2 * MB).unwrap(), Allocated::Yes);
+        assert_eq!(allocate(&f, 2 * MB, 2 * MB).unwrap(), Allocated::Yes);
         let e = allocate(&f, 4 * MB, 4 * MB).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
         assert_eq!(f.metadata().unwrap().len(), 16 * MB);
@@ -229,6 +281,44 @@ mod tests {
             )
         };
         assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+    }
+
+    /// Issue #36: QEMU's first store into a huge-page folio of a mapped file prepares the
+    /// whole folio for writing, so the blocks allocated are those of every folio the range
+    /// touches, within the file's size.
+    #[test]
+    fn allocate_covers_every_folio_the_range_touches() {
+        let s = 2 * MB;
+        assert_eq!(folio_bounds(s / 4, s / 4, 16 * MB, s), (0, s));
+        assert_eq!(folio_bounds(s, s, 16 * MB, s), (s, 2 * s));
+        assert_eq!(folio_bounds(s - 4096, 8192, 16 * MB, s), (0, 2 * s));
+        // Not past the file's last page, and never short of the range asked.
+        assert_eq!(folio_bounds(0, 4096, s / 2 + 100, s), (0, s / 2 + 4096));
+        assert_eq!(
+            folio_bounds(s / 2, 4096, s / 2 + 4096, s),
+            (0, s / 2 + 4096)
+        );
+        assert_eq!(folio_bounds(s / 2, 8192, 0, s), (0, s / 2 + 8192));
+        assert_eq!(folio_bounds(u64::MAX - 4095, 4096, u64::MAX, s).1, u64::MAX);
+
+        let Some(fs) = SmallFs::mount("allocate_covers_folios", 16 * MB) else {
+            return;
+        };
+        let span = folio_span();
+        let f = rw_file(&fs.path().join("sparse"), 4 * span);
+        assert_eq!(
+            allocate(&f, span + span / 4, span / 4).unwrap(),
+            Allocated::Yes
+        );
+        let md = f.metadata().unwrap();
+        assert_eq!((md.len(), md.blocks() * 512), (4 * span, span));
+        let e = rw_file(&fs.path().join("short"), span / 2 + 100);
+        assert_eq!(allocate(&e, 0, 4096).unwrap(), Allocated::Yes);
+        let md = e.metadata().unwrap();
+        assert_eq!(
+            (md.len(), md.blocks() * 512),
+            (span / 2 + 100, span / 2 + 4096)
+        );
     }
 
     /// Issue #36: a writable direct mapping over holes of a file on a full file system was

@@ -238,6 +238,8 @@ pub fn run(cli: &Cli) -> io::Result<()> {
     // Mapped before the sandbox, which keeps no inherited descriptor.
     let records = inherited_ring_records()?;
     let keeper = KeeperLink::inherited()?;
+    // Read from /sys, which the sandbox does not have.
+    let _ = crate::dax::folio_span();
 
     let maps = cli
         .user_ns_maps()
