@@ -224,6 +224,16 @@ if [[ $profile == dax ]]; then
         bad "dax_stores_in_the_file" "$missing of ${loops:-?} records missing on the host"
     fi
     log "DAX: the last server $(grep -o 'written_back=[0-9]* pulled=[0-9]*' "$dlog" | tail -n 1 || true); $(grep -c 'changed on both the guest and the host' "$dlog" || true) conflict line(s)"
+    taken=$(grep -o '[0-9]* DAX mapping(s)' "$dlog" | awk '{print $1}' | tr '\n' ' ' || true)
+    log "DAX mappings taken back by each new server: ${taken:-none}"
+    if [[ $mapping == direct ]]; then
+        # Each new server took the window's mappings back, none was dropped as unfit.
+        most=$(tr ' ' '\n' <<<"$taken" | sort -n | tail -n 1)
+        dropped=$(grep -c 'restart: DAX .*dropped' "$dlog" || true)
+        check dax_direct_window_taken_back "$((${most:-0} > 0 ? 0 : 1))" \
+            "no restart took a DAX mapping back: ${taken:-none}"
+        check dax_direct_nothing_dropped "$dropped" "$dropped mapping(s) dropped at take-back"
+    fi
 fi
 log "requests served again after a crash: $(grep -o 'serving [0-9]* request(s) again' "$dlog" | awk '{s += $2} END {print s + 0}')"
 rig_summary "$RIG_TAG"

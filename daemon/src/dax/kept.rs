@@ -656,10 +656,10 @@ impl<S: WindowSink> DaxWindow<S> {
         }
         // The rest: parked copy slots, or orphans.
         for (&m, f) in &fronts {
+            // Unsure ones too: the frontend may map them, so requests never resolve
+            // buffers through them (until they are unmapped as orphans).
             if let Some(fd) = &f.fd {
-                if f.sent {
-                    self.io.note_map(m, f.len, fd.as_fd(), f.foffset);
-                }
+                self.io.note_map(m, f.len, fd.as_fd(), f.foffset);
             }
             if f.used {
                 continue;
