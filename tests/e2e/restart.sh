@@ -230,6 +230,9 @@ if [[ $profile == dax ]]; then
         # Each new server took the window's mappings back, none was dropped as unfit.
         most=$(tr ' ' '\n' <<<"$taken" | sort -n | tail -n 1)
         dropped=$(grep -c 'restart: DAX .*dropped' "$dlog" || true)
+        direct=0
+        grep -q 'direct: zero-copy mappings of the files' "$dlog" || direct=1
+        check dax_direct_mappings "$direct" "the daemon did not map the files directly"
         check dax_direct_window_taken_back "$((${most:-0} > 0 ? 0 : 1))" \
             "no restart took a DAX mapping back: ${taken:-none}"
         check dax_direct_nothing_dropped "$dropped" "$dropped mapping(s) dropped at take-back"
