@@ -1,5 +1,5 @@
-//! The pooled window kept across a server crash or upgrade (`--restartable`, see
-//! [`crate::protocol::keeper`] and docs/restart.md).
+//! The window kept across a server crash or upgrade (`--restartable`, see
+//! [`crate::protocol::keeper`] and docs/restart.md): pooled, and below ([`Front`]) direct.
 //!
 //! QEMU keeps its mapping of the pool when the server dies, and the guest's stores are in the
 //! pool memfd, so the window's state is: the pool memfd and whether QEMU maps it
@@ -13,6 +13,14 @@
 //! pages whose file and pool bytes agree but whose hash is old: the next merge takes them as
 //! changed on both sides and writes the guest's page whole over the same bytes (harmless).
 //! An agreed length stored late is the same case for the range's last page.
+//!
+//! A direct window's state is what QEMU maps: each frontend mapping ([`Kept::DaxFront`]: kept
+//! unsure before its SHMEM_MAP, sent after the ack, released after its unmap; see
+//! `sink::Sending::map_as`), each guest mapping on them ([`Kept::DaxDirect`], kept before the
+//! reply names it) and each shadow with its agreed copy ([`Kept::DaxShadow`], see
+//! [`super::tail::Shadow::keep_with`]). The next server rebuilds the table from them; what
+//! the vault cannot vouch for (unsure, or no guest mapping on it) is an orphan, unmapped
+//! before its range is used again.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
