@@ -131,18 +131,20 @@ test-dax: kernel initramfs qemu build
 # The VM lifecycle: stop/cont through QEMU's monitor (pci: daxfsd and upstream virtiofsd; dax:
 # DAX window), SIGTERM with dirty DAX shadow tails; 80 guest lock waiters on an overlayfs share
 # all get the lock after the holder's close (about 30 s); three upgrades of the file server
-# under a running guest with --restartable, on vhost-user-fs-pci and on the pooled DAX window
-# (test-restart, about 60 s each).
+# under a running guest with --restartable, on vhost-user-fs-pci and on the DAX window, pooled
+# and direct (test-restart, about 35-60 s each).
 test-lifecycle: kernel initramfs qemu virtiofsd build
 	tests/e2e/lifecycle.sh
 	tests/e2e/lock-waiters.sh
 	tests/e2e/restart.sh
 	tests/e2e/restart.sh --profile dax
+	tests/e2e/restart.sh --profile dax --mapping direct
 
 .PHONY: test-restart
 test-restart: kernel initramfs qemu build
 	tests/e2e/restart.sh
 	tests/e2e/restart.sh --profile dax
+	tests/e2e/restart.sh --profile dax --mapping direct
 
 # The DAX checks again with the guest kernel's upstream (Linux 6.12) window policy,
 # -o dax_policy=upstream, and the daemon's default mapping (pooled): what a user with an

@@ -2,9 +2,11 @@
 # The file server killed and upgraded under a running guest (issue #39): daxfsd --restartable
 # (the holder keeps QEMU's connection), profile pci (vhost-user-fs-pci), --cache=auto,
 # --posix-lock; or, with --profile dax, the DAX window (pooled, 64 MiB, mounted dax=always
-# with the upstream window policy: every read and write of a file maps its range).
+# with the upstream window policy: every read and write of a file maps its range); with
+# --mapping direct as well, the window maps the files themselves (--dax-mapping=direct:
+# shadow tails, copy slots, fanotify marks, all taken back by each new server).
 #
-#   tests/e2e/restart.sh [-v] [--kills N] [--profile pci|dax]
+#   tests/e2e/restart.sh [-v] [--kills N] [--profile pci|dax] [--mapping pooled|direct]
 #
 # With dax every file is read and written through the window: the checksummed file is read
 # from it, and each loop also stores a numbered record into /mnt/dwrite through it (dd
@@ -31,16 +33,18 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 cd "$RIG_ROOT"
 # ok, bad, check, md5 and rig_summary come from scripts/lib.sh.
 
-verbose=() kills=10 profile=pci
+verbose=() kills=10 profile=pci mapping=pooled
 while (($#)); do
     case $1 in
         -v) verbose=(-v); shift ;;
         --kills) [[ ${2:-} =~ ^[0-9]+$ ]] || die "--kills needs a number"; kills=$2; shift 2 ;;
         --profile) [[ ${2:-} == @(pci|dax) ]] || die "--profile needs pci or dax"; profile=$2; shift 2 ;;
-        -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --mapping) [[ ${2:-} == @(pooled|direct) ]] || die "--mapping needs pooled or direct"; mapping=$2; shift 2 ;;
+        -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (see --help)" ;;
     esac
 done
+[[ $mapping == pooled || $profile == dax ]] || die "--mapping direct needs --profile dax"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/daxfsd-e2e-restart.XXXXXX")
 vm_pid=""
@@ -79,11 +83,12 @@ dax_loop=":"
 vm_args=(-p pci)
 if [[ $profile == dax ]]; then
     RIG_TAG=e2e-restart-dax
+    [[ $mapping == pooled ]] || RIG_TAG=e2e-restart-dax-direct
     head -c 4M /dev/zero >"$work/share/dwrite"
     # shellcheck disable=SC2016 # expanded in the guest
     dax_loop='printf "%08d" $i | dd of=/mnt/dwrite bs=8 seek=$i conv=notrunc 2>/dev/null || { errs=$((errs + 1)); echo "FAILED dax store $i"; }
     /e2e/vfstest mmap /mnt/mm >/dev/null || { errs=$((errs + 1)); echo "FAILED mmap $i"; }'
-    vm_args=(-p dax -a --dax-window=64M -o "dax=always,dax_policy=upstream")
+    vm_args=(-p dax -a --dax-window=64M -a "--dax-mapping=$mapping" -o "dax=always,dax_policy=upstream")
 fi
 cat >"$work/guest.sh" <<GUEST
 /e2e/vfstest lockhold /mnt/lockfile >/tmp/lockhold.out 2>&1 &
@@ -219,6 +224,19 @@ if [[ $profile == dax ]]; then
         bad "dax_stores_in_the_file" "$missing of ${loops:-?} records missing on the host"
     fi
     log "DAX: the last server $(grep -o 'written_back=[0-9]* pulled=[0-9]*' "$dlog" | tail -n 1 || true); $(grep -c 'changed on both the guest and the host' "$dlog" || true) conflict line(s)"
+    taken=$(grep -o '[0-9]* DAX mapping(s)' "$dlog" | awk '{print $1}' | tr '\n' ' ' || true)
+    log "DAX mappings taken back by each new server: ${taken:-none}"
+    if [[ $mapping == direct ]]; then
+        # Each new server took the window's mappings back, none was dropped as unfit.
+        most=$(tr ' ' '\n' <<<"$taken" | sort -n | tail -n 1)
+        dropped=$(grep -c 'restart: DAX .*dropped' "$dlog" || true)
+        direct=0
+        grep -q 'direct: zero-copy mappings of the files' "$dlog" || direct=1
+        check dax_direct_mappings "$direct" "the daemon did not map the files directly"
+        check dax_direct_window_taken_back "$((${most:-0} > 0 ? 0 : 1))" \
+            "no restart took a DAX mapping back: ${taken:-none}"
+        check dax_direct_nothing_dropped "$dropped" "$dropped mapping(s) dropped at take-back"
+    fi
 fi
 log "requests served again after a crash: $(grep -o 'serving [0-9]* request(s) again' "$dlog" | awk '{s += $2} END {print s + 0}')"
 rig_summary "$RIG_TAG"

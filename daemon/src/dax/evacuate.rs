@@ -150,6 +150,9 @@ impl<S: WindowSink> DaxWindow<S> {
             }
         });
         let ok = np.is_some();
+        if let Some(p) = &np {
+            self.keep_placed(m, p);
+        }
         self.release(gen, m, np, 0);
         usize::from(ok)
     }

@@ -378,6 +378,8 @@ impl<S: WindowSink + 'static> DaxWindow<S> {
             log::error!("DAX host watch started twice: the second group is dropped");
             return;
         }
+        // Mappings a server before this one made (`--restartable`) are marked again.
+        self.watch_taken_back();
         let events = w.clone();
         let reader = std::thread::Builder::new()
             .name("dax-host-events".into())

@@ -156,6 +156,7 @@ impl<S: WindowSink> Mapper for DaxWindow<S> {
             for (s, p) in &taken {
                 if p.copy.is_some() && !p.pooled {
                     // Parked: the frontend keeps it for the next read-only map of the range.
+                    self.forget_direct(*s);
                     park.push((*s, p.len));
                     self.counters.unmaps.fetch_add(1, Ordering::Relaxed);
                     continue;

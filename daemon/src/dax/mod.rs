@@ -202,6 +202,9 @@ pub struct DaxWindow<S: WindowSink = Backend> {
     /// A server before this one may have sent the pool's SHMEM_MAP without its reply: the
     /// next [`DaxWindow::ensure_pool`] unmaps the window first.
     pool_unsure: AtomicBool,
+    /// Entries a server before this one kept that the take-back dropped: released once the
+    /// keeper is set ([`DaxWindow::set_keeper`]).
+    kept_drop: Mutex<Vec<crate::protocol::keeper::Kept>>,
 }
 
 fn einval(why: &str) -> io::Error {
@@ -267,6 +270,7 @@ impl<S: WindowSink> DaxWindow<S> {
             keeper: std::sync::OnceLock::new(),
             hash_store: std::sync::OnceLock::new(),
             pool_unsure: AtomicBool::new(false),
+            kept_drop: Mutex::new(Vec::new()),
         })
     }
 }

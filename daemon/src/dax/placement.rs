@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 
 use super::copy::{self, CopyMode, CopySig, Slots};
+use super::kept::Front;
 use super::table::{Placed, SharedShadow};
 use super::tail::{self, Shadow, ShadowKey};
 use super::{eio, file_size, DaxWindow, WindowSink};
@@ -134,11 +135,13 @@ impl<S: WindowSink> DaxWindow<S> {
                 .fill_slot(moffset, len, src.file, foffset)
                 .and_then(|sig| {
                     let slots = self.slots()?;
-                    self.with_sink(|s| s.map(moffset, len, slots.fd(), moffset, false))
-                        .map_err(|e| {
-                            log::error!("SHMEM_MAP of copy slot {moffset:#x}+{len:#x} failed: {e}");
-                            eio()
-                        })?;
+                    self.with_sink(|s| {
+                        s.map_as(Front::Slot, moffset, len, slots.fd(), moffset, false)
+                    })
+                    .map_err(|e| {
+                        log::error!("SHMEM_MAP of copy slot {moffset:#x}+{len:#x} failed: {e}");
+                        eio()
+                    })?;
                     Ok(sig)
                 });
             return match res {
@@ -229,11 +232,13 @@ impl<S: WindowSink> DaxWindow<S> {
                 })?;
             }
             let _watched = self.host.watch(f, owner, moffset, foffset, file_len);
-            self.with_sink(|s| s.map(moffset, file_len, f.as_fd(), foffset, writable))
-                .map_err(|e| {
-                    log::error!("SHMEM_MAP {moffset:#x}+{file_len:#x} failed: {e}");
-                    eio()
-                })?;
+            self.with_sink(|s| {
+                s.map_as(Front::File, moffset, file_len, f.as_fd(), foffset, writable)
+            })
+            .map_err(|e| {
+                log::error!("SHMEM_MAP {moffset:#x}+{file_len:#x} failed: {e}");
+                eio()
+            })?;
         }
         if file_len < len {
             let at = foffset + file_len;
@@ -254,7 +259,14 @@ impl<S: WindowSink> DaxWindow<S> {
                         .fd()
                         .try_clone_to_owned()?;
                     self.with_sink(|s| {
-                        s.map(moffset + file_len, len - file_len, fd.as_fd(), 0, writable)
+                        s.map_as(
+                            Front::Shadow,
+                            moffset + file_len,
+                            len - file_len,
+                            fd.as_fd(),
+                            0,
+                            writable,
+                        )
                     })?;
                     Ok(sh)
                 });
@@ -286,6 +298,9 @@ impl<S: WindowSink> DaxWindow<S> {
     /// Takes a placement out of the frontend (its shadow written back first). A frontend
     /// that no longer has it (it was reset behind our back) is not an error for the guest.
     pub(super) fn unplace(&self, moffset: u64, p: &Placed) {
+        if !p.pooled {
+            self.forget_direct(moffset);
+        }
         self.settle(moffset, p);
         if p.pooled {
             // Nothing of its own in the frontend: the pool stays.

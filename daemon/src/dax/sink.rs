@@ -10,7 +10,9 @@ use std::time::Duration;
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
 use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
 
+use super::kept::Front;
 use super::{eio, DaxWindow};
+use crate::protocol::keeper::Kept;
 
 /// Where map/unmap requests go: the vhost-user backend channel, a recorder in tests.
 pub trait WindowSink: Send + Sync {
@@ -69,21 +71,49 @@ pub(super) struct Sending<'a, S> {
     sink: &'a S,
     host: &'a super::host_watch::HostWatch,
     io: &'a super::window_io::IoState,
+    keeper: Option<&'a std::sync::Arc<dyn crate::protocol::keeper::Keeper>>,
 }
 
 impl<S: WindowSink> Sending<'_, S> {
-    /// [`WindowSink::map`] (`m`: window offset, `fo`: file offset, `w`: writable).
+    /// [`WindowSink::map`] (`m`: window offset, `fo`: file offset, `w`: writable) of the
+    /// pool, which [`super::kept`] keeps on its own.
     pub(super) fn map(&self, m: u64, len: u64, fd: BorrowedFd, fo: u64, w: bool) -> io::Result<()> {
         self.io.note_map(m, len, fd, fo);
         self.sink.map(m, len, fd, fo, w)
     }
 
+    /// [`Self::map`] of a direct window's frontend mapping of `kind`: kept (`--restartable`)
+    /// as unsure before it is sent, and as sent once the frontend acknowledged it.
+    pub(super) fn map_as(
+        &self,
+        kind: Front,
+        m: u64,
+        len: u64,
+        fd: BorrowedFd,
+        fo: u64,
+        w: bool,
+    ) -> io::Result<()> {
+        let keep = |sent| {
+            if let Some(k) = self.keeper {
+                k.keep(Kept::DaxFront(m), &kind.meta(len, fo, w, sent), Some(fd));
+            }
+        };
+        keep(false);
+        self.map(m, len, fd, fo, w)?;
+        keep(true);
+        Ok(())
+    }
+
     /// [`WindowSink::unmap`]: the mapping is forgotten (and its file's mark goes with its
-    /// last mapping) first.
+    /// last mapping) first; its kept entry once the frontend answered.
     pub(super) fn unmap(&self, moffset: u64, len: u64) -> io::Result<()> {
         self.io.note_unmap(moffset);
         self.host.unmapped(moffset);
-        self.sink.unmap(moffset, len)
+        let r = self.sink.unmap(moffset, len);
+        if let Some(k) = self.keeper {
+            k.release(Kept::DaxFront(moffset));
+        }
+        r
     }
 }
 
@@ -131,6 +161,8 @@ impl<S: WindowSink> DaxWindow<S> {
     /// (those see the new generation and publish nothing).
     pub fn reset(&self) {
         self.running.store(false, Ordering::SeqCst);
+        // The frontend dropped every mapping: none is kept any more.
+        self.forget_fronts(self.io.sent_offsets());
         self.io.note_reset();
         self.host.unmapped_all();
         self.wake_commit_waiters();
@@ -226,6 +258,7 @@ impl<S: WindowSink> DaxWindow<S> {
             sink: s,
             host: &self.host,
             io: &self.io,
+            keeper: self.keeper.get(),
         })?;
         let mut u = self.committed.lock().unwrap_or_else(|e| e.into_inner());
         let limit = match u.reports {

@@ -152,6 +152,9 @@ impl<S: WindowSink> DaxWindow<S> {
                     }
                 }
             });
+            if let Some(p) = &np {
+                self.keep_placed(m, p);
+            }
             self.release(gen, m, np, 0);
         }
     }

@@ -412,6 +412,7 @@ impl<S: WindowSink> DaxWindow<S> {
                     stale.push((m, p));
                     continue;
                 }
+                self.forget_direct(m);
                 if p.file_len > 0 {
                     t.orphans.push((m, p.file_len));
                 }

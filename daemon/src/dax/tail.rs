@@ -35,6 +35,7 @@ use super::baseline::{self, PageHashes};
 use super::copy::CopySig;
 use super::memfd::{copy_range, memfd, pread_full, CHUNK};
 use super::MAP_ALIGNMENT;
+use crate::protocol::keeper::{Keeper, Kept};
 
 /// How a guest mapping of `len` bytes at file offset `foffset` splits for a file of
 /// `file_size` bytes: `(file_len, valid)`, the bytes mapped from the file (whole pages) and
@@ -335,7 +336,19 @@ pub struct Shadow {
     writable: bool,
     /// The file as of the last sync of a read-only shadow: unchanged, nothing to merge.
     seen: Option<CopySig>,
+    /// Where it is kept across a server crash (`--restartable`), its id and its key.
+    kept: Option<KeptAs>,
 }
+
+/// A shadow's place in the keeper's vault ([`Shadow::keep_with`]).
+struct KeptAs {
+    keeper: Arc<dyn Keeper>,
+    id: u64,
+    key: ShadowKey,
+}
+
+/// A kept shadow's meta: key (4), size, valid, writable.
+const KEPT_META: usize = 7 * 8;
 
 impl Shadow {
     /// A memfd of `size` bytes holding the file's bytes from offset `at` (zero padded).
@@ -355,6 +368,7 @@ impl Shadow {
             file: None,
             writable: false,
             seen,
+            kept: None,
         })
     }
 
@@ -388,6 +402,7 @@ impl Shadow {
             file: Some(file),
             writable: true,
             seen: None,
+            kept: None,
         })
     }
 
@@ -420,6 +435,7 @@ impl Shadow {
             }
             self.valid += n;
         }
+        self.keep_meta();
         Ok(())
     }
 
@@ -431,11 +447,16 @@ impl Shadow {
             copy_range(&self.memfd, 0, &a, 0, self.valid, true)?;
             self.agreed = Some(a);
         }
+        let was = (self.writable, self.agreed.is_some());
         if writable {
             self.writable = true;
         }
-        if file.is_some() && (self.file.is_none() || writable) {
+        let new_file = file.is_some() && (self.file.is_none() || writable);
+        if new_file {
             self.file = file;
+        }
+        if was != (self.writable, self.agreed.is_some()) || new_file {
+            self.keep_parts();
         }
         Ok(())
     }
@@ -467,9 +488,115 @@ impl Shadow {
             self.writable,
             self.seen,
         )?;
+        let moved = self.valid != valid;
         self.valid = valid;
         self.seen = seen;
+        if moved {
+            self.keep_meta();
+        }
         Ok(out)
+    }
+
+    /// Its id in the keeper's vault: the memfd's inode number.
+    pub(crate) fn kept_id(&self) -> Option<u64> {
+        self.kept.as_ref().map(|k| k.id)
+    }
+
+    /// Keeps the shadow (`key` in the window's registry) with `keeper` from now on: its
+    /// memfd with what the merge knows, its agreed copy, its file. Kept again when any of
+    /// those change; released when it is dropped. Returns its id.
+    pub(crate) fn keep_with(&mut self, keeper: &Arc<dyn Keeper>, key: ShadowKey) -> Option<u64> {
+        if self.kept.is_none() {
+            let id = crate::sys::fstat(self.memfd.as_fd()).ok()?.st_ino;
+            self.kept = Some(KeptAs {
+                keeper: keeper.clone(),
+                id,
+                key,
+            });
+            self.keep_parts();
+        }
+        self.kept_id()
+    }
+
+    fn keep_meta(&self) {
+        let Some(k) = &self.kept else { return };
+        let mut meta = Vec::with_capacity(KEPT_META);
+        for v in [
+            k.key.0,
+            k.key.1,
+            k.key.2,
+            u64::from(k.key.3),
+            self.size,
+            self.valid,
+            u64::from(self.writable),
+        ] {
+            meta.extend_from_slice(&v.to_le_bytes());
+        }
+        k.keeper
+            .keep(Kept::DaxShadow(k.id, 0), &meta, Some(self.memfd.as_fd()));
+    }
+
+    fn keep_parts(&self) {
+        let Some(k) = &self.kept else { return };
+        self.keep_meta();
+        if let Some(a) = &self.agreed {
+            k.keeper
+                .keep(Kept::DaxShadow(k.id, 1), &[], Some(a.as_fd()));
+        }
+        if let Some(f) = &self.file {
+            k.keeper
+                .keep(Kept::DaxShadow(k.id, 2), &[], Some(f.as_fd()));
+        }
+    }
+
+    /// A shadow a server before this one kept: part 0's `meta` and memfd, the agreed copy
+    /// and the file. Returns its key with it; `None` when the parts do not fit together.
+    pub(crate) fn from_kept(
+        meta: &[u8],
+        memfd: File,
+        agreed: Option<File>,
+        file: Option<Arc<File>>,
+    ) -> Option<(ShadowKey, Shadow)> {
+        if meta.len() != KEPT_META {
+            return None;
+        }
+        let v = |i: usize| u64::from_le_bytes(meta[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        let key = (v(0), v(1), v(2), v(3) != 0);
+        let (size, valid, writable) = (v(4), v(5), v(6) != 0);
+        let fits = |f: &File| {
+            crate::sys::fstat(f.as_fd()).is_ok_and(|st| st.st_size.max(0) as u64 >= size)
+        };
+        if valid > size || !fits(&memfd) || agreed.as_ref().is_some_and(|a| !fits(a)) {
+            return None;
+        }
+        if writable && (agreed.is_none() || file.is_none()) {
+            return None;
+        }
+        Some((
+            key,
+            Shadow {
+                memfd,
+                size,
+                agreed,
+                valid,
+                at: key.2,
+                file,
+                writable,
+                // The file may have changed while no server ran: the next merge reads it.
+                seen: None,
+                kept: None,
+            },
+        ))
+    }
+}
+
+impl Drop for Shadow {
+    fn drop(&mut self) {
+        if let Some(k) = &self.kept {
+            for part in 0..3 {
+                k.keeper.release(Kept::DaxShadow(k.id, part));
+            }
+        }
     }
 }
 

@@ -74,6 +74,12 @@ impl IoState {
             .remove(&moffset);
     }
 
+    /// The window offsets of the mappings sent.
+    pub(super) fn sent_offsets(&self) -> Vec<u64> {
+        let s = self.sent.lock().unwrap_or_else(|e| e.into_inner());
+        s.keys().copied().collect()
+    }
+
     /// Forgets every mapping (the frontend dropped them all: device reset).
     pub(super) fn note_reset(&self) {
         self.sent.lock().unwrap_or_else(|e| e.into_inner()).clear();

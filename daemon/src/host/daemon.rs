@@ -92,10 +92,8 @@ fn take_back(
         .position(|(w, _, _)| *w == crate::protocol::keeper::Kept::Session)
         .and_then(|i| SessionState::from_kept(&entries.swap_remove(i).1));
     if let Some(st) = &session {
-        let (dax, entries): (Vec<_>, Vec<_>) = entries.into_iter().partition(|(w, _, _)| {
-            use crate::protocol::keeper::Kept;
-            matches!(w, Kept::DaxPool | Kept::DaxHashes | Kept::DaxPlaced(_))
-        });
+        let (dax, entries): (Vec<_>, Vec<_>) =
+            entries.into_iter().partition(|(w, _, _)| w.is_dax());
         let (inodes, handles) = fs.restore_kept(st.flags, entries);
         let placed = window.map_or(0, |w| w.restore_kept(dax));
         log::info!("restart: session taken back: {inodes} inode(s), {handles} handle(s), {placed} DAX mapping(s)");

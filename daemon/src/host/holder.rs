@@ -951,12 +951,6 @@ fn poll_in(fds: &[RawFd], timeout_ms: i32) -> io::Result<Vec<bool>> {
 
 /// Runs the holder until QEMU disconnects or a stop signal ends the server.
 pub fn run(cli: &Cli) -> io::Result<()> {
-    if cli.dax_window > 0 && cli.dax_mapping != crate::dax::mode::MapMode::Pooled {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "--restartable does not take --dax-mapping=direct yet (only the pooled window survives a restart); drop one",
-        ));
-    }
     if cli.inode_file_handles == crate::host::cli::InodeFileHandles::Mandatory {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,

@@ -43,8 +43,8 @@ impl PassthroughFs {
                     owners.entry(fh).or_default().push((owner, fd))
                 }
                 // The session is the caller's, the DAX window's entries the window's.
-                (Kept::Session | Kept::DaxPool | Kept::DaxHashes | Kept::DaxPlaced(_), _) => {}
-                (what, None) => log::warn!("restart: {what:?} came back without a descriptor"),
+                (w, _) if w == Kept::Session || w.is_dax() => {}
+                (what, _) => log::warn!("restart: {what:?} came back without a descriptor"),
             }
         }
         let counts = (inodes.len(), handles.len());

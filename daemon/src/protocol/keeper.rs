@@ -29,6 +29,15 @@ pub enum Kept {
     DaxHashes,
     /// A guest mapping placed in the DAX pool, by window offset, with its file.
     DaxPlaced(u64),
+    /// A frontend mapping of a direct DAX window (`--dax-mapping=direct`), by window offset,
+    /// with the descriptor the frontend maps; meta: length, file offset, flags (writable,
+    /// whether its SHMEM_MAP is known to have reached the frontend, what it maps).
+    DaxFront(u64),
+    /// A guest mapping placed directly (not pooled), by window offset, with its file.
+    DaxDirect(u64),
+    /// A shadow memfd of a direct window: its id, and the part (0 the memfd, 1 its agreed
+    /// copy, 2 the file it syncs with).
+    DaxShadow(u64, u64),
 }
 
 impl Kept {
@@ -42,6 +51,9 @@ impl Kept {
             Kept::DaxPool => (5, 0, 0),
             Kept::DaxHashes => (6, 0, 0),
             Kept::DaxPlaced(m) => (7, m, 0),
+            Kept::DaxFront(m) => (8, m, 0),
+            Kept::DaxDirect(m) => (9, m, 0),
+            Kept::DaxShadow(id, part) => (10, id, part),
         }
     }
 
@@ -54,8 +66,26 @@ impl Kept {
             5 => Some(Kept::DaxPool),
             6 => Some(Kept::DaxHashes),
             7 => Some(Kept::DaxPlaced(id)),
+            8 => Some(Kept::DaxFront(id)),
+            9 => Some(Kept::DaxDirect(id)),
+            10 => Some(Kept::DaxShadow(id, id2)),
             _ => None,
         }
+    }
+}
+
+impl Kept {
+    /// Whether the DAX window takes it back (else the file system does).
+    pub fn is_dax(self) -> bool {
+        matches!(
+            self,
+            Kept::DaxPool
+                | Kept::DaxHashes
+                | Kept::DaxPlaced(_)
+                | Kept::DaxFront(_)
+                | Kept::DaxDirect(_)
+                | Kept::DaxShadow(..)
+        )
     }
 }
 

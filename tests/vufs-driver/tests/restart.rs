@@ -273,3 +273,142 @@ fn a_pooled_dax_window_survives_a_killed_and_an_upgraded_file_server() {
     );
     assert!(w.violations().is_empty(), "{:?}", w.violations());
 }
+
+/// SIGKILL of the server, then an upgrade, with direct mappings (`--dax-mapping=direct`):
+/// the frontend keeps mapping the file itself, the shadow memfd of its tail past EOF and a
+/// copy slot. The next server sends the frontend nothing for them, and the guest's stores
+/// (into the file, into the tail before and after each restart) reach the file at FSYNC and
+/// REMOVEMAPPING; the copy slot parks and is refilled in place as before.
+#[test]
+fn a_direct_dax_window_survives_a_killed_and_an_upgraded_file_server() {
+    use daxfsd::abi::SETUPMAPPING_FLAG_WRITE as WRITE;
+    use daxfsd::abi::{RemovemappingOne, SETUPMAPPING_FLAG_READ as READ};
+    const MIB: u64 = 1 << 20;
+    const MIB2: u64 = 2 << 20;
+    let kind = DaemonKind::from_env();
+    if kind != DaemonKind::Daxfsd {
+        eprintln!("{}: has no --restartable; skipped", kind.name());
+        return;
+    }
+    let d = Daemon::builder(&kind)
+        .unwrap()
+        .arg("--restartable")
+        .arg("--dax-window=16M")
+        .arg("--dax-mapping=direct")
+        .arg("--dax-copy=always")
+        .spawn()
+        .unwrap();
+    // The file ends 1000 bytes into the range's second MiB: 1 MiB from the file, a shadow
+    // tail for the rest.
+    let flen = MIB as usize + 1000;
+    let data: Vec<u8> = (0..flen).map(|i| (i % 251) as u8).collect();
+    let path = d.shared_dir().join("direct.bin");
+    std::fs::write(&path, &data).unwrap();
+    // Opened before the mapping: a host open of a mapped file would move its mappings to
+    // shadows (`dax::host_watch`, where fanotify pre-content events work).
+    let host = std::fs::File::open(&path).unwrap();
+    let ro: Vec<u8> = (0..MIB2 as usize).map(|i| (i % 241) as u8).collect();
+    std::fs::write(d.shared_dir().join("copy.bin"), &ro).unwrap();
+    let s = Session::connect(d.socket_path()).unwrap();
+    s.init().unwrap();
+    let w = s
+        .dax()
+        .cloned()
+        .unwrap_or_else(|| panic!("no DAX window\n{}", d.log_contents()));
+    let e = s.lookup(ROOT_ID, "direct.bin").unwrap();
+    let o = s.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+    let c = s.lookup(ROOT_ID, "copy.bin").unwrap();
+    let co = s.open(c.nodeid, libc::O_RDONLY as u32).unwrap();
+    s.setupmapping(e.nodeid, o.fh, 0, MIB2, READ | WRITE, 0)
+        .unwrap_or_else(|err| panic!("SETUPMAPPING: {err}\n{}", d.log_contents()));
+    s.setupmapping(c.nodeid, co.fh, 0, MIB2, READ, 4 * MIB2)
+        .unwrap_or_else(|err| panic!("SETUPMAPPING (copy): {err}\n{}", d.log_contents()));
+    let before = w.stats();
+    assert_eq!(
+        before.map_requests,
+        3,
+        "file, tail and copy slot: {before:?}\n{}",
+        d.log_contents()
+    );
+    w.write(100, b"file-before").unwrap();
+    w.write(MIB + 500, b"tail-kill").unwrap();
+    let file_has = |at: u64, want: &[u8], when: &str| {
+        let mut got = vec![0u8; want.len()];
+        std::os::unix::fs::FileExt::read_exact_at(&host, &mut got, at).unwrap();
+        assert_eq!(
+            &got[..],
+            want,
+            "{when}: the file at {at}\n{}",
+            d.log_contents()
+        );
+    };
+
+    let holder = d.pid().unwrap();
+    let first = server_pid(holder).expect("the holder has a file server child");
+    // SAFETY: kill sends SIGKILL to the file server, a process of this test's daemon.
+    assert_eq!(unsafe { libc::kill(first as i32, libc::SIGKILL) }, 0);
+    let second = wait_new_server(&d, first, "holder: serving again", 1);
+    let log = d.log_contents();
+    assert!(
+        log.contains("2 DAX mapping(s)"),
+        "the window was not taken back:\n{log}"
+    );
+    let mut buf = [0u8; 9];
+    w.read(MIB + 500, &mut buf).unwrap();
+    assert_eq!(&buf, b"tail-kill", "the guest's view of the tail");
+    w.write(MIB + 600, b"tail-kil2").unwrap();
+    s.fsync(e.nodeid, o.fh, false)
+        .unwrap_or_else(|err| panic!("FSYNC after the crash: {err}\n{}", d.log_contents()));
+    file_has(100, b"file-before", "FSYNC after SIGKILL");
+    file_has(MIB + 500, b"tail-kill", "FSYNC after SIGKILL");
+    file_has(MIB + 600, b"tail-kil2", "FSYNC after SIGKILL");
+    // The copy slot the guest drops stays parked in the frontend.
+    let one = RemovemappingOne {
+        moffset: 4 * MIB2,
+        len: MIB2,
+    };
+    s.removemapping(c.nodeid, &[one])
+        .unwrap_or_else(|err| panic!("REMOVEMAPPING (copy): {err}\n{}", d.log_contents()));
+
+    // SAFETY: SIGUSR2 to the holder, this test's daemon.
+    assert_eq!(unsafe { libc::kill(holder as i32, libc::SIGUSR2) }, 0);
+    wait_new_server(&d, second, "holder: upgrade done", 1);
+    w.write(200, b"file-after").unwrap();
+    w.write(MIB + 700, b"tail-upgr").unwrap();
+    // The parked slot is refilled in place: no request to the frontend.
+    s.setupmapping(c.nodeid, co.fh, 0, MIB2, READ, 4 * MIB2)
+        .unwrap_or_else(|err| panic!("SETUPMAPPING (refill): {err}\n{}", d.log_contents()));
+    let mut rb = [0u8; 16];
+    w.read(4 * MIB2 + 1000, &mut rb).unwrap();
+    assert_eq!(&rb[..], &ro[1000..1016], "the refilled copy slot");
+    assert_eq!(
+        w.stats(),
+        before,
+        "nothing more reached the frontend\n{}",
+        d.log_contents()
+    );
+    // The range placed before both restarts leaves the window: its tail goes to the file.
+    let one = RemovemappingOne {
+        moffset: 0,
+        len: MIB2,
+    };
+    s.removemapping(e.nodeid, &[one])
+        .unwrap_or_else(|err| panic!("REMOVEMAPPING: {err}\n{}", d.log_contents()));
+    file_has(200, b"file-after", "REMOVEMAPPING after the upgrade");
+    file_has(MIB + 500, b"tail-kill", "REMOVEMAPPING after the upgrade");
+    file_has(MIB + 600, b"tail-kil2", "REMOVEMAPPING after the upgrade");
+    file_has(MIB + 700, b"tail-upgr", "REMOVEMAPPING after the upgrade");
+    assert_eq!(host.metadata().unwrap().len(), flen as u64);
+    let st = w.stats();
+    assert_eq!(
+        (
+            st.map_requests,
+            st.unmap_requests,
+            st.maps_rejected,
+            st.unmaps_rejected
+        ),
+        (3, 2, 0, 0),
+        "only the two unmaps of the removed range: {st:?}"
+    );
+    assert!(w.violations().is_empty(), "{:?}", w.violations());
+}

@@ -1089,4 +1089,5 @@ fn data_file(fill: u8, len: usize) -> File {
 }
 
 mod copy_slots;
+mod kept_direct;
 mod pool;

@@ -294,7 +294,7 @@ fn writable_pooled_ranges_hold_no_more_than_they_map() {
 
 /// The holder's vault, in memory (`--restartable`, `host::holder`).
 #[derive(Default)]
-struct Vault(Mutex<std::collections::BTreeMap<Kept, VaultEntry>>);
+pub(super) struct Vault(pub(super) Mutex<std::collections::BTreeMap<Kept, VaultEntry>>);
 
 type VaultEntry = (Vec<u8>, Option<std::os::fd::OwnedFd>);
 
@@ -313,7 +313,7 @@ impl Keeper for Vault {
 
 impl Vault {
     /// What a new server gets back.
-    fn entries(&self) -> Vec<KeptEntry> {
+    pub(super) fn entries(&self) -> Vec<KeptEntry> {
         self.0
             .lock()
             .unwrap()
