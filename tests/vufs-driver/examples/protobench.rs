@@ -469,8 +469,31 @@ fn blocked_lock(t: &Target, share: &Path) -> io::Result<(File, vufs_driver::queu
     Ok((f, p))
 }
 
-/// CPU time (user + system, every thread) process `pid` has used, in seconds.
+/// `pid` and its live descendants: with `--restartable` the file server is the holder's child.
+fn family(pid: u32) -> Vec<u32> {
+    let mut all = vec![pid];
+    let mut i = 0;
+    while i < all.len() {
+        let p = all[i];
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
+            for t in tasks.flatten() {
+                if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
+                    all.extend(c.split_whitespace().filter_map(|x| x.parse::<u32>().ok()));
+                }
+            }
+        }
+        i += 1;
+    }
+    all
+}
+
+/// CPU time (user + system, every thread) process `pid` and its descendants have used, in
+/// seconds.
 fn cpu_seconds(pid: u32) -> Option<f64> {
+    family(pid).into_iter().map(cpu_seconds_of).sum()
+}
+
+fn cpu_seconds_of(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may contain spaces) start at state (field 3).
     let rest = &stat[stat.rfind(')')? + 2..];
@@ -481,9 +504,14 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     (hz > 0).then(|| ticks / hz as f64)
 }
 
-/// Context switches (voluntary and not) of every thread process `pid` has now: what it
-/// costs in wake-ups and preemptions, on a host too loaded for the rate to be steady.
+/// Context switches (voluntary and not) of every thread process `pid` and its descendants
+/// have now: what it costs in wake-ups and preemptions, on a host too loaded for the rate to
+/// be steady.
 fn cswitches(pid: u32) -> Option<u64> {
+    family(pid).into_iter().map(cswitches_of).sum()
+}
+
+fn cswitches_of(pid: u32) -> Option<u64> {
     let mut n = 0;
     for t in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
         let status = std::fs::read_to_string(t.ok()?.path().join("status")).ok()?;
