@@ -21,7 +21,7 @@
 #   test-e2e, test-e2e-virtiofsd   the guest suite (pci, mmio) against daxfsd, virtiofsd
 #   test-dax, test-dax-policy, test-dax-copy   DAX end to end on QEMU 11.1
 #   test-dax-host, test-dax-full   host truncates of mapped files; a full or immutable share
-#   test-notify   host changes reach guest inotify watchers and caches (notification queue);
+#   test-notify   host changes reach guest inotify and fanotify watchers and caches (notification queue);
 #                 its host burst is NOTIFY_BURST creates (100,000, the issue's; 20,000 is
 #                 enough to pass the daemon's queue cap for a quicker run)
 #   test-escape, test-lifecycle, test-migrate  escapes, stop/cont/SIGTERM, the file server
@@ -175,9 +175,9 @@ test-dax-full: kernel initramfs qemu build
 	tests/e2e/dax-full.sh
 
 # The virtio-fs notification queue (issue 42, guest-kernel patches 0011-0014): a guest
-# inotifywait sees host creates, writes, chmods, renames and deletes in order within a bound,
-# a cached file shows a host edit at the next read, the guest's own changes give one event
-# each (daxfsd --cache=coherent); a device without the queue still mounts and works; a host
+# inotifywait and a fanotify watcher see host creates, writes, chmods, renames and deletes in
+# order within a bound, a cached file shows a host edit at the next read, the guest's own
+# changes give one event each (daxfsd --cache=coherent); a device without the queue still mounts and works; a host
 # burst of NOTIFY_BURST creates overflows the daemon's queue (4,096), keeps its memory bounded
 # and the guest consistent, its watcher gets every create or IN_Q_OVERFLOW, and stop/cont in
 # the middle of a burst loses nothing. 3 boots, ~60 s (NOTIFY_BURST=20000: ~40 s).

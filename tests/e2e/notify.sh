@@ -22,6 +22,10 @@
 #   host_order      the watcher saw exactly those six events, in that order
 #   own_once        the guest's own create, write, chmod, rename and delete of /mnt/w/own
 #                   give exactly one event each (none echoed back by the daemon)
+#   fan_host_order, fan_own_once
+#                   the same two for a guest fanotify watcher (tests/e2e/fan-watch.c, inode
+#                   marks on /mnt/w and /mnt/w/sub in FAN_REPORT_DFID_NAME mode) watching
+#                   beside inotifywait
 # Boot 2: the device without the queue (num_vqs = 1 + request queues, config_size=40), daxfsd
 # without --notify: the same kernel still mounts and works (no_feature_io), and does not
 # set up a notification queue (no_feature_quiet).
@@ -77,10 +81,12 @@ while (($#)); do
         --bound-ms) [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || die "--bound-ms needs a number"; bound_ms=$2; shift 2 ;;
         --burst) [[ ${2:-} =~ ^[1-9][0-9]{0,5}$ ]] || die "--burst needs a number up to 999999"; burst_n=$2; shift 2 ;;
         --boots) [[ ${2:-} =~ ^[123]+$ ]] || die "--boots needs boot numbers, e.g. 3 or 12"; boots=$2; shift 2 ;;
-        -h|--help) sed -n '2,63p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,67p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument '$1' (use -v, -d DAEMON, -a ARG, --kernel BZIMAGE, --bound-ms MS, --burst N, --boots LIST)" ;;
     esac
 done
+
+need_cmd gcc gcc
 
 # The daemon's memory bound for the burst: 24 MiB per 100,000 creates, 8 MiB at least.
 rss_bound_kib=$((24576 * burst_n / 100000))
@@ -123,8 +129,12 @@ stat -c %s /mnt/cached >/dev/null
 # reads) and to /tmp/ev for the counts below.
 inotifywait -m -r -e create,modify,attrib,moved_from,moved_to,delete \
     --format 'EV %e %w%f %c' /mnt/w 2>/tmp/iw.err | tee /tmp/ev &
+/mnt/fan-watch /mnt/w /mnt/w/sub 2>/tmp/fw.err | tee /tmp/fan &
 i=0
-while ! grep -q 'Watches established' /tmp/iw.err && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+while ! { grep -q 'Watches established' /tmp/iw.err && grep -q 'FAN READY' /tmp/fan; } && [ $i -lt 300 ]; do
+    sleep 0.1; i=$((i + 1))
+done
+sed 's/^/@@FAN-ERR /' /tmp/fw.err
 echo "@@NOTIFY-READY@@"
 # The host has rewritten /mnt/cached when ctl/go-read exists: one read now.
 waitfor /mnt/ctl/go-read
@@ -137,13 +147,15 @@ chmod 600 /mnt/w/own
 mv /mnt/w/own /mnt/w/own2
 rm /mnt/w/own2
 sleep 4
-kill "$(pidof inotifywait)" 2>/dev/null
+kill "$(pidof inotifywait)" "$(pidof fan-watch)" 2>/dev/null
 wait 2>/dev/null
 for e in "CREATE /mnt/w/own" "MODIFY /mnt/w/own" "ATTRIB /mnt/w/own" "MOVED_FROM /mnt/w/own" \
     "MOVED_TO /mnt/w/own2" "DELETE /mnt/w/own2"; do
     echo "@@OWN $(grep -c "^EV $e " /tmp/ev) $e"
+    echo "@@FANOWN $(grep -c "^FAN $e\$" /tmp/fan) $e"
 done
 echo "@@OWN-ALL $(grep -c ' /mnt/w/own' /tmp/ev)"
+echo "@@FANOWN-ALL $(grep -c ' /mnt/w/own' /tmp/fan)"
 dmesg | grep -i 'virtio-fs\|virtiofs' | tail -n 20
 echo "@@NOTIFY-DONE@@"
 guest_end
@@ -151,6 +163,7 @@ EOF
 
 share=$work/share
 mkdir -p "$share/w/sub" "$share/ctl"
+gcc -static -O2 -Wall -Wextra -Werror -o "$share/fan-watch" tests/e2e/fan-watch.c
 printf 'old bytes\n' >"$share/cached"
 logf="$logs/e2e-notify-$(date +%Y%m%d-%H%M%S)-$$.log"
 log "boot 1: notification queue, daxfsd --cache=coherent (console $logf)"
@@ -207,6 +220,11 @@ if wait_line '@@NOTIFY-READY@@' 240; then
     if [[ $seq_got == "$seq_want" && $cookies =~ ^[1-9][0-9]*$ ]]; then ok host_order; else
         bad host_order "watcher saw '$seq_got' (move cookies: $(echo "$cookies" | paste -sd' '))"
     fi
+    fan_got=$(grep -aE "${C}FAN [A-Z_]+ " "$logf" | tr -d '\r' | sed -E 's/^\[[^]]*\] //' |
+        awk '$3 !~ /^\/mnt\/w\/own/ {print $2, $3}' | paste -sd';' || true)
+    if [[ $fan_got == "$seq_want" ]]; then ok fan_host_order; else
+        bad fan_host_order "fanotify watcher saw '$fan_got' ($(grep -a '@@FAN-ERR' "$logf" | head -n 2 | tr -d '\r' | paste -sd' '))"
+    fi
     touch "$share/ctl/host-done"
 else
     bad queue_up "the guest never got ready (vm: $(grep -ao 'FAIL (.*' "$work/err1.txt" | head -n 1))"
@@ -221,8 +239,16 @@ if grep -aq '@@NOTIFY-DONE@@' "$logf"; then
     if ((n_bad == 0 && n_own == 6)) && [[ $all == 6 ]]; then ok own_once; else
         bad own_once "$(echo "$own" | paste -sd' ')"
     fi
+    fown=$(grep -aoE '@@FANOWN(-ALL)? .*' "$logf" | tr -d '\r' || true)
+    n_bad=$(echo "$fown" | awk '$1 == "@@FANOWN" && $2 != 1' | wc -l)
+    n_own=$(echo "$fown" | grep -c '^@@FANOWN ' || true)
+    all=$(echo "$fown" | awk '$1 == "@@FANOWN-ALL" {print $2}')
+    if ((n_bad == 0 && n_own == 6)) && [[ $all == 6 ]]; then ok fan_own_once; else
+        bad fan_own_once "$(echo "$fown" | paste -sd' ')"
+    fi
 else
     bad own_once "the guest did not finish (vm rc=$rc, console $logf)"
+    bad fan_own_once "the guest did not finish (vm rc=$rc, console $logf)"
 fi
 if ((${#lat[@]})); then
     sorted=$(printf '%s\n' "${lat[@]}" | sort -n)
