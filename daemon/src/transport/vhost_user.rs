@@ -42,8 +42,9 @@ use vmm_sys_util::event::{
 use super::chain_request::refuse;
 pub(crate) use super::chain_request::{decode, serve, Walked};
 use super::notify_queue::{NotifyQueue, VIRTIO_FS_F_NOTIFICATION};
-use super::queue_state::{Done, QueueShared};
+use super::queue_state::{enable_notification, Done, QueueShared, QueueState};
 use super::ring_records::{take_over, RingRecords};
+use super::ring_view::RingView;
 use super::window_regions::{without_window_files, Window, NO_BASE};
 use super::worker_pool::{Awake, Pool, Seen, ThreadPlan, POLL_BEFORE_SLEEP};
 use crate::protocol::abi::VirtioFsConfig;
@@ -59,6 +60,8 @@ use crate::transport::vring_chain::{walk, ChainAt};
 pub type GuestMemoryLogged = GuestMemoryMmap<BitmapMmapRegion>;
 pub type GuestMem = GuestMemoryAtomic<GuestMemoryLogged>;
 pub(super) type FsVring = VringRwLock<GuestMem>;
+/// One load of [`GuestMem`]: the table a queue thread's turn works in.
+pub(super) type Mem = vm_memory::atomic::GuestMemoryLoadGuard<GuestMemoryLogged>;
 
 /// Largest queue the frontend may set up.
 pub const MAX_QUEUE_SIZE: usize = 1024;
@@ -530,6 +533,9 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         // then; a call per queue per round cost a vring lock and a memory-table load each);
         // without EVENT_IDX they are never disabled (every loop ends after one pass).
         loop {
+            // One load of the memory table for the round's pops, flushes and re-enabled
+            // notifications (a new table is seen at the next round).
+            let mem = atomic.memory();
             // Whether a turn ended with requests left (another round follows at once).
             let mut left = false;
             for (i, &(queue, vring)) in set.iter().enumerate() {
@@ -545,8 +551,6 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 if i > 0 && self.records.is_some() && vring.get_ref().get_queue().ready() {
                     self.resume_once(queue, vring);
                 }
-                // One load of the memory table for the turn's pops and its flush.
-                let mem = atomic.memory();
                 let mut taken = 0;
                 loop {
                     if set.len() > 1 && taken == ROUND {
@@ -598,9 +602,11 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 break;
             }
             let mut more = false;
-            for (i, &(_, vring)) in set.iter().enumerate() {
+            for (i, &(queue, vring)) in set.iter().enumerate() {
                 if stopped >> i & 1 == 0 && touched >> i & 1 == 1 {
-                    more |= vring.enable_notification().map_err(io::Error::other)?;
+                    if let Some(q) = self.queues.get(queue) {
+                        more |= enable_notification(q, vring, &mem)?;
+                    }
                 }
             }
             if !more {
@@ -620,22 +626,30 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         vring: &FsVring,
         hiprio: Option<&FsVring>,
         atomic: &GuestMem,
-        mem: &GuestMemoryLogged,
+        mem: &Mem,
     ) -> Option<(u64, Option<ChainAt>)> {
         let mut s = q.lock();
         // Backpressure: at most a ring's worth of requests in flight. A guest
         // that republishes heads it has not had back (virtio-queue does not
         // track them) waits here until its requests complete, instead of
         // queueing work for the pools without bound.
-        let limit = usize::from(vring.get_ref().get_queue().size()).max(1);
         let mut warned = false;
-        while s.inflight >= limit {
-            if !vring.get_ref().get_queue().ready() {
-                return None;
-            }
-            if !warned {
-                log::debug!("queue {queue}: {limit} requests in flight; waiting");
-                warned = true;
+        let chain = loop {
+            {
+                // One lock of the vring for the bound and the pop.
+                let mut v = vring.get_mut();
+                let vq = v.get_queue_mut();
+                let limit = usize::from(vq.size()).max(1);
+                if s.inflight < limit {
+                    break self.pop(queue, vq, &mut s, mem);
+                }
+                if !vq.ready() {
+                    return None;
+                }
+                if !warned {
+                    log::debug!("queue {queue}: {limit} requests in flight; waiting");
+                    warned = true;
+                }
             }
             if hiprio.is_some_and(|h| Self::has_request(h, mem)) {
                 drop(s);
@@ -650,8 +664,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
             s.space_waiters -= 1;
-        }
-        let chain = self.pop(queue, vring, mem);
+        };
         if chain.is_some() {
             s.inflight += 1;
             // A vring stopped and restarted while this loop ran (a `stop`/`cont`
@@ -693,7 +706,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                     epoch,
                     blocking: false,
                 };
-                q.complete(vring, done, true);
+                q.complete(vring, done, true, atomic);
                 return;
             }
         };
@@ -728,12 +741,13 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                     epoch,
                     blocking,
                 };
-                q.complete(vring, done, true);
+                q.complete(vring, done, true, atomic);
             }
             Some(pool) => {
                 // SAFETY: `req` was decoded from `walk` over `mem` just above.
                 let job = unsafe { Walked::of(mem.clone(), req, self.window.clone()) };
                 let (server, q, vring) = (self.server.clone(), q.clone(), vring.clone());
+                let atomic = atomic.clone();
                 pool.submit(Box::new(move || {
                     let used = job.serve(&server);
                     let done = Done {
@@ -742,7 +756,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                         epoch,
                         blocking,
                     };
-                    q.complete(&vring, done, false);
+                    q.complete(&vring, done, false, &atomic);
                 }));
             }
         }
@@ -794,18 +808,44 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 .is_ok_and(|i| i.0 != q.next_avail())
     }
 
-    /// Takes the next available chain: where it is (the walk happens later, outside the
-    /// vring lock).
-    fn pop(&self, queue: usize, vring: &FsVring, mem: &GuestMemoryLogged) -> Option<ChainAt> {
-        let mut v = vring.get_mut();
-        let q = v.get_queue_mut();
-        let head = q.pop_descriptor_chain(mem)?.head_index();
+    /// Takes the next available chain of `vq` (under the vring's lock and `s`, its queue's):
+    /// where it is (the walk happens later, outside the vring lock). The avail index and the
+    /// head are read through the vring's [`RingView`] (through virtio-queue where the rings
+    /// cannot be), bounded as virtio-queue bounds them: an index more than a ring ahead is
+    /// refused (logged), a head is any number (the walk refuses one past the table).
+    fn pop(
+        &self,
+        queue: usize,
+        vq: &mut virtio_queue::Queue,
+        s: &mut QueueState,
+        mem: &Mem,
+    ) -> Option<ChainAt> {
+        if !vq.ready() {
+            return None;
+        }
+        let head = match RingView::of(&mut s.view, mem, vq) {
+            Some(r) => {
+                let next = vq.next_avail();
+                let avail = r.avail_idx();
+                if avail == next {
+                    return None;
+                }
+                if avail.wrapping_sub(next) > vq.size() {
+                    r.warn_bad_index(queue, avail, next);
+                    return None;
+                }
+                let head = r.avail_entry(next);
+                vq.set_next_avail(next.wrapping_add(1));
+                head
+            }
+            None => vq.pop_descriptor_chain(&**mem)?.head_index(),
+        };
         if let Some(r) = &self.records {
-            r.popped(queue, head, q.next_avail());
+            r.popped(queue, head, vq.next_avail());
         }
         Some(ChainAt {
-            table: q.desc_table(),
-            size: q.size(),
+            table: vq.desc_table(),
+            size: vq.size(),
             head,
         })
     }
@@ -921,6 +961,13 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
                 .map_err(|_| io::Error::other("memory lock poisoned"))?
                 .replace(filtered),
             None => *slot = Some(GuestMemoryAtomic::new(filtered)),
+        }
+        drop(slot);
+        // The vrings' views hold the old table's regions mapped: dropped now, resolved again
+        // in the new table at their next use (a view is used only with the table it was
+        // resolved in, so one in use meanwhile is never stale).
+        for q in &self.queues {
+            q.lock().view = None;
         }
         Ok(())
     }
