@@ -28,7 +28,7 @@ pub(super) struct QueueState {
     pub(super) blocking: usize,
     /// Used entries added since the guest was last notified, or since the last EVENT_IDX
     /// check that found no signal due (what Linux and virtio-queue call `num_added`: every
-    /// check of this vring is ours, [`signal_due`], so the count is exact).
+    /// check of this vring is ours, [`signal_needed`], so the count is exact).
     pub(super) unsignalled: usize,
     /// The vring's ring fields as host pointers, for the queue thread ([`RingView`]).
     pub(super) view: Option<RingView>,
@@ -93,9 +93,8 @@ impl QueueShared {
                 done.blocking || !others_running || s.unsignalled >= MAX_UNSIGNALLED
             };
             if due {
-                let added = std::mem::take(&mut s.unsignalled);
                 let mem = vm_memory::GuestAddressSpace::memory(atomic);
-                signal_due(vring, added, &mut s.view, &mem);
+                signal_due(vring, &mut s, &mem);
             }
         }
         if let Some((r, i)) = records {
@@ -112,8 +111,7 @@ impl QueueShared {
     pub(super) fn flush(&self, vring: &FsVring, mem: &Mem) {
         let mut s = self.lock();
         if s.unsignalled > 0 {
-            let added = std::mem::take(&mut s.unsignalled);
-            signal_due(vring, added, &mut s.view, mem);
+            signal_due(vring, &mut s, mem);
         }
         if s.inflight == 0 && s.drain_waiters > 0 {
             self.drained.notify_all();
@@ -129,39 +127,47 @@ pub(super) struct Done {
     pub(super) blocking: bool,
 }
 
-/// Signals the guest after `added` used entries if it asked to be (EVENT_IDX: its
-/// `used_event` among them), always without EVENT_IDX. `slot`: the vring's kept view, where
-/// `used_event` is read through a pointer (through vm-memory in `mem` where the rings cannot
-/// be: [`RingView::of`]). Called under the vring's
-/// [`QueueShared`] lock: every check of the vring is this one, so `added` (the
-/// [`QueueState::unsignalled`] it took) counts exactly the entries since the last.
-/// (virtio-queue's `needs_notification` keeps a count of its own that only its own checks
-/// reset: the two must not be mixed.)
-fn signal_due(vring: &FsVring, added: usize, slot: &mut Option<RingView>, mem: &Mem) {
-    let yes = {
-        let v = vring.get_ref();
-        let q = v.get_queue();
-        if !q.event_idx_enabled() {
-            true
-        } else {
-            // The used entries and index stored before `used_event` is read (the driver
-            // stores `used_event` before it reads the used index: one of the two sees the
-            // other).
-            fence(Ordering::SeqCst);
-            let event = match RingView::of(slot, mem, q) {
-                Some(r) => Some(r.used_event()),
-                None => used_event_slow(mem, q),
-            };
-            // More than 65,535 entries without a check cannot happen (at most a ring's worth
-            // is in flight, MAX_UNSIGNALLED are held back); saturate anyway: signal.
-            let added = u16::try_from(added).unwrap_or(u16::MAX);
-            needs_signal(event, q.next_used(), added)
-        }
+/// Whether the guest must be signalled for the used entries `s` holds back, which it counts
+/// as signalled from now on: if it asked to be (EVENT_IDX: its `used_event` among them),
+/// always without EVENT_IDX. `vq`: the vring's queue, under its lock; `used_event` is read
+/// through the vring's kept [`RingView`] (through vm-memory in `mem` where the rings cannot
+/// be). Every check of a request vring is this one, under its [`QueueShared`] lock, so
+/// [`QueueState::unsignalled`] counts exactly the entries since the last. (virtio-queue's
+/// `needs_notification` keeps a count of its own that only its own checks reset: the two
+/// must not be mixed.)
+pub(super) fn signal_needed(s: &mut QueueState, vq: &virtio_queue::Queue, mem: &Mem) -> bool {
+    let added = std::mem::take(&mut s.unsignalled);
+    if added == 0 {
+        return false;
+    }
+    if !vq.event_idx_enabled() {
+        return true;
+    }
+    // The used entries and index stored before `used_event` is read (the driver stores
+    // `used_event` before it reads the used index: one of the two sees the other).
+    fence(Ordering::SeqCst);
+    let event = match RingView::of(&mut s.view, mem, vq) {
+        Some(r) => Some(r.used_event()),
+        None => used_event_slow(mem, vq),
     };
+    // More than 65,535 entries without a check cannot happen (at most a ring's worth is in
+    // flight, MAX_UNSIGNALLED are held back); saturate anyway: signal.
+    let added = u16::try_from(added).unwrap_or(u16::MAX);
+    needs_signal(event, vq.next_used(), added)
+}
+
+/// [`signal_needed`] for `vring`, and the signal.
+fn signal_due(vring: &FsVring, s: &mut QueueState, mem: &Mem) {
+    let yes = signal_needed(s, vring.get_ref().get_queue(), mem);
     if yes {
-        if let Err(e) = vring.signal_used_queue() {
-            log::warn!("cannot notify the guest: {e}");
-        }
+        signal(vring);
+    }
+}
+
+/// Signals the guest (its used ring moved); a failure is logged.
+pub(super) fn signal(vring: &FsVring) {
+    if let Err(e) = vring.signal_used_queue() {
+        log::warn!("cannot notify the guest: {e}");
     }
 }
 

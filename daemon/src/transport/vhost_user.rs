@@ -42,7 +42,9 @@ use vmm_sys_util::event::{
 use super::chain_request::refuse;
 pub(crate) use super::chain_request::{decode, serve, Walked};
 use super::notify_queue::{NotifyQueue, VIRTIO_FS_F_NOTIFICATION};
-use super::queue_state::{enable_notification, Done, QueueShared, QueueState};
+use super::queue_state::{
+    enable_notification, signal, signal_needed, Done, QueueShared, QueueState,
+};
 use super::ring_records::{take_over, RingRecords};
 use super::ring_view::RingView;
 use super::window_regions::{without_window_files, Window, NO_BASE};
@@ -568,11 +570,16 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                         stopped |= 1 << i;
                         break;
                     };
-                    let Some(at) = chain else {
-                        // Empty: what its turn completed goes to the guest now, whatever
-                        // the other queues hold.
-                        q.flush(vring, &mem);
-                        break;
+                    let at = match chain {
+                        Ok(at) => at,
+                        Err(due) => {
+                            // Empty: what its turn completed goes to the guest now, whatever
+                            // the other queues hold (checked with the empty pop).
+                            if due {
+                                signal(vring);
+                            }
+                            break;
+                        }
                     };
                     self.serve_chain(queue, q, vring, at, epoch, &atomic);
                     taken += 1;
@@ -618,7 +625,10 @@ impl<F: FileSystem + 'static> FsBackend<F> {
 
     /// Pops the next chain once fewer than a ring's worth of requests are in flight, with the
     /// epoch it was popped in; `None` when the vring stopped while waiting for room. The
-    /// epoch and the pop under one lock: a reset cannot fall between them.
+    /// epoch and the pop under one lock: a reset cannot fall between them. A ring found empty
+    /// is flushed under the same locks (`Err`: whether the guest is to be signalled for the
+    /// completions held back, which the caller does once the locks are dropped): one lock of
+    /// the queue and the vring for the empty pop and the flush of each turn.
     fn pop_with_room(
         &self,
         queue: usize,
@@ -627,21 +637,22 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         hiprio: Option<&FsVring>,
         atomic: &GuestMem,
         mem: &Mem,
-    ) -> Option<(u64, Option<ChainAt>)> {
+    ) -> Option<(u64, Result<ChainAt, bool>)> {
         let mut s = q.lock();
         // Backpressure: at most a ring's worth of requests in flight. A guest
         // that republishes heads it has not had back (virtio-queue does not
         // track them) waits here until its requests complete, instead of
         // queueing work for the pools without bound.
         let mut warned = false;
-        let chain = loop {
+        let mut chain = loop {
             {
                 // One lock of the vring for the bound and the pop.
                 let mut v = vring.get_mut();
                 let vq = v.get_queue_mut();
                 let limit = usize::from(vq.size()).max(1);
                 if s.inflight < limit {
-                    break self.pop(queue, vq, &mut s, mem);
+                    let chain = self.pop(queue, vq, &mut s, mem);
+                    break chain.ok_or_else(|| signal_needed(&mut s, vq, mem));
                 }
                 if !vq.ready() {
                     return None;
@@ -665,13 +676,23 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 .0;
             s.space_waiters -= 1;
         };
-        if chain.is_some() {
+        if chain.is_ok() {
             s.inflight += 1;
             // A vring stopped and restarted while this loop ran (a `stop`/`cont`
             // during a long request) gives its next request here, before the
             // thread sees the restart's kick: it runs on a started device.
             if self.running.load(Ordering::SeqCst) & queue_bit(queue) == 0 {
                 self.mark_running(queue);
+            }
+        } else if s.drain_waiters > 0 {
+            // A vring stop waits for this flush: the guest is signalled before the stop
+            // hears of it (as `QueueShared::flush` does).
+            if chain == Err(true) {
+                signal(vring);
+                chain = Err(false);
+            }
+            if s.inflight == 0 {
+                q.drained.notify_all();
             }
         }
         Some((s.epoch, chain))
@@ -1080,9 +1101,18 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             let hiprio = (thread_id == 0).then(|| vrings.first()).flatten();
             // Every request queue of this thread, the kicked one first, then the others in
             // turn: served in one loop and one sleep for all.
-            let mut set = [(queue, vring); 64];
-            let mut n = 1;
+            // On the stack for the usual few (filling 64 entries cost each wake-up ~130
+            // stores).
             let ranks = vrings.len().min(64);
+            let mut small = [(queue, vring); 8];
+            let mut big = Vec::new();
+            let set: &mut [(usize, &FsVring)] = if ranks <= small.len() {
+                &mut small
+            } else {
+                big.resize(ranks, (queue, vring));
+                &mut big
+            };
+            let mut n = 1;
             let kicked = usize::from(device_event);
             for r in (kicked + 1..ranks).chain(0..kicked) {
                 let q = queue_of(&self.masks, thread_id, r as u16);
