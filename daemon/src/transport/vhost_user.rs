@@ -489,9 +489,10 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     ///
     /// Serving each queue of a thread on its own (one epoll event and one batch each) cost 4
     /// request queues on one thread 1.07x-1.08x the instructions per request of one queue;
-    /// one loop, 1.05x (protobench at depth 16; bench/HISTORY.md, 2026-11-28): what is left
-    /// is each queue's own turn (its empty pop, its EVENT_IDX check and signal, its
-    /// re-enabled notification), four per batch instead of one.
+    /// one loop, 1.05x (protobench at depth 16; bench/HISTORY.md, 2026-11-28): each queue's
+    /// own turn (its empty pop, its EVENT_IDX check and signal, its re-enabled notification),
+    /// four per batch instead of one. With the ring fields through kept pointers
+    /// ([`RingView`]) and the flush under the empty pop's locks, 1.00x-1.04x.
     fn process_queues(
         &self,
         set: &[(usize, &FsVring)],
