@@ -9,7 +9,7 @@ use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
 
 use super::ring_records::RingRecords;
-use super::ring_view::{needs_signal, used_event_slow, RingView};
+use super::ring_view::{needs_signal, requests_waiting, used_event_slow, RingView};
 use super::vhost_user::{FsVring, GuestMem, Mem};
 use super::worker_pool::Look;
 
@@ -188,7 +188,8 @@ pub(super) fn notify(vring: &FsVring) {
 
 /// Re-enables the guest's notifications of `vring` (EVENT_IDX: `avail_event` set to the next
 /// position to pop) and says whether requests arrived meanwhile (the avail index moved past
-/// it): then the caller serves them instead of sleeping.
+/// it, by a ring at most: [`requests_waiting`]): then the caller serves them instead of
+/// sleeping.
 pub(super) fn enable_notification(q: &QueueShared, vring: &FsVring, mem: &Mem) -> io::Result<bool> {
     let mut s = q.lock();
     let v = vring.get_ref();
@@ -200,12 +201,19 @@ pub(super) fn enable_notification(q: &QueueShared, vring: &FsVring, mem: &Mem) -
             // The store before the avail index is read again (virtio-queue and Linux fence
             // here): a kick the guest decided against is then seen here.
             fence(Ordering::SeqCst);
-            Ok(r.avail_idx() != next)
+            Ok(requests_waiting(r.avail_idx(), next, queue.size()))
         }
         _ => {
             drop(v);
             drop(s);
-            vring.enable_notification().map_err(io::Error::other)
+            if !vring.enable_notification().map_err(io::Error::other)? {
+                return Ok(false);
+            }
+            let v = vring.get_ref();
+            let queue = v.get_queue();
+            Ok(queue
+                .avail_idx(&**mem, Ordering::Acquire)
+                .is_ok_and(|a| requests_waiting(a.0, queue.next_avail(), queue.size())))
         }
     }
 }

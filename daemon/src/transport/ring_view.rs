@@ -219,6 +219,15 @@ pub(super) fn used_event_slow(mem: &GuestMemoryLogged, q: &Queue) -> Option<u16>
         .map(u16::from_le)
 }
 
+/// Whether the guest's avail index `avail` says requests wait past `next` (the next position
+/// to pop) in a ring of `size`: an index more than a ring ahead is the guest breaking the
+/// ring's rules, nothing to serve (virtio-queue refuses to pop there), so no reason to stay
+/// awake: a thread that took it for work would spin on a ring it never pops.
+pub(super) fn requests_waiting(avail: u16, next: u16, size: u16) -> bool {
+    let n = avail.wrapping_sub(next);
+    n != 0 && n <= size
+}
+
 /// Whether a guest must be signalled after `added` used entries up to `next_used`, given its
 /// `used_event` (EVENT_IDX; `None`: unreadable, so signal). The caller fences (SeqCst)
 /// between its used-ring stores and reading `used_event`. The same test as virtio-queue's
@@ -245,5 +254,15 @@ mod tests {
         assert!(needs_signal(Some(u16::MAX), 1, 2));
         assert!(needs_signal(None, 1, 0), "unreadable: signal");
         assert!(!needs_signal(Some(0), 0, 0), "nothing added");
+    }
+
+    #[test]
+    fn an_index_beyond_the_ring_is_no_request() {
+        assert!(!requests_waiting(5, 5, 16));
+        assert!(requests_waiting(6, 5, 16));
+        assert!(requests_waiting(21, 5, 16), "a full ring");
+        assert!(!requests_waiting(22, 5, 16), "more than a ring ahead");
+        assert!(!requests_waiting(4, 5, 16), "behind");
+        assert!(requests_waiting(3, u16::MAX - 2, 16), "wrapping");
     }
 }

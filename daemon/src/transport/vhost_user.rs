@@ -46,7 +46,7 @@ use super::queue_state::{
     enable_notification, signal, signal_needed, Done, QueueShared, QueueState,
 };
 use super::ring_records::{take_over, RingRecords};
-use super::ring_view::RingView;
+use super::ring_view::{requests_waiting, RingView};
 use super::window_regions::{without_window_files, Window, NO_BASE};
 use super::worker_pool::{Awake, Pool, Seen, ThreadPlan, POLL_BEFORE_SLEEP};
 use crate::protocol::abi::VirtioFsConfig;
@@ -821,13 +821,14 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         }
     }
 
-    /// Whether the guest has made a request available that is not popped yet.
+    /// Whether the guest has made a request available that is not popped yet (an avail index
+    /// more than a ring ahead is none: [`requests_waiting`]).
     fn has_request(vring: &FsVring, mem: &GuestMemoryLogged) -> bool {
         let v = vring.get_ref();
         let q = v.get_queue();
         q.ready()
             && q.avail_idx(mem, Ordering::Acquire)
-                .is_ok_and(|i| i.0 != q.next_avail())
+                .is_ok_and(|i| requests_waiting(i.0, q.next_avail(), q.size()))
     }
 
     /// Takes the next available chain of `vq` (under the vring's lock and `s`, its queue's):
