@@ -8,6 +8,7 @@ pub mod fuse_uring;
 pub mod notify_queue;
 mod queue_state;
 pub mod ring_records;
+mod ring_view;
 pub mod vhost_user;
 pub mod vring_chain;
 mod window_regions;

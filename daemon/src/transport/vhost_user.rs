@@ -42,8 +42,11 @@ use vmm_sys_util::event::{
 use super::chain_request::refuse;
 pub(crate) use super::chain_request::{decode, serve, Walked};
 use super::notify_queue::{NotifyQueue, VIRTIO_FS_F_NOTIFICATION};
-use super::queue_state::{Done, QueueShared};
+use super::queue_state::{
+    enable_notification, signal, signal_needed, Done, QueueShared, QueueState,
+};
 use super::ring_records::{take_over, RingRecords};
+use super::ring_view::{requests_waiting, RingView};
 use super::window_regions::{without_window_files, Window, NO_BASE};
 use super::worker_pool::{Awake, Pool, Seen, ThreadPlan, POLL_BEFORE_SLEEP};
 use crate::protocol::abi::VirtioFsConfig;
@@ -59,6 +62,8 @@ use crate::transport::vring_chain::{walk, ChainAt};
 pub type GuestMemoryLogged = GuestMemoryMmap<BitmapMmapRegion>;
 pub type GuestMem = GuestMemoryAtomic<GuestMemoryLogged>;
 pub(super) type FsVring = VringRwLock<GuestMem>;
+/// One load of [`GuestMem`]: the table a queue thread's turn works in.
+pub(super) type Mem = vm_memory::atomic::GuestMemoryLoadGuard<GuestMemoryLogged>;
 
 /// Largest queue the frontend may set up.
 pub const MAX_QUEUE_SIZE: usize = 1024;
@@ -484,9 +489,10 @@ impl<F: FileSystem + 'static> FsBackend<F> {
     ///
     /// Serving each queue of a thread on its own (one epoll event and one batch each) cost 4
     /// request queues on one thread 1.07x-1.08x the instructions per request of one queue;
-    /// one loop, 1.05x (protobench at depth 16; bench/HISTORY.md, 2026-11-28): what is left
-    /// is each queue's own turn (its empty pop, its EVENT_IDX check and signal, its
-    /// re-enabled notification), four per batch instead of one.
+    /// one loop, 1.05x (protobench at depth 16; bench/HISTORY.md, 2026-11-28): each queue's
+    /// own turn (its empty pop, its EVENT_IDX check and signal, its re-enabled notification),
+    /// four per batch instead of one. With the ring fields through kept pointers
+    /// ([`RingView`]) and the flush under the empty pop's locks, 1.00x-1.04x.
     fn process_queues(
         &self,
         set: &[(usize, &FsVring)],
@@ -530,6 +536,9 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         // then; a call per queue per round cost a vring lock and a memory-table load each);
         // without EVENT_IDX they are never disabled (every loop ends after one pass).
         loop {
+            // One load of the memory table for the round's pops, flushes and re-enabled
+            // notifications (a new table is seen at the next round).
+            let mem = atomic.memory();
             // Whether a turn ended with requests left (another round follows at once).
             let mut left = false;
             for (i, &(queue, vring)) in set.iter().enumerate() {
@@ -545,8 +554,6 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 if i > 0 && self.records.is_some() && vring.get_ref().get_queue().ready() {
                     self.resume_once(queue, vring);
                 }
-                // One load of the memory table for the turn's pops and its flush.
-                let mem = atomic.memory();
                 let mut taken = 0;
                 loop {
                     if set.len() > 1 && taken == ROUND {
@@ -564,11 +571,16 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                         stopped |= 1 << i;
                         break;
                     };
-                    let Some(at) = chain else {
-                        // Empty: what its turn completed goes to the guest now, whatever
-                        // the other queues hold.
-                        q.flush(vring, &mem);
-                        break;
+                    let at = match chain {
+                        Ok(at) => at,
+                        Err(due) => {
+                            // Empty: what its turn completed goes to the guest now, whatever
+                            // the other queues hold (checked with the empty pop).
+                            if due {
+                                signal(vring);
+                            }
+                            break;
+                        }
                     };
                     self.serve_chain(queue, q, vring, at, epoch, &atomic);
                     taken += 1;
@@ -598,9 +610,11 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 break;
             }
             let mut more = false;
-            for (i, &(_, vring)) in set.iter().enumerate() {
+            for (i, &(queue, vring)) in set.iter().enumerate() {
                 if stopped >> i & 1 == 0 && touched >> i & 1 == 1 {
-                    more |= vring.enable_notification().map_err(io::Error::other)?;
+                    if let Some(q) = self.queues.get(queue) {
+                        more |= enable_notification(q, vring, &mem)?;
+                    }
                 }
             }
             if !more {
@@ -612,7 +626,10 @@ impl<F: FileSystem + 'static> FsBackend<F> {
 
     /// Pops the next chain once fewer than a ring's worth of requests are in flight, with the
     /// epoch it was popped in; `None` when the vring stopped while waiting for room. The
-    /// epoch and the pop under one lock: a reset cannot fall between them.
+    /// epoch and the pop under one lock: a reset cannot fall between them. A ring found empty
+    /// is flushed under the same locks (`Err`: whether the guest is to be signalled for the
+    /// completions held back, which the caller does once the locks are dropped): one lock of
+    /// the queue and the vring for the empty pop and the flush of each turn.
     fn pop_with_room(
         &self,
         queue: usize,
@@ -620,22 +637,31 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         vring: &FsVring,
         hiprio: Option<&FsVring>,
         atomic: &GuestMem,
-        mem: &GuestMemoryLogged,
-    ) -> Option<(u64, Option<ChainAt>)> {
+        mem: &Mem,
+    ) -> Option<(u64, Result<ChainAt, bool>)> {
         let mut s = q.lock();
         // Backpressure: at most a ring's worth of requests in flight. A guest
         // that republishes heads it has not had back (virtio-queue does not
         // track them) waits here until its requests complete, instead of
         // queueing work for the pools without bound.
-        let limit = usize::from(vring.get_ref().get_queue().size()).max(1);
         let mut warned = false;
-        while s.inflight >= limit {
-            if !vring.get_ref().get_queue().ready() {
-                return None;
-            }
-            if !warned {
-                log::debug!("queue {queue}: {limit} requests in flight; waiting");
-                warned = true;
+        let mut chain = loop {
+            {
+                // One lock of the vring for the bound and the pop.
+                let mut v = vring.get_mut();
+                let vq = v.get_queue_mut();
+                let limit = usize::from(vq.size()).max(1);
+                if s.inflight < limit {
+                    let chain = self.pop(queue, vq, &mut s, mem);
+                    break chain.ok_or_else(|| signal_needed(&mut s, vq, mem));
+                }
+                if !vq.ready() {
+                    return None;
+                }
+                if !warned {
+                    log::debug!("queue {queue}: {limit} requests in flight; waiting");
+                    warned = true;
+                }
             }
             if hiprio.is_some_and(|h| Self::has_request(h, mem)) {
                 drop(s);
@@ -650,15 +676,24 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
             s.space_waiters -= 1;
-        }
-        let chain = self.pop(queue, vring, mem);
-        if chain.is_some() {
+        };
+        if chain.is_ok() {
             s.inflight += 1;
             // A vring stopped and restarted while this loop ran (a `stop`/`cont`
             // during a long request) gives its next request here, before the
             // thread sees the restart's kick: it runs on a started device.
             if self.running.load(Ordering::SeqCst) & queue_bit(queue) == 0 {
                 self.mark_running(queue);
+            }
+        } else if s.drain_waiters > 0 {
+            // A vring stop waits for this flush: the guest is signalled before the stop
+            // hears of it (as `QueueShared::flush` does).
+            if chain == Err(true) {
+                signal(vring);
+                chain = Err(false);
+            }
+            if s.inflight == 0 {
+                q.drained.notify_all();
             }
         }
         Some((s.epoch, chain))
@@ -693,7 +728,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                     epoch,
                     blocking: false,
                 };
-                q.complete(vring, done, true);
+                q.complete(vring, done, true, atomic);
                 return;
             }
         };
@@ -728,12 +763,13 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                     epoch,
                     blocking,
                 };
-                q.complete(vring, done, true);
+                q.complete(vring, done, true, atomic);
             }
             Some(pool) => {
                 // SAFETY: `req` was decoded from `walk` over `mem` just above.
                 let job = unsafe { Walked::of(mem.clone(), req, self.window.clone()) };
                 let (server, q, vring) = (self.server.clone(), q.clone(), vring.clone());
+                let atomic = atomic.clone();
                 pool.submit(Box::new(move || {
                     let used = job.serve(&server);
                     let done = Done {
@@ -742,7 +778,7 @@ impl<F: FileSystem + 'static> FsBackend<F> {
                         epoch,
                         blocking,
                     };
-                    q.complete(&vring, done, false);
+                    q.complete(&vring, done, false, &atomic);
                 }));
             }
         }
@@ -785,27 +821,54 @@ impl<F: FileSystem + 'static> FsBackend<F> {
         }
     }
 
-    /// Whether the guest has made a request available that is not popped yet.
+    /// Whether the guest has made a request available that is not popped yet (an avail index
+    /// more than a ring ahead is none: [`requests_waiting`]).
     fn has_request(vring: &FsVring, mem: &GuestMemoryLogged) -> bool {
         let v = vring.get_ref();
         let q = v.get_queue();
         q.ready()
             && q.avail_idx(mem, Ordering::Acquire)
-                .is_ok_and(|i| i.0 != q.next_avail())
+                .is_ok_and(|i| requests_waiting(i.0, q.next_avail(), q.size()))
     }
 
-    /// Takes the next available chain: where it is (the walk happens later, outside the
-    /// vring lock).
-    fn pop(&self, queue: usize, vring: &FsVring, mem: &GuestMemoryLogged) -> Option<ChainAt> {
-        let mut v = vring.get_mut();
-        let q = v.get_queue_mut();
-        let head = q.pop_descriptor_chain(mem)?.head_index();
+    /// Takes the next available chain of `vq` (under the vring's lock and `s`, its queue's):
+    /// where it is (the walk happens later, outside the vring lock). The avail index and the
+    /// head are read through the vring's [`RingView`] (through virtio-queue where the rings
+    /// cannot be), bounded as virtio-queue bounds them: an index more than a ring ahead is
+    /// refused (logged), a head is any number (the walk refuses one past the table).
+    fn pop(
+        &self,
+        queue: usize,
+        vq: &mut virtio_queue::Queue,
+        s: &mut QueueState,
+        mem: &Mem,
+    ) -> Option<ChainAt> {
+        if !vq.ready() {
+            return None;
+        }
+        let head = match RingView::of(&mut s.view, mem, vq) {
+            Some(r) => {
+                let next = vq.next_avail();
+                let avail = r.avail_idx();
+                if avail == next {
+                    return None;
+                }
+                if avail.wrapping_sub(next) > vq.size() {
+                    r.warn_bad_index(queue, avail, next);
+                    return None;
+                }
+                let head = r.avail_entry(next);
+                vq.set_next_avail(next.wrapping_add(1));
+                head
+            }
+            None => vq.pop_descriptor_chain(&**mem)?.head_index(),
+        };
         if let Some(r) = &self.records {
-            r.popped(queue, head, q.next_avail());
+            r.popped(queue, head, vq.next_avail());
         }
         Some(ChainAt {
-            table: q.desc_table(),
-            size: q.size(),
+            table: vq.desc_table(),
+            size: vq.size(),
             head,
         })
     }
@@ -922,6 +985,13 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
                 .replace(filtered),
             None => *slot = Some(GuestMemoryAtomic::new(filtered)),
         }
+        drop(slot);
+        // The vrings' views hold the old table's regions mapped: dropped now, resolved again
+        // in the new table at their next use (a view is used only with the table it was
+        // resolved in, so one in use meanwhile is never stale).
+        for q in &self.queues {
+            q.lock().view = None;
+        }
         Ok(())
     }
 
@@ -1033,9 +1103,18 @@ impl<F: FileSystem + 'static> VhostUserBackend for FsBackend<F> {
             let hiprio = (thread_id == 0).then(|| vrings.first()).flatten();
             // Every request queue of this thread, the kicked one first, then the others in
             // turn: served in one loop and one sleep for all.
-            let mut set = [(queue, vring); 64];
-            let mut n = 1;
+            // On the stack for the usual few (filling 64 entries cost each wake-up ~130
+            // stores).
             let ranks = vrings.len().min(64);
+            let mut small = [(queue, vring); 8];
+            let mut big = Vec::new();
+            let set: &mut [(usize, &FsVring)] = if ranks <= small.len() {
+                &mut small
+            } else {
+                big.resize(ranks, (queue, vring));
+                &mut big
+            };
+            let mut n = 1;
             let kicked = usize::from(device_event);
             for r in (kicked + 1..ranks).chain(0..kicked) {
                 let q = queue_of(&self.masks, thread_id, r as u16);

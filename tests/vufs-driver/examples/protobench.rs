@@ -548,6 +548,7 @@ fn rate(o: &Opts, name: &str, share: &Path, op: Op, out: &mut Out) -> io::Result
     let pid = t.daemon.pid();
     let cpu0 = pid.and_then(cpu_seconds);
     let cs0 = pid.and_then(cswitches);
+    let ring0 = ring_counts(&t);
     let t0 = Instant::now();
     let n = run(
         &t,
@@ -567,6 +568,12 @@ fn rate(o: &Opts, name: &str, share: &Path, op: Op, out: &mut Out) -> io::Result
         (Some(a), Some(b)) if n > 0 => format!("{:.3}", b.saturating_sub(a) as f64 / n as f64),
         _ => "null".to_string(),
     };
+    // The driver's kicks (each a wake-up the daemon may take) and the daemon's signals it
+    // read, per request, summed over the request queues: a daemon's context switches beyond
+    // its kicks are its own sleeps.
+    let ring1 = ring_counts(&t);
+    let per_req = |a: u64, b: u64| format!("{:.3}", b.saturating_sub(a) as f64 / n.max(1) as f64);
+    let (kicks, calls) = (per_req(ring0.0, ring1.0), per_req(ring0.1, ring1.1));
     if let Some((f, p)) = lock {
         drop(f);
         p.wait(Duration::from_secs(10))?;
@@ -583,13 +590,21 @@ fn rate(o: &Opts, name: &str, share: &Path, op: Op, out: &mut Out) -> io::Result
         "{{\"kind\":\"rate\",\"daemon\":\"{name}\",\"op\":\"{}\",\"depth\":{},\"queues\":{},\
          \"blocked_lock\":{},\"requests\":{n},\"seconds\":{secs:.3},\"req_per_s\":{rps:.0},\
          \"usec_per_req\":{:.2},\"daemon_cpu_usec_per_req\":{cpu},\
-         \"daemon_cswitch_per_req\":{cs},\"seccomp\":\"{seccomp}\"}}",
+         \"daemon_cswitch_per_req\":{cs},\"kicks_per_req\":{kicks},\
+         \"calls_per_req\":{calls},\"seccomp\":\"{seccomp}\"}}",
         op.name(),
         o.depth,
         o.queues,
         o.blocked_lock,
         1e6 / rps
     ))
+}
+
+/// Kicks the driver sent and calls it read so far, over the request queues.
+fn ring_counts(t: &Target) -> (u64, u64) {
+    (1..=t.queues)
+        .filter_map(|q| t.s.device().queue(q).ok().map(|q| q.stats()))
+        .fold((0, 0), |(k, c), s| (k + s.kicks, c + s.calls))
 }
 
 /// Total instructions (Ir) the daemon executed in a run of `n` requests of `op` under

@@ -632,3 +632,61 @@ fn a_full_request_queue_does_not_hold_back_one_sharing_its_thread() {
         "a request on queue 2 waited {worst:?} behind queue 1 ({took:?})"
     );
 }
+
+/// CPU time (user + system) process `pid` has used, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// The guest moves its avail index more than a ring past what the device took (the split
+/// ring's rule broken): nothing of it is served, and the device does not take it for work
+/// (a thread re-enabling notifications saw "more" there, popped nothing, and spun on it at
+/// a whole core for as long as the guest liked); once the index is back, the queue serves
+/// again.
+#[test]
+fn avail_index_beyond_the_ring_is_refused_without_spinning() {
+    let cfg = DriverConfig {
+        event_idx: vufs_driver::FeatureMode::On,
+        ..Default::default()
+    };
+    let mut rig = common::start_with(&[], &cfg, |_| {});
+    rig.s.getattr(abi::ROOT_ID, None).unwrap();
+    let dev = rig.s.device().clone();
+    let queue = dev.queue(1).unwrap();
+    let (_, avail, used) = queue.ring_addrs();
+    let size = queue.size();
+    let mem = dev.mem();
+    let idx: u16 = mem.read_obj(avail + 2).unwrap();
+    let used_before: u16 = mem.read_obj(used + 2).unwrap();
+    mem.write_obj(avail + 2, idx.wrapping_add(size).wrapping_add(1))
+        .unwrap();
+    queue.kick_fd().write(1).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = rig.daemon.pid().unwrap();
+    let cpu0 = cpu_ticks(pid);
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let busy = (cpu_ticks(pid) - cpu0) as f64 / hz / t0.elapsed().as_secs_f64();
+    let used_after: u16 = mem.read_obj(used + 2).unwrap();
+    assert_eq!(used_after, used_before, "served from beyond the ring");
+    eprintln!(
+        "daemon busy {:.0}% of a core with the index out of range",
+        busy * 100.0
+    );
+    if common::kind() == DaemonKind::Daxfsd {
+        assert!(
+            busy < 0.2,
+            "the daemon spun on a ring it cannot pop: {:.0}% of a core",
+            busy * 100.0
+        );
+    }
+    mem.write_obj(avail + 2, idx).unwrap();
+    queue.kick_fd().write(1).unwrap();
+    rig.s.getattr(abi::ROOT_ID, None).unwrap();
+    rig.assert_clean();
+}
