@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crate::protocol::abi::{Attr, FileLock, Kstatfs, SetattrIn};
 use crate::protocol::filesystem::{
-    AddEntry, Context, Entry, FileSystem, Handle, InitCaps, Inode, OpenFlags, XattrReply,
+    AddEntry, Context, Entry, FileSystem, Handle, InitCaps, Inode, LockOwner, OpenFlags, XattrReply,
 };
 use crate::protocol::iobuf::{Reader, Writer};
 use crate::protocol::mapper::{Mapper, NoMapper};
@@ -114,9 +114,9 @@ impl<F: FileSystem> Coherent<F> {
     /// window. A re-placement happens only when the page layout changed, so it costs one
     /// `fstat` otherwise.
     fn resizing<T>(&self, inode: Inode, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-        self.mapper.sync(inode);
+        self.mapper.sync(inode.raw());
         let r = f();
-        self.mapper.refresh(inode);
+        self.mapper.refresh(inode.raw());
         r
     }
 
@@ -133,18 +133,18 @@ impl<F: FileSystem> Coherent<F> {
         len: u64,
         f: impl FnOnce() -> io::Result<usize>,
     ) -> io::Result<usize> {
-        self.mapper.sync_range(inode, offset, len);
+        self.mapper.sync_range(inode.raw(), offset, len);
         let r = f();
         match r {
-            Ok(n) => self.mapper.written(inode, offset, n as u64),
+            Ok(n) => self.mapper.written(inode.raw(), offset, n as u64),
             // A failed write or fallocate may still have moved the file's end.
-            Err(_) => self.mapper.refresh(inode),
+            Err(_) => self.mapper.refresh(inode.raw()),
         }
         r
     }
 
     fn synced<T>(&self, inode: Inode, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-        self.mapper.sync(inode);
+        self.mapper.sync(inode.raw());
         f()
     }
 
@@ -157,7 +157,7 @@ impl<F: FileSystem> Coherent<F> {
         handle: Handle,
         f: impl FnOnce() -> io::Result<()>,
     ) -> io::Result<()> {
-        self.mapper.sync(inode);
+        self.mapper.sync(inode.raw());
         f()?;
         if self.mapper.window_size() == 0 {
             return Ok(());
@@ -167,7 +167,7 @@ impl<F: FileSystem> Coherent<F> {
         // inserted for one the table does not know (no growth a guest controls).
         let mut unknown = 0;
         let since = seen.get_mut(&handle).unwrap_or(&mut unknown);
-        match self.mapper.err_check(inode, since) {
+        match self.mapper.err_check(inode.raw(), since) {
             Some(errno) => Err(io::Error::from_raw_os_error(errno)),
             None => Ok(()),
         }
@@ -188,7 +188,7 @@ impl<F: FileSystem> Coherent<F> {
     /// recorded before that nobody reported yet).
     fn opened(&self, inode: Inode, handle: Handle) {
         if self.mapper.window_size() > 0 {
-            let at = self.mapper.err_sample(inode);
+            let at = self.mapper.err_sample(inode.raw());
             self.seen
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -219,19 +219,19 @@ crate::protocol::filesystem::filesystem_impl! {
     fn getattr(&self, ctx, inode, handle) {
         // A guest that stats a file may go on to read it through a copy slot: re-read the
         // copies of it when the file moved since.
-        self.mapper.revalidate(inode);
+        self.mapper.revalidate(inode.raw());
         self.inner.getattr(ctx, inode, handle)
     }
     fn setattr(&self, ctx, inode, attr, handle) {
         if attr.valid & crate::protocol::abi::fattr::SIZE != 0 {
-            self.mapper.shrinking(inode, attr.size);
+            self.mapper.shrinking(inode.raw(), attr.size);
         }
         self.resizing(inode, || self.inner.setattr(ctx, inode, attr, handle))
     }
     fn open(&self, ctx, inode, flags, fuse_flags) {
         // O_TRUNC resizes; any open is also the point where host changes become visible.
         if flags & libc::O_TRUNC as u32 != 0 {
-            self.mapper.shrinking(inode, 0);
+            self.mapper.shrinking(inode.raw(), 0);
         }
         let (fh, o) = self.resizing(inode, || self.inner.open(ctx, inode, flags, fuse_flags))?;
         self.opened(inode, fh);
@@ -243,7 +243,7 @@ crate::protocol::filesystem::filesystem_impl! {
             .create(ctx, parent, name, mode, flags, umask, fuse_flags);
         if let Ok((e, fh, _)) = &r {
             // CREATE of an existing file with O_TRUNC resizes it.
-            self.mapper.refresh(e.inode);
+            self.mapper.refresh(e.inode.raw());
             self.opened(e.inode, *fh);
         }
         r.map(|(e, fh, o)| (e, fh, self.flush_for(flags, o)))
@@ -254,7 +254,7 @@ crate::protocol::filesystem::filesystem_impl! {
         Ok((e, fh, self.flush_for(flags, o)))
     }
     fn read(&self, ctx, inode, handle, w, size, offset) {
-        self.mapper.sync_range(inode, offset, u64::from(size));
+        self.mapper.sync_range(inode.raw(), offset, u64::from(size));
         self.inner.read(ctx, inode, handle, w, size, offset)
     }
     fn write(&self, ctx, inode, handle, r, size, offset, kill_priv) {
@@ -282,7 +282,7 @@ crate::protocol::filesystem::filesystem_impl! {
     }
     fn flush_writes_back(&self, inode) {
         // FLUSH writes the inode's tails and pooled copies back first.
-        self.mapper.holds(inode) || self.inner.flush_writes_back(inode)
+        self.mapper.holds(inode.raw()) || self.inner.flush_writes_back(inode)
     }
     fn flush(&self, ctx, inode, handle, lock_owner) {
         self.reported(inode, handle, || {
@@ -317,7 +317,7 @@ crate::protocol::filesystem::filesystem_impl! {
     fn copy_file_range(
         &self, ctx, inode_in, handle_in, off_in, inode_out, handle_out, off_out, len, flags
     ) {
-        self.mapper.sync_range(inode_in, off_in, len);
+        self.mapper.sync_range(inode_in.raw(), off_in, len);
         self.written(inode_out, off_out, len, || {
             self.inner.copy_file_range(
                 ctx, inode_in, handle_in, off_in, inode_out, handle_out, off_out, len, flags,

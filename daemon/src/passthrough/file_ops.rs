@@ -11,7 +11,7 @@ use super::handle::HandleData;
 use super::inode::InodeData;
 use super::{check_name, err, PassthroughFs};
 use crate::protocol::abi::{FileLock, OPEN_KILL_SUIDGID};
-use crate::protocol::filesystem::{Context, Entry, Handle, Inode, OpenFlags};
+use crate::protocol::filesystem::{Context, Entry, Handle, Inode, LockOwner, OpenFlags};
 use crate::protocol::iobuf::{Reader, Writer};
 use crate::protocol::mapper::Mapper;
 use crate::sys;
@@ -304,13 +304,21 @@ impl PassthroughFs {
 
     /// Like `close(2)` on a duplicate: flushes what the host file system flushes on close,
     /// and drops the POSIX locks of the closing lock owner (only that owner's).
-    pub(super) fn do_flush(&self, inode: Inode, handle: Handle, owner: u64) -> io::Result<()> {
+    pub(super) fn do_flush(
+        &self,
+        inode: Inode,
+        handle: Handle,
+        owner: LockOwner,
+    ) -> io::Result<()> {
         let h = self.handles.get_file(inode, handle)?;
         drop(sys::dup(h.fd())?);
         if let Some(fd) = h.take_owner(owner) {
             unlock_all(&fd);
             if let Some(k) = self.handles.keeper() {
-                k.release(crate::protocol::keeper::Kept::Owner(handle, owner));
+                k.release(crate::protocol::keeper::Kept::Owner(
+                    handle.raw(),
+                    owner.raw(),
+                ));
             }
         }
         Ok(())
@@ -333,7 +341,12 @@ impl PassthroughFs {
 
     /// The host descriptor POSIX locks of `owner` on handle `h` live on: its own open file
     /// description, reopened with the handle's access mode.
-    fn owner_fd(&self, h: &HandleData, handle: Handle, owner: u64) -> io::Result<Arc<OwnedFd>> {
+    fn owner_fd(
+        &self,
+        h: &HandleData,
+        handle: Handle,
+        owner: LockOwner,
+    ) -> io::Result<Arc<OwnedFd>> {
         if let Some(fd) = h.existing_owner_fd(owner) {
             return Ok(fd);
         }
@@ -341,7 +354,7 @@ impl PassthroughFs {
         if let Some(k) = self.handles.keeper() {
             // Before the lock is taken on it: a crash keeps the lock with the descriptor.
             k.keep(
-                crate::protocol::keeper::Kept::Owner(handle, owner),
+                crate::protocol::keeper::Kept::Owner(handle.raw(), owner.raw()),
                 &[],
                 Some(fd.as_fd()),
             );
@@ -349,7 +362,7 @@ impl PassthroughFs {
         Ok(fd)
     }
 
-    fn new_owner_fd(&self, h: &HandleData, owner: u64) -> io::Result<Arc<OwnedFd>> {
+    fn new_owner_fd(&self, h: &HandleData, owner: LockOwner) -> io::Result<Arc<OwnedFd>> {
         h.owner_fd(owner, || {
             let acc = match h.access() {
                 Some((true, true)) => libc::O_RDWR,
@@ -369,7 +382,7 @@ impl PassthroughFs {
         &self,
         inode: Inode,
         handle: Handle,
-        owner: u64,
+        owner: LockOwner,
         lock: FileLock,
     ) -> io::Result<FileLock> {
         if !self.cfg.posix_lock {
@@ -396,7 +409,7 @@ impl PassthroughFs {
         &self,
         inode: Inode,
         handle: Handle,
-        owner: u64,
+        owner: LockOwner,
         lock: FileLock,
         flock: bool,
         sleep: bool,
@@ -573,7 +586,7 @@ impl PassthroughFs {
         }
         let fd = self.dax_fd(&data, writable)?;
         mapper.map(&crate::protocol::mapper::MapRequest {
-            owner: inode,
+            owner: inode.raw(),
             moffset,
             len,
             fd: fd.as_fd(),
@@ -614,7 +627,7 @@ impl PassthroughFs {
 }
 
 /// `fuse_setupmapping_in.fh` when the client names no handle.
-const NO_HANDLE: Handle = u64::MAX;
+const NO_HANDLE: Handle = Handle::from_raw(u64::MAX);
 
 /// Moves `size` bytes at `offset` with `step(bytes_left, file_offset)` until done, end of
 /// file (`Ok(0)`) or an error; an error after some progress ends it short, as a syscall would.

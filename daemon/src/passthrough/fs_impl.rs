@@ -12,7 +12,7 @@ use super::PassthroughFs;
 use crate::protocol::abi::{init_flags as f, Attr, FileLock, Kstatfs, SetattrIn};
 use crate::protocol::filesystem::filesystem_impl;
 use crate::protocol::filesystem::{
-    AddEntry, Context, Entry, Handle, InitCaps, Inode, OpenFlags, XattrReply,
+    AddEntry, Context, Entry, Handle, InitCaps, Inode, LockOwner, OpenFlags, XattrReply,
 };
 use crate::protocol::iobuf::{Reader, Writer};
 use crate::protocol::mapper::Mapper;
@@ -28,7 +28,7 @@ filesystem_impl! {
         }
         let want = self.init_wants();
         self.apply_agreed(want & offered);
-        if let (Some(w), Ok(root)) = (self.watch.get(), self.inodes.get(crate::protocol::abi::ROOT_ID)) {
+        if let (Some(w), Ok(root)) = (self.watch.get(), self.inodes.get(Inode::ROOT)) {
             w.note(&root);
         }
         Ok(want)

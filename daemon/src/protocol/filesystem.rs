@@ -45,10 +45,75 @@ use crate::protocol::abi::{Attr, FileLock, Kstatfs, SetattrIn};
 use crate::protocol::iobuf::{Reader, Writer};
 use crate::protocol::mapper::Mapper;
 
-/// Inode number as the guest sees it.
-pub type Inode = u64;
-/// Open file or directory handle as the guest sees it.
-pub type Handle = u64;
+/// Inode number as the guest sees it (`nodeid` on the wire).
+///
+/// [`Inode`], [`Handle`] and [`LockOwner`] are distinct types over the same `u64`, so one
+/// cannot be passed where another is expected:
+///
+/// ```compile_fail
+/// use daxfsd::filesystem::{Context, FileSystem, Handle, Inode};
+/// use daxfsd::iobuf::Writer;
+/// fn read(fs: &dyn FileSystem, inode: Inode, handle: Handle, w: &mut Writer) {
+///     // Inode and handle swapped: does not compile.
+///     let _ = fs.read(&Context::default(), handle, inode, w, 4096, 0);
+/// }
+/// ```
+///
+/// The same call in the right order compiles:
+///
+/// ```
+/// use daxfsd::filesystem::{Context, FileSystem, Handle, Inode};
+/// use daxfsd::iobuf::Writer;
+/// fn read(fs: &dyn FileSystem, inode: Inode, handle: Handle, w: &mut Writer) {
+///     let _ = fs.read(&Context::default(), inode, handle, w, 4096, 0);
+/// }
+/// ```
+///
+/// The raw number is for the wire (the server's decoding and encoding) and for the state a
+/// filesystem saves ([`Inode::from_raw`], [`Inode::raw`]).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Inode(u64);
+
+/// Open file or directory handle as the guest sees it (`fh` on the wire). Not an
+/// [`Inode`] (see there).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Handle(u64);
+
+/// Owner of POSIX locks as the guest names it (`lock_owner`/`owner` on the wire): the
+/// guest's `fl_owner_t`, not a process id. Not a [`Handle`] (see [`Inode`]).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LockOwner(u64);
+
+macro_rules! raw_id {
+    ($($t:ident),*) => {$(
+        impl $t {
+            /// The id a raw wire (or saved state) number names.
+            #[inline]
+            pub const fn from_raw(n: u64) -> Self {
+                $t(n)
+            }
+            /// The raw number, for the wire and for saved state.
+            #[inline]
+            pub const fn raw(self) -> u64 {
+                self.0
+            }
+        }
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+    )*};
+}
+raw_id!(Inode, Handle, LockOwner);
+
+impl Inode {
+    /// The root directory ([`crate::protocol::abi::ROOT_ID`]).
+    pub const ROOT: Inode = Inode(crate::protocol::abi::ROOT_ID);
+}
 
 /// Who sent a request.
 #[derive(Debug, Clone, Copy, Default)]
@@ -371,7 +436,7 @@ macro_rules! with_filesystem_methods {
             ctx: &Context,
             inode: Inode,
             handle: Handle,
-            lock_owner: u64,
+            lock_owner: LockOwner,
         ) -> io::Result<()> {
             enosys()
         }
@@ -387,7 +452,7 @@ macro_rules! with_filesystem_methods {
             inode: Inode,
             handle: Handle,
             flock_release: bool,
-            lock_owner: u64,
+            lock_owner: LockOwner,
         ) -> io::Result<()> {
             enosys()
         }
@@ -564,7 +629,7 @@ macro_rules! with_filesystem_methods {
             ctx: &Context,
             inode: Inode,
             handle: Handle,
-            owner: u64,
+            owner: LockOwner,
             lock: FileLock,
         ) -> io::Result<FileLock> {
             enosys()
@@ -581,7 +646,7 @@ macro_rules! with_filesystem_methods {
             ctx: &Context,
             inode: Inode,
             handle: Handle,
-            owner: u64,
+            owner: LockOwner,
             lock: FileLock,
             flock: bool,
             sleep: bool,
@@ -829,55 +894,72 @@ pub(crate) mod tests {
         let mut data = [0u8; 16];
         let mut r = Reader::new(vec![VolatileSlice::from(&mut data[..])]);
         let mut add = |_: DirEntry, _: Option<&Entry>| Ok(true);
+        let (root, ino, fh, dh) = (
+            Inode::ROOT,
+            Inode::from_raw(2),
+            Handle::from_raw(3),
+            Handle::from_raw(6),
+        );
+        let owner = LockOwner::from_raw(7);
         let _ = fs.init(InitCaps::default());
         fs.destroy();
         fs.interrupt_waits();
-        let _ = fs.flush_writes_back(1);
-        let _ = fs.lookup(&ctx, 1, name);
-        fs.forget(&ctx, 2, 1);
+        let _ = fs.flush_writes_back(root);
+        let _ = fs.lookup(&ctx, root, name);
+        fs.forget(&ctx, ino, 1);
         fs.batch_forget(&ctx, &[]);
-        let _ = fs.getattr(&ctx, 2, None);
-        let _ = fs.setattr(&ctx, 2, &SetattrIn::default(), None);
-        let _ = fs.readlink(&ctx, 2);
-        let _ = fs.symlink(&ctx, c"t", 1, name);
-        let _ = fs.mknod(&ctx, 1, name, 0o644, 0, 0);
-        let _ = fs.mkdir(&ctx, 1, name, 0o755, 0);
-        let _ = fs.unlink(&ctx, 1, name);
-        let _ = fs.rmdir(&ctx, 1, name);
-        let _ = fs.rename(&ctx, 1, name, 1, c"m", 0);
-        let _ = fs.link(&ctx, 2, 1, c"m");
-        let _ = fs.open(&ctx, 2, 0, 0);
-        let _ = fs.create(&ctx, 1, name, 0o644, 0, 0, 0);
-        let _ = fs.tmpfile(&ctx, 1, 0o644, 0, 0);
-        let _ = fs.read(&ctx, 2, 3, &mut w, 16, 0);
-        let _ = fs.write(&ctx, 2, 3, &mut r, 16, 0, false);
-        let _ = fs.flush(&ctx, 2, 3, 7);
-        let _ = fs.release(&ctx, 2, 3, false, 7);
-        let _ = fs.fsync(&ctx, 2, false, 3);
-        let _ = fs.fallocate(&ctx, 2, 3, 0, 0, 4096);
-        let _ = fs.lseek(&ctx, 2, 3, 0, libc::SEEK_DATA as u32);
-        let _ = fs.copy_file_range(&ctx, 2, 3, 0, 4, 5, 0, 16, 0);
-        let _ = fs.statfs(&ctx, 1);
-        let _ = fs.syncfs(&ctx, 1);
-        let _ = fs.setxattr(&ctx, 2, c"user.x", b"v", 0, 0);
-        let _ = fs.getxattr(&ctx, 2, c"user.x", 0);
-        let _ = fs.listxattr(&ctx, 2, 0);
-        let _ = fs.removexattr(&ctx, 2, c"user.x");
-        let _ = fs.opendir(&ctx, 1, 0);
-        let _ = fs.readdir(&ctx, 1, 6, 0, true, &mut add);
-        let _ = fs.releasedir(&ctx, 1, 6);
-        let _ = fs.fsyncdir(&ctx, 1, true, 6);
-        let _ = fs.getlk(&ctx, 2, 3, 7, lock);
-        let _ = fs.setlk(&ctx, 2, 3, 7, lock, false, true);
-        let _ = fs.access(&ctx, 2, libc::R_OK as u32);
+        let _ = fs.getattr(&ctx, ino, None);
+        let _ = fs.setattr(&ctx, ino, &SetattrIn::default(), None);
+        let _ = fs.readlink(&ctx, ino);
+        let _ = fs.symlink(&ctx, c"t", root, name);
+        let _ = fs.mknod(&ctx, root, name, 0o644, 0, 0);
+        let _ = fs.mkdir(&ctx, root, name, 0o755, 0);
+        let _ = fs.unlink(&ctx, root, name);
+        let _ = fs.rmdir(&ctx, root, name);
+        let _ = fs.rename(&ctx, root, name, root, c"m", 0);
+        let _ = fs.link(&ctx, ino, root, c"m");
+        let _ = fs.open(&ctx, ino, 0, 0);
+        let _ = fs.create(&ctx, root, name, 0o644, 0, 0, 0);
+        let _ = fs.tmpfile(&ctx, root, 0o644, 0, 0);
+        let _ = fs.read(&ctx, ino, fh, &mut w, 16, 0);
+        let _ = fs.write(&ctx, ino, fh, &mut r, 16, 0, false);
+        let _ = fs.flush(&ctx, ino, fh, owner);
+        let _ = fs.release(&ctx, ino, fh, false, owner);
+        let _ = fs.fsync(&ctx, ino, false, fh);
+        let _ = fs.fallocate(&ctx, ino, fh, 0, 0, 4096);
+        let _ = fs.lseek(&ctx, ino, fh, 0, libc::SEEK_DATA as u32);
+        let _ = fs.copy_file_range(
+            &ctx,
+            ino,
+            fh,
+            0,
+            Inode::from_raw(4),
+            Handle::from_raw(5),
+            0,
+            16,
+            0,
+        );
+        let _ = fs.statfs(&ctx, root);
+        let _ = fs.syncfs(&ctx, root);
+        let _ = fs.setxattr(&ctx, ino, c"user.x", b"v", 0, 0);
+        let _ = fs.getxattr(&ctx, ino, c"user.x", 0);
+        let _ = fs.listxattr(&ctx, ino, 0);
+        let _ = fs.removexattr(&ctx, ino, c"user.x");
+        let _ = fs.opendir(&ctx, root, 0);
+        let _ = fs.readdir(&ctx, root, dh, 0, true, &mut add);
+        let _ = fs.releasedir(&ctx, root, dh);
+        let _ = fs.fsyncdir(&ctx, root, true, dh);
+        let _ = fs.getlk(&ctx, ino, fh, owner, lock);
+        let _ = fs.setlk(&ctx, ino, fh, owner, lock, false, true);
+        let _ = fs.access(&ctx, ino, libc::R_OK as u32);
         let _ = fs.fileattr(
             &ctx,
-            2,
-            3,
+            ino,
+            fh,
             crate::protocol::ioctl::FileAttrRequest::GetFlags,
         );
-        let _ = fs.backing_fd(2, 3);
-        let _ = fs.setupmapping(&ctx, 2, 3, 0, 4096, 0, false, &NoMapper);
+        let _ = fs.backing_fd(ino, fh);
+        let _ = fs.setupmapping(&ctx, ino, fh, 0, 4096, 0, false, &NoMapper);
     }
 
     #[test]
@@ -911,7 +993,9 @@ pub(crate) mod tests {
         };
         call_every_method(&fs);
         assert_eq!(*fs.inner.0.lock().unwrap(), METHODS);
-        let e = fs.lookup(&Context::default(), 1, c"n").unwrap_err();
+        let e = fs
+            .lookup(&Context::default(), Inode::ROOT, c"n")
+            .unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOSYS));
         assert_eq!(fs.init(InitCaps::default()).unwrap(), 0);
     }
@@ -923,13 +1007,16 @@ pub(crate) mod tests {
         filesystem_impl! {
             impl[] FileSystem for Lookups;
             others => default;
-            fn lookup(&self, _, parent, _) { Ok(Entry { inode: parent + 1, ..Entry::default() }) }
+            fn lookup(&self, _, parent, _) {
+                Ok(Entry { inode: Inode::from_raw(parent.raw() + 1), ..Entry::default() })
+            }
         }
         let ctx = Context::default();
-        assert_eq!(Lookups.lookup(&ctx, 1, c"n").unwrap().inode, 2);
-        let e = Lookups.getattr(&ctx, 1, None).unwrap_err();
+        let root = Inode::ROOT;
+        assert_eq!(Lookups.lookup(&ctx, root, c"n").unwrap().inode.raw(), 2);
+        let e = Lookups.getattr(&ctx, root, None).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOSYS));
-        let e = Lookups.backing_fd(1, 1).err().unwrap();
+        let e = Lookups.backing_fd(root, Handle::from_raw(1)).err().unwrap();
         assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP));
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::protocol::abi::fattr;
 use crate::protocol::abi::{Attr, Kstatfs, SetattrIn, ROOT_ID};
 use crate::protocol::filesystem::{
-    AddEntry, Context, DirEntry, Entry, Handle, InitCaps, Inode, OpenFlags,
+    AddEntry, Context, DirEntry, Entry, Handle, InitCaps, Inode, LockOwner, OpenFlags,
 };
 use crate::protocol::iobuf::{Reader, Writer};
 use crate::protocol::mapper::Mapper;
@@ -63,7 +63,7 @@ impl MemFs {
     pub fn new() -> io::Result<Self> {
         let mut nodes = HashMap::new();
         nodes.insert(
-            ROOT_ID,
+            Inode::ROOT,
             Node {
                 kind: Kind::Dir(BTreeMap::new()),
                 mode: libc::S_IFDIR | 0o755,
@@ -86,7 +86,7 @@ impl MemFs {
         Ok(MemFs {
             state: Mutex::new(State {
                 nodes,
-                next: ROOT_ID + 1,
+                next: Inode::from_raw(ROOT_ID + 1),
             }),
             backing,
         })
@@ -128,7 +128,7 @@ impl State {
             Kind::Special => 0,
         };
         Ok(Attr {
-            ino,
+            ino: ino.raw(),
             size,
             blocks: size.div_ceil(512),
             mode: n.mode,
@@ -168,7 +168,7 @@ impl State {
             return Err(errno(libc::EEXIST));
         }
         let ino = self.next;
-        self.next += 1;
+        self.next = Inode::from_raw(ino.raw() + 1);
         let is_dir = matches!(kind, Kind::Dir(_));
         self.nodes.insert(
             ino,
@@ -190,7 +190,7 @@ impl State {
     }
 
     fn drop_if_unused(&mut self, ino: Inode) {
-        if ino == ROOT_ID {
+        if ino == Inode::ROOT {
             return;
         }
         if self
@@ -259,7 +259,7 @@ crate::protocol::filesystem::filesystem_impl! {
         let mut s = self.lock()?;
         let ino = match name.to_bytes() {
             b"." => parent,
-            b".." => ROOT_ID,
+            b".." => Inode::ROOT,
             _ => *s
                 .dir(parent)?
                 .get(name)
@@ -384,7 +384,8 @@ crate::protocol::filesystem::filesystem_impl! {
 
     fn open(&self, _ctx, inode, _flags, _ff) {
         match self.lock()?.node(inode)?.kind {
-            Kind::File(_) => Ok((inode, 0)),
+            // The inode number serves as the handle.
+            Kind::File(_) => Ok((Handle::from_raw(inode.raw()), 0)),
             Kind::Dir(_) => Err(errno(libc::EISDIR)),
             _ => Err(errno(libc::ENXIO)),
         }
@@ -399,7 +400,7 @@ crate::protocol::filesystem::filesystem_impl! {
             libc::S_IFREG | (mode & 0o7777),
             0,
         )?;
-        Ok((e, e.inode, 0))
+        Ok((e, Handle::from_raw(e.inode.raw()), 0))
     }
 
     fn read(&self, _ctx, inode, _h, w, size, offset) {
@@ -458,7 +459,7 @@ crate::protocol::filesystem::filesystem_impl! {
 
     fn opendir(&self, _ctx, inode, _flags) {
         self.lock()?.dir(inode)?;
-        Ok((inode, 0))
+        Ok((Handle::from_raw(inode.raw()), 0))
     }
 
     fn readdir(&self, _ctx, inode, _h, offset, plus, add) {
@@ -473,7 +474,7 @@ crate::protocol::filesystem::filesystem_impl! {
             let mode = s.node(*ino)?.mode;
             let entry = if plus { Some(s.entry(*ino)?) } else { None };
             let d = DirEntry {
-                ino: *ino,
+                ino: ino.raw(),
                 offset: idx as u64 + 1,
                 typ: dt_of(mode),
                 name: name.to_bytes(),
@@ -503,7 +504,7 @@ crate::protocol::filesystem::filesystem_impl! {
             return Err(errno(libc::EINVAL));
         }
         mapper.map(&crate::protocol::mapper::MapRequest {
-            owner: inode,
+            owner: inode.raw(),
             moffset,
             len,
             fd: self.backing.as_fd(),
