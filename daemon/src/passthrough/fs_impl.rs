@@ -11,8 +11,7 @@ use std::time::Duration;
 use super::PassthroughFs;
 use crate::protocol::abi::{init_flags as f, Attr, FileLock, Kstatfs, SetattrIn};
 use crate::protocol::filesystem::{
-    AddEntry, Context, Entry, FileSystem, Handle, InitCaps, Inode, LockOwner, OpenFlags,
-    XattrReply,
+    AddEntry, Context, Entry, FileSystem, Handle, InitCaps, Inode, LockOwner, OpenFlags, XattrReply,
 };
 use crate::protocol::iobuf::{Reader, Writer};
 use crate::protocol::mapper::Mapper;
