@@ -479,19 +479,6 @@ impl PassthroughFs {
         Ok(())
     }
 
-    pub(super) fn do_fallocate(
-        &self,
-        inode: Inode,
-        handle: Handle,
-        mode: u32,
-        offset: u64,
-        length: u64,
-    ) -> io::Result<()> {
-        self.check_writable()?;
-        let h = self.handles.get_file(inode, handle)?;
-        sys::fallocate(h.fd(), mode as libc::c_int, offset, length)
-    }
-
     pub(super) fn do_lseek(
         &self,
         inode: Inode,
@@ -529,19 +516,6 @@ impl PassthroughFs {
         let flags = libc::c_uint::try_from(flags).map_err(|_| err(libc::EINVAL))?;
         let len = usize::try_from(len).map_err(|_| err(libc::EINVAL))?;
         sys::copy_file_range(hin.fd(), off_in, hout.fd(), off_out, len, flags)
-    }
-
-    pub(super) fn do_syncfs(&self, inode: Inode) -> io::Result<()> {
-        let data = self.inode(inode)?;
-        let fd = match data.kind {
-            libc::S_IFDIR | libc::S_IFREG => self.reopen(&data, libc::O_RDONLY)?,
-            _ => return Err(err(libc::EINVAL)),
-        };
-        // Each SYNCFS writes back the whole host file system: one at a time, so a guest
-        // sending many (on up to every blocking thread) cannot multiply that work.
-        static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-        sys::syncfs(fd.as_fd())
     }
 
     /// SETUPMAPPING: maps a file range into the DAX window through the inode's kept

@@ -8,13 +8,15 @@ use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::PassthroughFs;
+use super::handle::HandleData;
+use super::{err, PassthroughFs};
 use crate::protocol::abi::{init_flags as f, Attr, FileLock, Kstatfs, SetattrIn};
 use crate::protocol::filesystem::{
     AddEntry, Context, Entry, FileSystem, Handle, InitCaps, Inode, LockOwner, OpenFlags, XattrReply,
 };
 use crate::protocol::iobuf::{Reader, Writer};
 use crate::protocol::mapper::Mapper;
+use crate::sys;
 
 impl FileSystem for PassthroughFs {
     fn init(&self, caps: InitCaps) -> io::Result<u64> {
@@ -47,7 +49,12 @@ impl FileSystem for PassthroughFs {
     }
 
     fn lookup(&self, _: &Context, parent: Inode, name: &CStr) -> io::Result<Entry> {
-        self.do_lookup_op(parent, name)
+        let p = self.inode(parent)?;
+        // `.` is the parent itself; `..` has its own check (see do_lookup).
+        if !matches!(name.to_bytes(), b"." | b"..") {
+            self.check_inside(&p)?;
+        }
+        self.do_lookup(&p, name)
     }
     fn forget(&self, _: &Context, inode: Inode, count: u64) {
         self.forget_inode(inode, count)
@@ -70,7 +77,11 @@ impl FileSystem for PassthroughFs {
         self.do_setattr(inode, attr, handle)
     }
     fn readlink(&self, _: &Context, inode: Inode) -> io::Result<Vec<u8>> {
-        self.do_readlink(inode)
+        let data = self.inode(inode)?;
+        if !data.is_symlink() {
+            return Err(err(libc::EINVAL));
+        }
+        sys::readlinkat(data.fd()?.as_fd(), sys::EMPTY)
     }
     fn symlink(
         &self,
@@ -217,7 +228,9 @@ impl FileSystem for PassthroughFs {
         offset: u64,
         length: u64,
     ) -> io::Result<()> {
-        self.do_fallocate(inode, handle, mode, offset, length)
+        self.check_writable()?;
+        let h = self.handles.get_file(inode, handle)?;
+        sys::fallocate(h.fd(), mode as libc::c_int, offset, length)
     }
     fn lseek(
         &self,
@@ -249,7 +262,16 @@ impl FileSystem for PassthroughFs {
         self.do_statfs(inode)
     }
     fn syncfs(&self, _: &Context, inode: Inode) -> io::Result<()> {
-        self.do_syncfs(inode)
+        let data = self.inode(inode)?;
+        let fd = match data.kind {
+            libc::S_IFDIR | libc::S_IFREG => self.reopen(&data, libc::O_RDONLY)?,
+            _ => return Err(err(libc::EINVAL)),
+        };
+        // Each SYNCFS writes back the whole host file system: one at a time, so a guest
+        // sending many (on up to every blocking thread) cannot multiply that work.
+        static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+        sys::syncfs(fd.as_fd())
     }
 
     fn setxattr(
@@ -280,7 +302,15 @@ impl FileSystem for PassthroughFs {
     }
 
     fn opendir(&self, _: &Context, inode: Inode, _: u32) -> io::Result<(Handle, OpenFlags)> {
-        self.do_opendir(inode)
+        let data = self.inode(inode)?;
+        match data.kind {
+            libc::S_IFDIR => {}
+            libc::S_IFLNK => return Err(err(libc::ELOOP)),
+            _ => return Err(err(libc::ENOTDIR)),
+        }
+        let fd = self.reopen(&data, libc::O_RDONLY)?;
+        let fh = self.handles.insert(HandleData::dir(inode, fd));
+        Ok((fh, self.dir_open_flags()))
     }
     fn readdir(
         &self,
@@ -294,7 +324,7 @@ impl FileSystem for PassthroughFs {
         self.do_readdir(inode, handle, offset, plus, add)
     }
     fn releasedir(&self, _: &Context, inode: Inode, handle: Handle) -> io::Result<()> {
-        self.do_releasedir(inode, handle)
+        self.handles.remove(inode, handle, true).map(drop)
     }
     fn fsyncdir(
         &self,
