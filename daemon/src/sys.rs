@@ -63,6 +63,31 @@ pub fn fstat(fd: BorrowedFd) -> io::Result<libc::stat64> {
     Ok(unsafe { st.assume_init() })
 }
 
+/// Maps the first `len` bytes of the shared memory `fd` (a memfd) readable and writable,
+/// `MAP_SHARED`: stores through the mapping reach the file, and every other mapping of it.
+/// The caller checks that the file holds at least `len` bytes (a page past its end faults
+/// with `SIGBUS`), keeps it from shrinking while mapped, and `munmap`s the `len` bytes when
+/// done.
+pub fn map_shared(fd: BorrowedFd, len: usize) -> io::Result<*mut u8> {
+    // SAFETY: a new mapping at an address the kernel picks (no hint, no MAP_FIXED), so no
+    // memory of this process changes; `fd` is valid for the call. What the returned pointer
+    // may be used for is the caller's contract (above).
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p.cast())
+}
+
 /// `statx(dir, name, flags, mask)`.
 pub fn statx(
     dir: BorrowedFd,

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use common::*;
 use daxfsd::abi::{opcode as op, *};
+use daxfsd::filesystem::Inode;
 
 fn populate(h: &Harness) {
     std::fs::write(h.host("a"), b"1").unwrap();
@@ -55,7 +56,7 @@ fn readdirplus_looks_entries_up() {
             name => {
                 let e = i.entry.as_ref().expect("entry for a real name");
                 assert_eq!(e.attr.ino, host_ino(&h.host(name)));
-                assert_eq!(h.fs().lookup_count(e.nodeid), 1, "{name}");
+                assert_eq!(h.fs().lookup_count(Inode::from_raw(e.nodeid)), 1, "{name}");
                 assert_eq!(h.lookup(ROOT, name).unwrap().nodeid, e.nodeid);
             }
         }
@@ -76,7 +77,12 @@ fn readdirplus_forgets_entries_that_did_not_fit() {
     assert_eq!(items.len(), 22);
     for i in items.iter().filter(|i| i.entry.is_some()) {
         let e = i.entry.unwrap();
-        assert_eq!(h.fs().lookup_count(e.nodeid), 1, "{}", i.name());
+        assert_eq!(
+            h.fs().lookup_count(Inode::from_raw(e.nodeid)),
+            1,
+            "{}",
+            i.name()
+        );
     }
     assert_eq!(h.fs().inode_count(), 21, "root + 20 files, nothing leaked");
     // Too small for even one entry: an empty reply, no reference taken.

@@ -6,6 +6,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 
 use common::*;
 use daxfsd::abi::{fattr, opcode as op, *};
+use daxfsd::filesystem::Inode;
 
 #[test]
 fn lookup_finds_host_files_and_counts_references() {
@@ -19,7 +20,7 @@ fn lookup_finds_host_files_and_counts_references() {
     assert_eq!((e.entry_valid, e.attr_valid), (1, 1), "cache=auto: 1 s");
     let again = h.lookup(ROOT, "f").unwrap();
     assert_eq!(again.nodeid, e.nodeid, "same host file, same nodeid");
-    assert_eq!(h.fs().lookup_count(e.nodeid), 2);
+    assert_eq!(h.fs().lookup_count(Inode::from_raw(e.nodeid)), 2);
 
     assert_eq!(h.lookup(ROOT, "missing").unwrap_err(), libc::ENOENT);
     assert_eq!(h.lookup(999, "f").unwrap_err(), libc::EBADF);
@@ -33,7 +34,7 @@ fn forget_drops_references() {
     let ino = h.lookup(ROOT, "f").unwrap().nodeid;
     h.lookup(ROOT, "f").unwrap();
     h.forget(ino, 1);
-    assert_eq!(h.fs().lookup_count(ino), 1);
+    assert_eq!(h.fs().lookup_count(Inode::from_raw(ino)), 1);
     assert!(h.getattr(ino).is_ok());
     h.forget(ino, 1);
     assert_eq!(h.getattr(ino).unwrap_err(), libc::EBADF, "gone at zero");
@@ -409,7 +410,7 @@ fn link_makes_a_host_hard_link() {
     assert_eq!(e.nodeid, ino, "the same inode");
     assert_eq!(e.attr.nlink, 2);
     assert_eq!(host_ino(&h.host("d/g")), host_ino(&h.host("f")));
-    assert_eq!(h.fs().lookup_count(ino), 2);
+    assert_eq!(h.fs().lookup_count(Inode::from_raw(ino)), 2);
     let r = h.send(
         op::LINK,
         d.nodeid,

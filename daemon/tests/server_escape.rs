@@ -358,7 +358,8 @@ fn special_files_are_never_opened() {
     }
     assert_eq!(h.fs().handle_count(), 0);
     assert_eq!(
-        h.fs().lookup_count(c.nodeid),
+        h.fs()
+            .lookup_count(daxfsd::filesystem::Inode::from_raw(c.nodeid)),
         1,
         "failed CREATEs left no reference"
     );

@@ -314,7 +314,10 @@ fn a_handle_needs_no_flush_unless_its_close_writes_back_or_locks_or_writeback_do
     // (--posix-lock) or the guest caches writes.
     let h = Harness::new();
     let ino = h.make_file(ROOT, "f", b"data");
-    let writer = if h.fs().flush_writes_back(ino) {
+    let writer = if h
+        .fs()
+        .flush_writes_back(daxfsd::filesystem::Inode::from_raw(ino))
+    {
         0
     } else {
         fopen::NOFLUSH

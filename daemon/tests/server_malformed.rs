@@ -196,7 +196,8 @@ fn batch_forget_count_must_match() {
         let r = h.send(op::BATCH_FORGET, 0, &[&args]);
         assert!(!r.replied, "BATCH_FORGET never gets a reply");
         assert_eq!(
-            h.fs().lookup_count(ino),
+            h.fs()
+                .lookup_count(daxfsd::filesystem::Inode::from_raw(ino)),
             1,
             "count {count}: nothing forgotten"
         );

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crate::protocol::abi::{Attr, FileLock, Kstatfs, SetattrIn};
 use crate::protocol::filesystem::{
-    AddEntry, Context, Entry, FileSystem, Handle, InitCaps, Inode, OpenFlags, XattrReply,
+    AddEntry, Context, Entry, FileSystem, Handle, InitCaps, Inode, LockOwner, OpenFlags, XattrReply,
 };
 use crate::protocol::iobuf::{Reader, Writer};
 use crate::protocol::mapper::{Mapper, NoMapper};
@@ -114,9 +114,9 @@ impl<F: FileSystem> Coherent<F> {
     /// window. A re-placement happens only when the page layout changed, so it costs one
     /// `fstat` otherwise.
     fn resizing<T>(&self, inode: Inode, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-        self.mapper.sync(inode);
+        self.mapper.sync(inode.raw());
         let r = f();
-        self.mapper.refresh(inode);
+        self.mapper.refresh(inode.raw());
         r
     }
 
@@ -133,18 +133,18 @@ impl<F: FileSystem> Coherent<F> {
         len: u64,
         f: impl FnOnce() -> io::Result<usize>,
     ) -> io::Result<usize> {
-        self.mapper.sync_range(inode, offset, len);
+        self.mapper.sync_range(inode.raw(), offset, len);
         let r = f();
         match r {
-            Ok(n) => self.mapper.written(inode, offset, n as u64),
+            Ok(n) => self.mapper.written(inode.raw(), offset, n as u64),
             // A failed write or fallocate may still have moved the file's end.
-            Err(_) => self.mapper.refresh(inode),
+            Err(_) => self.mapper.refresh(inode.raw()),
         }
         r
     }
 
     fn synced<T>(&self, inode: Inode, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-        self.mapper.sync(inode);
+        self.mapper.sync(inode.raw());
         f()
     }
 
@@ -157,7 +157,7 @@ impl<F: FileSystem> Coherent<F> {
         handle: Handle,
         f: impl FnOnce() -> io::Result<()>,
     ) -> io::Result<()> {
-        self.mapper.sync(inode);
+        self.mapper.sync(inode.raw());
         f()?;
         if self.mapper.window_size() == 0 {
             return Ok(());
@@ -167,7 +167,7 @@ impl<F: FileSystem> Coherent<F> {
         // inserted for one the table does not know (no growth a guest controls).
         let mut unknown = 0;
         let since = seen.get_mut(&handle).unwrap_or(&mut unknown);
-        match self.mapper.err_check(inode, since) {
+        match self.mapper.err_check(inode.raw(), since) {
             Some(errno) => Err(io::Error::from_raw_os_error(errno)),
             None => Ok(()),
         }
@@ -188,7 +188,7 @@ impl<F: FileSystem> Coherent<F> {
     /// recorded before that nobody reported yet).
     fn opened(&self, inode: Inode, handle: Handle) {
         if self.mapper.window_size() > 0 {
-            let at = self.mapper.err_sample(inode);
+            let at = self.mapper.err_sample(inode.raw());
             self.seen
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -212,58 +212,113 @@ impl<F: FileSystem> Coherent<F> {
     }
 }
 
-crate::protocol::filesystem::filesystem_impl! {
-    impl[F: FileSystem] FileSystem for Coherent<F>;
-    others => self.inner;
-
-    fn getattr(&self, ctx, inode, handle) {
+#[deny(clippy::missing_trait_methods)]
+impl<F: FileSystem> FileSystem for Coherent<F> {
+    fn getattr(
+        &self,
+        ctx: &Context,
+        inode: Inode,
+        handle: Option<Handle>,
+    ) -> io::Result<(Attr, Duration)> {
         // A guest that stats a file may go on to read it through a copy slot: re-read the
         // copies of it when the file moved since.
-        self.mapper.revalidate(inode);
+        self.mapper.revalidate(inode.raw());
         self.inner.getattr(ctx, inode, handle)
     }
-    fn setattr(&self, ctx, inode, attr, handle) {
+    fn setattr(
+        &self,
+        ctx: &Context,
+        inode: Inode,
+        attr: &SetattrIn,
+        handle: Option<Handle>,
+    ) -> io::Result<(Attr, Duration)> {
         if attr.valid & crate::protocol::abi::fattr::SIZE != 0 {
-            self.mapper.shrinking(inode, attr.size);
+            self.mapper.shrinking(inode.raw(), attr.size);
         }
         self.resizing(inode, || self.inner.setattr(ctx, inode, attr, handle))
     }
-    fn open(&self, ctx, inode, flags, fuse_flags) {
+    fn open(
+        &self,
+        ctx: &Context,
+        inode: Inode,
+        flags: u32,
+        fuse_flags: u32,
+    ) -> io::Result<(Handle, OpenFlags)> {
         // O_TRUNC resizes; any open is also the point where host changes become visible.
         if flags & libc::O_TRUNC as u32 != 0 {
-            self.mapper.shrinking(inode, 0);
+            self.mapper.shrinking(inode.raw(), 0);
         }
         let (fh, o) = self.resizing(inode, || self.inner.open(ctx, inode, flags, fuse_flags))?;
         self.opened(inode, fh);
         Ok((fh, self.flush_for(flags, o)))
     }
-    fn create(&self, ctx, parent, name, mode, flags, umask, fuse_flags) {
+    fn create(
+        &self,
+        ctx: &Context,
+        parent: Inode,
+        name: &CStr,
+        mode: u32,
+        flags: u32,
+        umask: u32,
+        fuse_flags: u32,
+    ) -> io::Result<(Entry, Handle, OpenFlags)> {
         let r = self
             .inner
             .create(ctx, parent, name, mode, flags, umask, fuse_flags);
         if let Ok((e, fh, _)) = &r {
             // CREATE of an existing file with O_TRUNC resizes it.
-            self.mapper.refresh(e.inode);
+            self.mapper.refresh(e.inode.raw());
             self.opened(e.inode, *fh);
         }
         r.map(|(e, fh, o)| (e, fh, self.flush_for(flags, o)))
     }
-    fn tmpfile(&self, ctx, parent, mode, flags, umask) {
+    fn tmpfile(
+        &self,
+        ctx: &Context,
+        parent: Inode,
+        mode: u32,
+        flags: u32,
+        umask: u32,
+    ) -> io::Result<(Entry, Handle, OpenFlags)> {
         let (e, fh, o) = self.inner.tmpfile(ctx, parent, mode, flags, umask)?;
         self.opened(e.inode, fh);
         Ok((e, fh, self.flush_for(flags, o)))
     }
-    fn read(&self, ctx, inode, handle, w, size, offset) {
-        self.mapper.sync_range(inode, offset, u64::from(size));
+    fn read(
+        &self,
+        ctx: &Context,
+        inode: Inode,
+        handle: Handle,
+        w: &mut Writer,
+        size: u32,
+        offset: u64,
+    ) -> io::Result<usize> {
+        self.mapper.sync_range(inode.raw(), offset, u64::from(size));
         self.inner.read(ctx, inode, handle, w, size, offset)
     }
-    fn write(&self, ctx, inode, handle, r, size, offset, kill_priv) {
+    fn write(
+        &self,
+        ctx: &Context,
+        inode: Inode,
+        handle: Handle,
+        r: &mut Reader,
+        size: u32,
+        offset: u64,
+        kill_priv: bool,
+    ) -> io::Result<usize> {
         self.written(inode, offset, u64::from(size), || {
             self.inner
                 .write(ctx, inode, handle, r, size, offset, kill_priv)
         })
     }
-    fn release(&self, ctx, inode, handle, flock_release, lock_owner) {
+    fn release(
+        &self,
+        ctx: &Context,
+        inode: Inode,
+        handle: Handle,
+        flock_release: bool,
+        lock_owner: LockOwner,
+    ) -> io::Result<()> {
         if self.mapper.window_size() > 0 {
             self.seen
                 .lock()
@@ -275,21 +330,27 @@ crate::protocol::filesystem::filesystem_impl! {
                 .release(ctx, inode, handle, flock_release, lock_owner)
         })
     }
-    fn fsync(&self, ctx, inode, datasync, handle) {
+    fn fsync(&self, ctx: &Context, inode: Inode, datasync: bool, handle: Handle) -> io::Result<()> {
         self.reported(inode, handle, || {
             self.inner.fsync(ctx, inode, datasync, handle)
         })
     }
-    fn flush_writes_back(&self, inode) {
+    fn flush_writes_back(&self, inode: Inode) -> bool {
         // FLUSH writes the inode's tails and pooled copies back first.
-        self.mapper.holds(inode) || self.inner.flush_writes_back(inode)
+        self.mapper.holds(inode.raw()) || self.inner.flush_writes_back(inode)
     }
-    fn flush(&self, ctx, inode, handle, lock_owner) {
+    fn flush(
+        &self,
+        ctx: &Context,
+        inode: Inode,
+        handle: Handle,
+        lock_owner: LockOwner,
+    ) -> io::Result<()> {
         self.reported(inode, handle, || {
             self.inner.flush(ctx, inode, handle, lock_owner)
         })
     }
-    fn backing_fd(&self, inode, handle) {
+    fn backing_fd(&self, inode: Inode, handle: Handle) -> io::Result<Box<dyn AsFd + Send + Sync>> {
         // With a DAX window every READ and WRITE must pass here (shadow tails, mapped
         // ranges): no passthrough. Without one (/dev/fuse) there is nothing to keep coherent.
         if self.mapper.window_size() > 0 {
@@ -297,11 +358,25 @@ crate::protocol::filesystem::filesystem_impl! {
         }
         self.inner.backing_fd(inode, handle)
     }
-    fn fsyncdir(&self, ctx, inode, datasync, handle) {
+    fn fsyncdir(
+        &self,
+        ctx: &Context,
+        inode: Inode,
+        datasync: bool,
+        handle: Handle,
+    ) -> io::Result<()> {
         // The guest's `sync` of a directory: every tail of the share reaches its file.
         self.reported_all(|| self.inner.fsyncdir(ctx, inode, datasync, handle))
     }
-    fn fallocate(&self, ctx, inode, handle, mode, offset, length) {
+    fn fallocate(
+        &self,
+        ctx: &Context,
+        inode: Inode,
+        handle: Handle,
+        mode: u32,
+        offset: u64,
+        length: u64,
+    ) -> io::Result<()> {
         self.written(inode, offset, length, || {
             self.inner
                 .fallocate(ctx, inode, handle, mode, offset, length)
@@ -309,23 +384,215 @@ crate::protocol::filesystem::filesystem_impl! {
         })
         .map(|_| ())
     }
-    fn lseek(&self, ctx, inode, handle, offset, whence) {
+    fn lseek(
+        &self,
+        ctx: &Context,
+        inode: Inode,
+        handle: Handle,
+        offset: u64,
+        whence: u32,
+    ) -> io::Result<u64> {
         self.synced(inode, || {
             self.inner.lseek(ctx, inode, handle, offset, whence)
         })
     }
     fn copy_file_range(
-        &self, ctx, inode_in, handle_in, off_in, inode_out, handle_out, off_out, len, flags
-    ) {
-        self.mapper.sync_range(inode_in, off_in, len);
+        &self,
+        ctx: &Context,
+        inode_in: Inode,
+        handle_in: Handle,
+        off_in: u64,
+        inode_out: Inode,
+        handle_out: Handle,
+        off_out: u64,
+        len: u64,
+        flags: u64,
+    ) -> io::Result<usize> {
+        self.mapper.sync_range(inode_in.raw(), off_in, len);
         self.written(inode_out, off_out, len, || {
             self.inner.copy_file_range(
                 ctx, inode_in, handle_in, off_in, inode_out, handle_out, off_out, len, flags,
             )
         })
     }
-    fn syncfs(&self, ctx, inode) {
+    fn syncfs(&self, ctx: &Context, inode: Inode) -> io::Result<()> {
         self.reported_all(|| self.inner.syncfs(ctx, inode))
+    }
+
+    // Forwarded unchanged.
+    fn init(&self, caps: InitCaps) -> io::Result<u64> {
+        self.inner.init(caps)
+    }
+    fn destroy(&self) {
+        self.inner.destroy()
+    }
+    fn interrupt_waits(&self) {
+        self.inner.interrupt_waits()
+    }
+    fn lookup(&self, ctx: &Context, parent: Inode, name: &CStr) -> io::Result<Entry> {
+        self.inner.lookup(ctx, parent, name)
+    }
+    fn forget(&self, ctx: &Context, inode: Inode, count: u64) {
+        self.inner.forget(ctx, inode, count)
+    }
+    fn batch_forget(&self, ctx: &Context, requests: &[(Inode, u64)]) {
+        self.inner.batch_forget(ctx, requests)
+    }
+    fn readlink(&self, ctx: &Context, inode: Inode) -> io::Result<Vec<u8>> {
+        self.inner.readlink(ctx, inode)
+    }
+    fn symlink(
+        &self,
+        ctx: &Context,
+        target: &CStr,
+        parent: Inode,
+        name: &CStr,
+    ) -> io::Result<Entry> {
+        self.inner.symlink(ctx, target, parent, name)
+    }
+    fn mknod(
+        &self,
+        ctx: &Context,
+        parent: Inode,
+        name: &CStr,
+        mode: u32,
+        rdev: u32,
+        umask: u32,
+    ) -> io::Result<Entry> {
+        self.inner.mknod(ctx, parent, name, mode, rdev, umask)
+    }
+    fn mkdir(
+        &self,
+        ctx: &Context,
+        parent: Inode,
+        name: &CStr,
+        mode: u32,
+        umask: u32,
+    ) -> io::Result<Entry> {
+        self.inner.mkdir(ctx, parent, name, mode, umask)
+    }
+    fn unlink(&self, ctx: &Context, parent: Inode, name: &CStr) -> io::Result<()> {
+        self.inner.unlink(ctx, parent, name)
+    }
+    fn rmdir(&self, ctx: &Context, parent: Inode, name: &CStr) -> io::Result<()> {
+        self.inner.rmdir(ctx, parent, name)
+    }
+    fn rename(
+        &self,
+        ctx: &Context,
+        olddir: Inode,
+        oldname: &CStr,
+        newdir: Inode,
+        newname: &CStr,
+        flags: u32,
+    ) -> io::Result<()> {
+        self.inner
+            .rename(ctx, olddir, oldname, newdir, newname, flags)
+    }
+    fn link(
+        &self,
+        ctx: &Context,
+        inode: Inode,
+        newparent: Inode,
+        newname: &CStr,
+    ) -> io::Result<Entry> {
+        self.inner.link(ctx, inode, newparent, newname)
+    }
+    fn statfs(&self, ctx: &Context, inode: Inode) -> io::Result<Kstatfs> {
+        self.inner.statfs(ctx, inode)
+    }
+    fn setxattr(
+        &self,
+        ctx: &Context,
+        inode: Inode,
+        name: &CStr,
+        value: &[u8],
+        flags: u32,
+        setxattr_flags: u32,
+    ) -> io::Result<()> {
+        self.inner
+            .setxattr(ctx, inode, name, value, flags, setxattr_flags)
+    }
+    fn getxattr(
+        &self,
+        ctx: &Context,
+        inode: Inode,
+        name: &CStr,
+        size: u32,
+    ) -> io::Result<XattrReply> {
+        self.inner.getxattr(ctx, inode, name, size)
+    }
+    fn listxattr(&self, ctx: &Context, inode: Inode, size: u32) -> io::Result<XattrReply> {
+        self.inner.listxattr(ctx, inode, size)
+    }
+    fn removexattr(&self, ctx: &Context, inode: Inode, name: &CStr) -> io::Result<()> {
+        self.inner.removexattr(ctx, inode, name)
+    }
+    fn opendir(&self, ctx: &Context, inode: Inode, flags: u32) -> io::Result<(Handle, OpenFlags)> {
+        self.inner.opendir(ctx, inode, flags)
+    }
+    fn readdir(
+        &self,
+        ctx: &Context,
+        inode: Inode,
+        handle: Handle,
+        offset: u64,
+        plus: bool,
+        add: &mut AddEntry,
+    ) -> io::Result<()> {
+        self.inner.readdir(ctx, inode, handle, offset, plus, add)
+    }
+    fn releasedir(&self, ctx: &Context, inode: Inode, handle: Handle) -> io::Result<()> {
+        self.inner.releasedir(ctx, inode, handle)
+    }
+    fn getlk(
+        &self,
+        ctx: &Context,
+        inode: Inode,
+        handle: Handle,
+        owner: LockOwner,
+        lock: FileLock,
+    ) -> io::Result<FileLock> {
+        self.inner.getlk(ctx, inode, handle, owner, lock)
+    }
+    fn setlk(
+        &self,
+        ctx: &Context,
+        inode: Inode,
+        handle: Handle,
+        owner: LockOwner,
+        lock: FileLock,
+        flock: bool,
+        sleep: bool,
+    ) -> io::Result<()> {
+        self.inner
+            .setlk(ctx, inode, handle, owner, lock, flock, sleep)
+    }
+    fn access(&self, ctx: &Context, inode: Inode, mask: u32) -> io::Result<()> {
+        self.inner.access(ctx, inode, mask)
+    }
+    fn fileattr(
+        &self,
+        ctx: &Context,
+        inode: Inode,
+        handle: Handle,
+        request: crate::protocol::ioctl::FileAttrRequest,
+    ) -> io::Result<crate::protocol::ioctl::FileAttrReply> {
+        self.inner.fileattr(ctx, inode, handle, request)
+    }
+    fn setupmapping(
+        &self,
+        ctx: &Context,
+        inode: Inode,
+        handle: Handle,
+        foffset: u64,
+        len: u64,
+        moffset: u64,
+        writable: bool,
+        mapper: &dyn Mapper,
+    ) -> io::Result<()> {
+        self.inner
+            .setupmapping(ctx, inode, handle, foffset, len, moffset, writable, mapper)
     }
 }
 
@@ -355,7 +622,7 @@ mod tests {
     use crate::protocol::filesystem::tests::{call_every_method, Probe, METHODS};
 
     /// The DAX decorator, with no window, reaches the inner filesystem for every method:
-    /// the ones it writes itself and the ones `filesystem_impl!` forwards.
+    /// the ones it changes and the ones it forwards unchanged.
     #[test]
     fn coherent_forwards_every_method() {
         let fs = Coherent::new(Probe::default(), None);

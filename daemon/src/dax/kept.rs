@@ -25,7 +25,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -71,21 +71,9 @@ impl HashStore {
         if (crate::sys::fstat(memfd.as_fd())?.st_size.max(0) as usize) < len || len == 0 {
             return Err(io::Error::other("DAX hash store smaller than the window"));
         }
-        // SAFETY: a new shared mapping of `len` bytes of `memfd`, which is at least that long
-        // (checked above) and sealed against nothing that could shrink it but ourselves.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                memfd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        // `memfd` is at least `len` bytes long (checked above), and nothing but ourselves
+        // could shrink it; `Drop` unmaps the `len` bytes.
+        let p = crate::sys::map_shared(memfd.as_fd(), len)?;
         Ok(HashStore {
             base: p.cast(),
             pages,

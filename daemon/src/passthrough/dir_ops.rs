@@ -3,9 +3,9 @@
 use std::ffi::CStr;
 use std::io;
 
-use super::handle::{HandleData, HandleKind};
+use super::handle::HandleKind;
 use super::{err, PassthroughFs};
-use crate::protocol::filesystem::{AddEntry, DirEntry, Handle, Inode, OpenFlags};
+use crate::protocol::filesystem::{AddEntry, DirEntry, Handle, Inode};
 use crate::sys;
 
 /// Bytes of `linux_dirent64` records read per `getdents64` call.
@@ -51,22 +51,6 @@ fn next_dirent(buf: &[u8]) -> io::Result<Option<(RawDirent<'_>, &[u8])>> {
 }
 
 impl PassthroughFs {
-    pub(super) fn do_opendir(&self, inode: Inode) -> io::Result<(Handle, OpenFlags)> {
-        let data = self.inode(inode)?;
-        match data.kind {
-            libc::S_IFDIR => {}
-            libc::S_IFLNK => return Err(err(libc::ELOOP)),
-            _ => return Err(err(libc::ENOTDIR)),
-        }
-        let fd = self.reopen(&data, libc::O_RDONLY)?;
-        let fh = self.handles.insert(HandleData::dir(inode, fd));
-        Ok((fh, self.dir_open_flags()))
-    }
-
-    pub(super) fn do_releasedir(&self, inode: Inode, handle: Handle) -> io::Result<()> {
-        self.handles.remove(inode, handle, true).map(drop)
-    }
-
     pub(super) fn do_readdir(
         &self,
         inode: Inode,

@@ -38,15 +38,6 @@ fn timespec(valid: u32, set: u32, now: u32, secs: u64, nsecs: u32) -> io::Result
 }
 
 impl PassthroughFs {
-    pub(super) fn do_lookup_op(&self, parent: Inode, name: &CStr) -> io::Result<Entry> {
-        let p = self.inode(parent)?;
-        // `.` is the parent itself; `..` has its own check (see do_lookup).
-        if !matches!(name.to_bytes(), b"." | b"..") {
-            self.check_inside(&p)?;
-        }
-        self.do_lookup(&p, name)
-    }
-
     pub(super) fn do_getattr(&self, inode: Inode) -> io::Result<(Attr, Duration)> {
         let data = self.inode(inode)?;
         let st = stat_fd(data.fd()?.as_fd())?;
@@ -168,14 +159,6 @@ impl PassthroughFs {
         }
 
         self.do_getattr(inode)
-    }
-
-    pub(super) fn do_readlink(&self, inode: Inode) -> io::Result<Vec<u8>> {
-        let data = self.inode(inode)?;
-        if !data.is_symlink() {
-            return Err(err(libc::EINVAL));
-        }
-        sys::readlinkat(data.fd()?.as_fd(), sys::EMPTY)
     }
 
     pub(super) fn do_symlink(

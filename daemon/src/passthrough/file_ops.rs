@@ -11,7 +11,7 @@ use super::handle::HandleData;
 use super::inode::InodeData;
 use super::{check_name, err, PassthroughFs};
 use crate::protocol::abi::{FileLock, OPEN_KILL_SUIDGID};
-use crate::protocol::filesystem::{Context, Entry, Handle, Inode, OpenFlags};
+use crate::protocol::filesystem::{Context, Entry, Handle, Inode, LockOwner, OpenFlags};
 use crate::protocol::iobuf::{Reader, Writer};
 use crate::protocol::mapper::Mapper;
 use crate::sys;
@@ -304,13 +304,21 @@ impl PassthroughFs {
 
     /// Like `close(2)` on a duplicate: flushes what the host file system flushes on close,
     /// and drops the POSIX locks of the closing lock owner (only that owner's).
-    pub(super) fn do_flush(&self, inode: Inode, handle: Handle, owner: u64) -> io::Result<()> {
+    pub(super) fn do_flush(
+        &self,
+        inode: Inode,
+        handle: Handle,
+        owner: LockOwner,
+    ) -> io::Result<()> {
         let h = self.handles.get_file(inode, handle)?;
         drop(sys::dup(h.fd())?);
         if let Some(fd) = h.take_owner(owner) {
             unlock_all(&fd);
             if let Some(k) = self.handles.keeper() {
-                k.release(crate::protocol::keeper::Kept::Owner(handle, owner));
+                k.release(crate::protocol::keeper::Kept::Owner(
+                    handle.raw(),
+                    owner.raw(),
+                ));
             }
         }
         Ok(())
@@ -333,7 +341,12 @@ impl PassthroughFs {
 
     /// The host descriptor POSIX locks of `owner` on handle `h` live on: its own open file
     /// description, reopened with the handle's access mode.
-    fn owner_fd(&self, h: &HandleData, handle: Handle, owner: u64) -> io::Result<Arc<OwnedFd>> {
+    fn owner_fd(
+        &self,
+        h: &HandleData,
+        handle: Handle,
+        owner: LockOwner,
+    ) -> io::Result<Arc<OwnedFd>> {
         if let Some(fd) = h.existing_owner_fd(owner) {
             return Ok(fd);
         }
@@ -341,7 +354,7 @@ impl PassthroughFs {
         if let Some(k) = self.handles.keeper() {
             // Before the lock is taken on it: a crash keeps the lock with the descriptor.
             k.keep(
-                crate::protocol::keeper::Kept::Owner(handle, owner),
+                crate::protocol::keeper::Kept::Owner(handle.raw(), owner.raw()),
                 &[],
                 Some(fd.as_fd()),
             );
@@ -349,7 +362,7 @@ impl PassthroughFs {
         Ok(fd)
     }
 
-    fn new_owner_fd(&self, h: &HandleData, owner: u64) -> io::Result<Arc<OwnedFd>> {
+    fn new_owner_fd(&self, h: &HandleData, owner: LockOwner) -> io::Result<Arc<OwnedFd>> {
         h.owner_fd(owner, || {
             let acc = match h.access() {
                 Some((true, true)) => libc::O_RDWR,
@@ -369,7 +382,7 @@ impl PassthroughFs {
         &self,
         inode: Inode,
         handle: Handle,
-        owner: u64,
+        owner: LockOwner,
         lock: FileLock,
     ) -> io::Result<FileLock> {
         if !self.cfg.posix_lock {
@@ -396,7 +409,7 @@ impl PassthroughFs {
         &self,
         inode: Inode,
         handle: Handle,
-        owner: u64,
+        owner: LockOwner,
         lock: FileLock,
         flock: bool,
         sleep: bool,
@@ -466,19 +479,6 @@ impl PassthroughFs {
         Ok(())
     }
 
-    pub(super) fn do_fallocate(
-        &self,
-        inode: Inode,
-        handle: Handle,
-        mode: u32,
-        offset: u64,
-        length: u64,
-    ) -> io::Result<()> {
-        self.check_writable()?;
-        let h = self.handles.get_file(inode, handle)?;
-        sys::fallocate(h.fd(), mode as libc::c_int, offset, length)
-    }
-
     pub(super) fn do_lseek(
         &self,
         inode: Inode,
@@ -516,19 +516,6 @@ impl PassthroughFs {
         let flags = libc::c_uint::try_from(flags).map_err(|_| err(libc::EINVAL))?;
         let len = usize::try_from(len).map_err(|_| err(libc::EINVAL))?;
         sys::copy_file_range(hin.fd(), off_in, hout.fd(), off_out, len, flags)
-    }
-
-    pub(super) fn do_syncfs(&self, inode: Inode) -> io::Result<()> {
-        let data = self.inode(inode)?;
-        let fd = match data.kind {
-            libc::S_IFDIR | libc::S_IFREG => self.reopen(&data, libc::O_RDONLY)?,
-            _ => return Err(err(libc::EINVAL)),
-        };
-        // Each SYNCFS writes back the whole host file system: one at a time, so a guest
-        // sending many (on up to every blocking thread) cannot multiply that work.
-        static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-        sys::syncfs(fd.as_fd())
     }
 
     /// SETUPMAPPING: maps a file range into the DAX window through the inode's kept
@@ -573,7 +560,7 @@ impl PassthroughFs {
         }
         let fd = self.dax_fd(&data, writable)?;
         mapper.map(&crate::protocol::mapper::MapRequest {
-            owner: inode,
+            owner: inode.raw(),
             moffset,
             len,
             fd: fd.as_fd(),
@@ -614,7 +601,7 @@ impl PassthroughFs {
 }
 
 /// `fuse_setupmapping_in.fh` when the client names no handle.
-const NO_HANDLE: Handle = u64::MAX;
+const NO_HANDLE: Handle = Handle::from_raw(u64::MAX);
 
 /// Moves `size` bytes at `offset` with `step(bytes_left, file_offset)` until done, end of
 /// file (`Ok(0)`) or an error; an error after some progress ends it short, as a syscall would.

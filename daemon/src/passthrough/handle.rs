@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::inode::IntMap;
-use crate::protocol::filesystem::{Handle, Inode};
+use crate::protocol::filesystem::{Handle, Inode, LockOwner as Owner};
 use crate::protocol::keeper::{Keeper, Kept};
 
 /// What a handle refers to.
@@ -32,7 +32,7 @@ pub(super) struct HandleData {
     /// the open file): each gets its own host open file description, on which its locks are
     /// host OFD locks, so owners conflict with each other exactly as processes do, and one
     /// owner's unlock or FLUSH never touches another's locks.
-    owners: Mutex<HashMap<u64, LockOwner>>,
+    owners: Mutex<HashMap<Owner, LockOwner>>,
 }
 
 /// One POSIX lock owner's host descriptor, and the guest pid and sequence number of its
@@ -71,14 +71,14 @@ impl HandleData {
         }
     }
 
-    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<u64, LockOwner>> {
+    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<Owner, LockOwner>> {
         self.owners.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Lock owner `owner`'s descriptor, made with `open` on first use.
     pub fn owner_fd(
         &self,
-        owner: u64,
+        owner: Owner,
         open: impl FnOnce() -> io::Result<OwnedFd>,
     ) -> io::Result<Arc<OwnedFd>> {
         let mut m = self.owners();
@@ -98,12 +98,12 @@ impl HandleData {
     }
 
     /// Lock owner `owner`'s descriptor, if it has one.
-    pub fn existing_owner_fd(&self, owner: u64) -> Option<Arc<OwnedFd>> {
+    pub fn existing_owner_fd(&self, owner: Owner) -> Option<Arc<OwnedFd>> {
         self.owners().get(&owner).map(|o| o.fd.clone())
     }
 
     /// Puts back lock owner `owner`'s descriptor (kept across a crash).
-    pub fn restore_owner(&self, owner: u64, fd: OwnedFd) {
+    pub fn restore_owner(&self, owner: Owner, fd: OwnedFd) {
         self.owners().insert(
             owner,
             LockOwner {
@@ -115,7 +115,7 @@ impl HandleData {
     }
 
     /// Records that guest process `pid` took a POSIX lock as `owner`.
-    pub fn note_lock(&self, owner: u64, pid: u32) {
+    pub fn note_lock(&self, owner: Owner, pid: u32) {
         if let Some(o) = self.owners().get_mut(&owner) {
             o.pid = pid;
             o.seq = LOCK_SEQ.fetch_add(1, Ordering::Relaxed);
@@ -124,7 +124,7 @@ impl HandleData {
 
     /// Forgets `owner` (its FLUSH: the process closed its descriptor), returning its
     /// descriptor so the caller can unlock it.
-    pub fn take_owner(&self, owner: u64) -> Option<Arc<OwnedFd>> {
+    pub fn take_owner(&self, owner: Owner) -> Option<Arc<OwnedFd>> {
         self.owners().remove(&owner).map(|o| o.fd)
     }
 
@@ -135,7 +135,7 @@ impl HandleData {
 
     /// Its entry for the keeper: inode, and 0 (directory) or the access mode + 1.
     fn kept_meta(&self) -> Vec<u8> {
-        let mut v = self.inode.to_le_bytes().to_vec();
+        let mut v = self.inode.raw().to_le_bytes().to_vec();
         v.push(match self.kind {
             HandleKind::Dir { .. } => 0,
             HandleKind::File { readable, writable } => {
@@ -151,7 +151,7 @@ impl HandleData {
 
     /// A handle back from [`Self::kept_meta`]'s bytes and its descriptor.
     pub fn from_kept(meta: &[u8], fd: OwnedFd) -> Option<Self> {
-        let inode = u64::from_le_bytes(meta.get(..8)?.try_into().ok()?);
+        let inode = Inode::from_raw(u64::from_le_bytes(meta.get(..8)?.try_into().ok()?));
         Some(match *meta.get(8)? {
             0 => HandleData::dir(inode, fd),
             m => HandleData::file(inode, fd, libc::c_int::from(m - 1)),
@@ -246,7 +246,7 @@ impl HandleStore {
     }
 
     pub fn insert(&self, data: HandleData) -> Handle {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let id = Handle::from_raw(self.next.fetch_add(1, Ordering::Relaxed));
         self.keep(id, &data);
         self.map
             .write()
@@ -294,7 +294,7 @@ impl HandleStore {
         }
         let h = map.take(fh).ok_or_else(ebadf)?;
         if let Some(k) = self.keeper.get() {
-            k.release(Kept::Handle(fh));
+            k.release(Kept::Handle(fh.raw()));
         }
         Ok(h)
     }
@@ -302,7 +302,7 @@ impl HandleStore {
     /// Gives handle `fh` to the keeper (before the reply names it).
     fn keep(&self, fh: Handle, h: &HandleData) {
         if let Some(k) = self.keeper.get() {
-            k.keep(Kept::Handle(fh), &h.kept_meta(), Some(h.fd.as_fd()));
+            k.keep(Kept::Handle(fh.raw()), &h.kept_meta(), Some(h.fd.as_fd()));
         }
     }
 
@@ -320,7 +320,7 @@ impl HandleStore {
     pub fn restore(&self, entries: Vec<(Handle, HandleData)>) {
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
         for (fh, h) in entries {
-            let after = fh.saturating_add(1);
+            let after = fh.raw().saturating_add(1);
             self.next.fetch_max(after, Ordering::Relaxed);
             map.add(fh, Arc::new(h));
         }
@@ -336,7 +336,7 @@ impl HandleStore {
     }
 
     /// The guest pid that most recently locked `inode` as an owner other than `except`.
-    pub fn lock_holder(&self, inode: Inode, except: u64) -> Option<u32> {
+    pub fn lock_holder(&self, inode: Inode, except: Owner) -> Option<u32> {
         let map = self.map.read().ok()?;
         map.map
             .values()
@@ -356,7 +356,7 @@ impl HandleStore {
     pub fn export(&self) -> (Vec<(Handle, Arc<HandleData>)>, Handle) {
         let map = self.map.read().unwrap_or_else(|p| p.into_inner());
         let v = map.map.iter().map(|(fh, h)| (*fh, h.clone())).collect();
-        (v, self.next.load(Ordering::Relaxed))
+        (v, Handle::from_raw(self.next.load(Ordering::Relaxed)))
     }
 
     /// Replaces every handle (migration); ids come from the source.
@@ -367,7 +367,7 @@ impl HandleStore {
             self.keep(fh, &h);
             map.add(fh, Arc::new(h));
         }
-        self.next.store(next, Ordering::Relaxed);
+        self.next.store(next.raw(), Ordering::Relaxed);
     }
 
     /// Drops every handle.
@@ -399,19 +399,24 @@ mod tests {
     #[test]
     fn writer_costs_the_same_whatever_the_table_holds() {
         let t = HandleStore::new();
+        let ino = Inode::from_raw;
         let mine = [
-            t.insert(HandleData::file(7, fd(), libc::O_WRONLY)),
-            t.insert(HandleData::file(7, fd(), libc::O_RDONLY)),
+            t.insert(HandleData::file(ino(7), fd(), libc::O_WRONLY)),
+            t.insert(HandleData::file(ino(7), fd(), libc::O_RDONLY)),
         ];
         let mut cost = Vec::new();
         for others in [0usize, 100, 2000] {
             while t.len() < 2 + others {
-                t.insert(HandleData::file(8 + t.len() as u64, fd(), libc::O_RDWR));
+                t.insert(HandleData::file(
+                    ino(8 + t.len() as u64),
+                    fd(),
+                    libc::O_RDWR,
+                ));
             }
             t.examined.store(0, Ordering::Relaxed);
-            let w = t.writer(7).expect("inode 7 has a writer");
-            assert!(Arc::ptr_eq(&w, &t.get(7, mine[0]).unwrap()));
-            assert!(t.writer(9_999_999).is_none());
+            let w = t.writer(ino(7)).expect("inode 7 has a writer");
+            assert!(Arc::ptr_eq(&w, &t.get(ino(7), mine[0]).unwrap()));
+            assert!(t.writer(ino(9_999_999)).is_none());
             cost.push(t.examined.load(Ordering::Relaxed));
         }
         eprintln!("handles looked at with 0, 100, 2000 other handles: {cost:?}");
@@ -420,21 +425,30 @@ mod tests {
             "the cost grows with the table: {cost:?}"
         );
         // The newest writer wins; a removed one is gone from the answer.
-        let newer = t.insert(HandleData::file(7, fd(), libc::O_RDWR));
+        let newer = t.insert(HandleData::file(ino(7), fd(), libc::O_RDWR));
         assert!(Arc::ptr_eq(
-            &t.writer(7).unwrap(),
-            &t.get(7, newer).unwrap()
+            &t.writer(ino(7)).unwrap(),
+            &t.get(ino(7), newer).unwrap()
         ));
-        t.remove(7, newer, false).unwrap();
+        t.remove(ino(7), newer, false).unwrap();
         assert!(Arc::ptr_eq(
-            &t.writer(7).unwrap(),
-            &t.get(7, mine[0]).unwrap()
+            &t.writer(ino(7)).unwrap(),
+            &t.get(ino(7), mine[0]).unwrap()
         ));
-        t.remove(7, mine[0], false).unwrap();
-        assert!(t.writer(7).is_none(), "only a reader left");
-        t.replace(vec![(5, HandleData::file(7, fd(), libc::O_WRONLY))], 6);
-        assert!(Arc::ptr_eq(&t.writer(7).unwrap(), &t.get(7, 5).unwrap()));
+        t.remove(ino(7), mine[0], false).unwrap();
+        assert!(t.writer(ino(7)).is_none(), "only a reader left");
+        t.replace(
+            vec![(
+                Handle::from_raw(5),
+                HandleData::file(ino(7), fd(), libc::O_WRONLY),
+            )],
+            Handle::from_raw(6),
+        );
+        assert!(Arc::ptr_eq(
+            &t.writer(ino(7)).unwrap(),
+            &t.get(ino(7), Handle::from_raw(5)).unwrap()
+        ));
         t.clear();
-        assert!(t.writer(7).is_none());
+        assert!(t.writer(ino(7)).is_none());
     }
 }

@@ -272,7 +272,7 @@ impl InodeStore {
     /// A table holding only the root directory (`fd`, `key`) as inode 1.
     pub fn new(fd: OwnedFd, key: InodeKey) -> Self {
         let root = Arc::new(InodeData {
-            id: ROOT_ID,
+            id: Inode::ROOT,
             key,
             file: InodeFile::Fd(fd),
             kind: libc::S_IFDIR,
@@ -280,19 +280,19 @@ impl InodeStore {
         });
         let mut by_id = IntMap::default();
         by_id.insert(
-            ROOT_ID,
+            Inode::ROOT,
             Slot {
                 data: root,
                 refs: 1,
             },
         );
         let mut by_key = IntMap::default();
-        by_key.insert(key, ROOT_ID);
+        by_key.insert(key, Inode::ROOT);
         InodeStore {
             table: Mutex::new(Table {
                 by_id,
                 by_key,
-                next_id: ROOT_ID + 1,
+                next_id: Inode::from_raw(ROOT_ID + 1),
             }),
             keeper: std::sync::OnceLock::new(),
         }
@@ -356,7 +356,9 @@ impl InodeStore {
         }
         let id = t.next_id;
         t.next_id = id
+            .raw()
             .checked_add(1)
+            .map(Inode::from_raw)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENFILE))?;
         let data = Arc::new(InodeData {
             id,
@@ -384,7 +386,11 @@ impl InodeStore {
     /// Gives `data` to the keeper (before any reply names it).
     fn keep(&self, data: &InodeData) {
         if let (Some(k), InodeFile::Fd(fd)) = (self.keeper.get(), &data.file) {
-            k.keep(Kept::Inode(data.id), &kept_meta(data), Some(fd.as_fd()));
+            k.keep(
+                Kept::Inode(data.id.raw()),
+                &kept_meta(data),
+                Some(fd.as_fd()),
+            );
         }
     }
 
@@ -398,7 +404,7 @@ impl InodeStore {
     pub fn restore(&self, entries: Vec<(Inode, InodeKey, u32, OwnedFd)>) {
         let mut t = self.lock();
         for (id, key, kind, fd) in entries {
-            if id == ROOT_ID {
+            if id == Inode::ROOT {
                 continue;
             }
             let data = Arc::new(InodeData {
@@ -410,14 +416,14 @@ impl InodeStore {
             });
             t.by_key.insert(key, id);
             t.by_id.insert(id, Slot { data, refs: PINNED });
-            t.next_id = t.next_id.max(id.saturating_add(1));
+            t.next_id = t.next_id.max(Inode::from_raw(id.raw().saturating_add(1)));
         }
     }
 
     /// Drops `count` references; the inode goes away at zero (then it is returned). Unknown
     /// ids and the root are ignored.
     pub fn forget(&self, id: Inode, count: u64) -> Option<Arc<InodeData>> {
-        if id == ROOT_ID {
+        if id == Inode::ROOT {
             return None;
         }
         let mut t = self.lock();
@@ -435,7 +441,7 @@ impl InodeStore {
         // one can be overtaken).
         drop(t);
         if let Some(k) = self.keeper.get() {
-            k.release(Kept::Inode(id));
+            k.release(Kept::Inode(id.raw()));
         }
         Some(slot.data)
     }
@@ -448,8 +454,8 @@ impl InodeStore {
     /// Drops every inode but the root.
     pub fn clear(&self) {
         let mut t = self.lock();
-        t.by_id.retain(|&id, _| id == ROOT_ID);
-        t.by_key.retain(|_, id| *id == ROOT_ID);
+        t.by_id.retain(|&id, _| id == Inode::ROOT);
+        t.by_key.retain(|_, id| *id == Inode::ROOT);
     }
 
     /// Number of inodes in the table (root included).
@@ -472,7 +478,7 @@ impl InodeStore {
         t.by_key.clear();
         for (data, refs) in entries {
             t.by_key.insert(data.key, data.id);
-            if data.id != ROOT_ID {
+            if data.id != Inode::ROOT {
                 self.keep(&data);
             }
             t.by_id.insert(data.id, Slot { data, refs });

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use super::handle::HandleData;
 use super::inode::from_kept_meta;
 use super::PassthroughFs;
+use crate::protocol::filesystem::{Handle, Inode, LockOwner};
 use crate::protocol::keeper::{Keeper, Kept, KeptEntry};
 
 impl PassthroughFs {
@@ -28,20 +29,21 @@ impl PassthroughFs {
         let mut inodes = Vec::new();
         let mut handles = Vec::new();
         // Lock owners' descriptors, by handle.
-        let mut owners: HashMap<u64, Vec<(u64, OwnedFd)>> = HashMap::new();
+        let mut owners: HashMap<u64, Vec<(LockOwner, OwnedFd)>> = HashMap::new();
         for (what, meta, fd) in entries {
             match (what, fd) {
                 (Kept::Inode(id), Some(fd)) => match from_kept_meta(&meta) {
-                    Some((key, kind)) => inodes.push((id, key, kind, fd)),
+                    Some((key, kind)) => inodes.push((Inode::from_raw(id), key, kind, fd)),
                     None => log::warn!("restart: inode {id}: entry does not decode"),
                 },
                 (Kept::Handle(fh), Some(fd)) => match HandleData::from_kept(&meta, fd) {
-                    Some(h) => handles.push((fh, h)),
+                    Some(h) => handles.push((Handle::from_raw(fh), h)),
                     None => log::warn!("restart: handle {fh}: entry does not decode"),
                 },
-                (Kept::Owner(fh, owner), Some(fd)) => {
-                    owners.entry(fh).or_default().push((owner, fd))
-                }
+                (Kept::Owner(fh, owner), Some(fd)) => owners
+                    .entry(fh)
+                    .or_default()
+                    .push((LockOwner::from_raw(owner), fd)),
                 // The session is the caller's, the DAX window's entries the window's.
                 (w, _) if w == Kept::Session || w.is_dax() => {}
                 (what, _) => log::warn!("restart: {what:?} came back without a descriptor"),
@@ -52,7 +54,7 @@ impl PassthroughFs {
         // Host changes while no server ran went unseen.
         self.watch_tables_again();
         for (fh, h) in &handles {
-            for (owner, fd) in owners.remove(fh).into_iter().flatten() {
+            for (owner, fd) in owners.remove(&fh.raw()).into_iter().flatten() {
                 h.restore_owner(owner, fd);
             }
         }

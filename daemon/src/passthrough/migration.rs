@@ -17,7 +17,6 @@ use super::state::{
     MigrationOptions, OnError, MAX_PATH,
 };
 use super::{err, fd_name, key_of, stat_fd, PassthroughFs, STATX_MASK};
-use crate::protocol::abi::ROOT_ID;
 use crate::protocol::filesystem::Inode;
 use crate::sys;
 
@@ -125,7 +124,7 @@ impl PassthroughFs {
         let mut buf = vec![0u8; 16 * 1024];
         while let Some(prefix) = queue.pop_front() {
             let dir = if prefix.is_empty() {
-                self.inodes.get(ROOT_ID).and_then(|r| {
+                self.inodes.get(Inode::ROOT).and_then(|r| {
                     sys::openat(r.fd()?.as_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
                 })
             } else {
@@ -194,7 +193,7 @@ impl PassthroughFs {
     /// following a symlink, as an `O_PATH` descriptor.
     fn open_path(&self, rel: &[u8]) -> io::Result<OwnedFd> {
         check_relative_path(rel)?;
-        let root = self.inodes.get(ROOT_ID)?;
+        let root = self.inodes.get(Inode::ROOT)?;
         let root = root.fd()?;
         let mut cur: Option<OwnedFd> = None;
         for comp in rel.split(|&b| b == b'/') {
@@ -208,13 +207,13 @@ impl PassthroughFs {
     /// The migration state of the tables (called with every vring stopped).
     pub fn export_state(&self, opts: &MigrationOptions) -> io::Result<FsState> {
         let (inodes, next_inode) = self.inodes.export();
-        let root = self.inodes.get(ROOT_ID)?;
+        let root = self.inodes.get(Inode::ROOT)?;
         let root_path = self.proc_path(root.fd()?.as_fd());
         let mut out = Vec::with_capacity(inodes.len());
         // find-paths: inodes /proc/self/fd gave no usable path for, by host identity.
         let mut unnamed: HashMap<InodeKey, Inode> = HashMap::new();
         for (data, refs) in &inodes {
-            let location = if data.id == ROOT_ID {
+            let location = if data.id == Inode::ROOT {
                 Location::Root
             } else {
                 match opts.mode {
@@ -338,7 +337,7 @@ impl PassthroughFs {
         opts: &MigrationOptions,
         root_path: Option<&[u8]>,
     ) -> io::Result<Restored> {
-        let root = self.inodes.get(ROOT_ID)?;
+        let root = self.inodes.get(Inode::ROOT)?;
         let by_handle = matches!(i.location, Location::Handle(_));
         let fd = match &i.location {
             Location::Path(p) => self.open_path(p)?,
@@ -487,14 +486,14 @@ impl PassthroughFs {
                 ),
             ));
         }
-        let root = self.inodes.get(ROOT_ID)?;
+        let root = self.inodes.get(Inode::ROOT)?;
         let root_path = self.proc_path(root.fd()?.as_fd());
         let mut inodes = Vec::with_capacity(state.inodes.len());
         let mut failed = 0usize;
         let mut results = Vec::with_capacity(state.inodes.len());
         let mut unconfirmed: HashMap<InodeKey, Inode> = HashMap::new();
         for i in &state.inodes {
-            if i.id == ROOT_ID {
+            if i.id == Inode::ROOT {
                 results.push(Ok(Restored::Inside(root.clone())));
                 continue;
             }
@@ -540,7 +539,7 @@ impl PassthroughFs {
                 }
             }
         }
-        let by_id: std::collections::HashMap<u64, &Arc<InodeData>> =
+        let by_id: std::collections::HashMap<Inode, &Arc<InodeData>> =
             inodes.iter().map(|(d, _)| (d.id, d)).collect();
         let mut handles = Vec::with_capacity(state.handles.len());
         let mut failed_handles = 0usize;

@@ -6,6 +6,7 @@ use std::io;
 use crate::migration::format::{fnv1a64, MAX_STREAM, VERSION};
 use crate::passthrough::fhandle::FileHandleBytes;
 use crate::passthrough::state::*;
+use crate::protocol::filesystem::{Handle, Inode};
 use crate::protocol::server::SessionState;
 
 type DeviceState = crate::protocol::state::DeviceState<FsState>;
@@ -28,11 +29,11 @@ fn sample() -> DeviceState {
         },
         fs: FsState {
             negotiated: 3,
-            next_inode: 10,
-            next_handle: 7,
+            next_inode: Inode::from_raw(10),
+            next_handle: Handle::from_raw(7),
             inodes: vec![
                 InodeState {
-                    id: 1,
+                    id: Inode::from_raw(1),
                     refs: 2,
                     generation: 0,
                     kind: libc::S_IFDIR,
@@ -40,7 +41,7 @@ fn sample() -> DeviceState {
                     verify: None,
                 },
                 InodeState {
-                    id: 4,
+                    id: Inode::from_raw(4),
                     refs: 3,
                     generation: 0,
                     kind: libc::S_IFREG,
@@ -51,7 +52,7 @@ fn sample() -> DeviceState {
                     }),
                 },
                 InodeState {
-                    id: 9,
+                    id: Inode::from_raw(9),
                     refs: 1,
                     generation: 0,
                     kind: libc::S_IFREG,
@@ -62,7 +63,7 @@ fn sample() -> DeviceState {
                     verify: None,
                 },
                 InodeState {
-                    id: 5,
+                    id: Inode::from_raw(5),
                     refs: 1,
                     generation: 0,
                     kind: libc::S_IFDIR,
@@ -72,14 +73,14 @@ fn sample() -> DeviceState {
             ],
             handles: vec![
                 HandleState {
-                    fh: 3,
-                    inode: 4,
+                    fh: Handle::from_raw(3),
+                    inode: Inode::from_raw(4),
                     dir: false,
                     flags: libc::O_RDWR as u32,
                 },
                 HandleState {
-                    fh: 6,
-                    inode: 1,
+                    fh: Handle::from_raw(6),
+                    inode: Inode::from_raw(1),
                     dir: true,
                     flags: 0,
                 },
@@ -216,10 +217,23 @@ fn inconsistent_states_are_refused() {
     let cases: Vec<(&str, Break)> = vec![
         (
             "no root",
-            Box::new(|s| s.fs.inodes.remove(0).id.eq(&1).then_some(()).unwrap()),
+            Box::new(|s| {
+                s.fs.inodes
+                    .remove(0)
+                    .id
+                    .eq(&Inode::ROOT)
+                    .then_some(())
+                    .unwrap()
+            }),
         ),
-        ("repeated id", Box::new(|s| s.fs.inodes[2].id = 4)),
-        ("id past next", Box::new(|s| s.fs.next_inode = 5)),
+        (
+            "repeated id",
+            Box::new(|s| s.fs.inodes[2].id = Inode::from_raw(4)),
+        ),
+        (
+            "id past next",
+            Box::new(|s| s.fs.next_inode = Inode::from_raw(5)),
+        ),
         ("zero refs", Box::new(|s| s.fs.inodes[1].refs = 0)),
         (
             "root elsewhere",
@@ -239,10 +253,16 @@ fn inconsistent_states_are_refused() {
         ),
         (
             "handle on unknown inode",
-            Box::new(|s| s.fs.handles[0].inode = 77),
+            Box::new(|s| s.fs.handles[0].inode = Inode::from_raw(77)),
         ),
-        ("repeated handle", Box::new(|s| s.fs.handles[1].fh = 3)),
-        ("handle past next", Box::new(|s| s.fs.next_handle = 4)),
+        (
+            "repeated handle",
+            Box::new(|s| s.fs.handles[1].fh = Handle::from_raw(3)),
+        ),
+        (
+            "handle past next",
+            Box::new(|s| s.fs.next_handle = Handle::from_raw(4)),
+        ),
         ("bad kind", Box::new(|s| s.fs.inodes[1].kind = 0o777)),
     ];
     for (what, f) in cases {
@@ -275,12 +295,12 @@ mod passthrough {
     }
 
     /// Source with: dir "d", file "d/f" open read-write, the dir open; returns ids.
-    fn populated(dir: &std::path::Path) -> (PassthroughFs, u64, u64, u64, u64) {
+    fn populated(dir: &std::path::Path) -> (PassthroughFs, Inode, Inode, Handle, Handle) {
         std::fs::create_dir(dir.join("d")).unwrap();
         std::fs::write(dir.join("d/f"), b"hello").unwrap();
         let src = fs(dir);
         let ctx = Context::default();
-        let d = src.lookup(&ctx, 1, &c("d")).unwrap().inode;
+        let d = src.lookup(&ctx, Inode::ROOT, &c("d")).unwrap().inode;
         let f = src.lookup(&ctx, d, &c("f")).unwrap().inode;
         src.lookup(&ctx, d, &c("f")).unwrap();
         let (fh, _) = src.open(&ctx, f, libc::O_RDWR as u32, 0).unwrap();
@@ -297,7 +317,7 @@ mod passthrough {
         decode(&encode(&st).unwrap()).unwrap().fs
     }
 
-    fn check_same(dst: &PassthroughFs, d: u64, f: u64, fh: u64, dh: u64) {
+    fn check_same(dst: &PassthroughFs, d: Inode, f: Inode, fh: Handle, dh: Handle) {
         let ctx = Context::default();
         assert_eq!(dst.lookup_count(f), 2);
         assert_eq!(dst.lookup_count(d), 1);
@@ -351,7 +371,7 @@ mod passthrough {
         .unwrap();
         assert_eq!(dst.import_state(&st, &opts).unwrap(), (0, 0));
         let ctx = Context::default();
-        let d = dst.lookup(&ctx, 1, &c("d")).unwrap().inode;
+        let d = dst.lookup(&ctx, Inode::ROOT, &c("d")).unwrap().inode;
         dst.mkdir(&ctx, d, &c("x"), 0o777, 0o077).unwrap();
         let mode = std::fs::metadata(tmp.path().join("d/x")).unwrap().mode() & 0o777;
         assert_eq!(mode, 0o770, "the default ACL, not the umask, decides");
@@ -387,7 +407,7 @@ mod passthrough {
         assert!(st
             .inodes
             .iter()
-            .all(|i| i.id == 1 || matches!(i.location, Location::Handle(_))));
+            .all(|i| i.id == Inode::ROOT || matches!(i.location, Location::Handle(_))));
         let dst = fs(tmp.path());
         assert_eq!(dst.import_state(&st, &opts).unwrap(), (0, 0));
         check_same(&dst, d, f, fh, dh);
@@ -458,11 +478,11 @@ mod passthrough {
     fn one_inode(kind: u32, location: Location) -> FsState {
         FsState {
             negotiated: 0,
-            next_inode: 3,
-            next_handle: 1,
+            next_inode: Inode::from_raw(3),
+            next_handle: Handle::from_raw(1),
             inodes: vec![
                 InodeState {
-                    id: 1,
+                    id: Inode::from_raw(1),
                     refs: 1,
                     generation: 0,
                     kind: libc::S_IFDIR,
@@ -470,7 +490,7 @@ mod passthrough {
                     verify: None,
                 },
                 InodeState {
-                    id: 2,
+                    id: Inode::from_raw(2),
                     refs: 1,
                     generation: 0,
                     kind,

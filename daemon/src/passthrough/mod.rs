@@ -415,7 +415,7 @@ impl PassthroughFs {
         let proc_self_fd = self.proc_self_fd.try_clone()?;
         let w = watch::HostWatch::new(fan, proc_self_fd, notifier.clone(), self.inodes.clone());
         w.spawn()?;
-        if let Ok(root) = self.inodes.get(crate::protocol::abi::ROOT_ID) {
+        if let Ok(root) = self.inodes.get(Inode::ROOT) {
             w.note(&root);
         }
         let _ = self.watch.set(w);
@@ -812,7 +812,7 @@ impl PassthroughFs {
     /// walked level by level (one `statx` per level; a LOOKUP paid that at every depth, a
     /// quadratic number of bytes walked, ~1,300 calls at the deepest).
     fn dir_inside_share(&self, dir: BorrowedFd) -> io::Result<bool> {
-        let root = self.inodes.get(crate::protocol::abi::ROOT_ID)?;
+        let root = self.inodes.get(Inode::ROOT)?;
         inside_syscall();
         let key = key_of(&stat_fd(dir)?);
         if key == root.key {
@@ -892,7 +892,7 @@ impl PassthroughFs {
     /// inside the share: `ENOENT` for one a host user moved out (its `..` chain no longer
     /// reaches the root). The root itself needs no walk.
     fn check_inside(&self, dir: &InodeData) -> io::Result<()> {
-        if dir.id == crate::protocol::abi::ROOT_ID || !dir.is_dir() {
+        if dir.id == Inode::ROOT || !dir.is_dir() {
             return Ok(());
         }
         if self.dir_inside_share(dir.fd()?.as_fd())? {
@@ -919,7 +919,7 @@ impl PassthroughFs {
             let st = stat_fd(data.fd()?.as_fd())?;
             Ok(self.entry_of(&data, &st, parent.key.mnt))
         };
-        if b == b"." || (b == b".." && parent.id == crate::protocol::abi::ROOT_ID) {
+        if b == b"." || (b == b".." && parent.id == Inode::ROOT) {
             // The directory itself: never the root's host parent.
             return same(parent.id);
         }
@@ -936,7 +936,7 @@ impl PassthroughFs {
                 "LOOKUP .. of inode {}: its host parent is outside the shared directory (moved on the host?); answering the root",
                 parent.id
             );
-            return same(crate::protocol::abi::ROOT_ID);
+            return same(Inode::ROOT);
         }
         self.register(fd, parent.key.mnt)
     }
@@ -966,7 +966,7 @@ impl PassthroughFs {
 #[cfg(test)]
 mod flush_tests {
     use super::*;
-    use crate::protocol::filesystem::{FileSystem, InitCaps};
+    use crate::protocol::filesystem::{FileSystem, InitCaps, LockOwner};
 
     fn served(dir: &std::path::Path, name: &str) -> (PassthroughFs, Inode) {
         let fs = PassthroughFs::new(Config {
@@ -976,7 +976,10 @@ mod flush_tests {
         .unwrap();
         fs.init(InitCaps { flags: u64::MAX }).unwrap();
         let name = CString::new(name).unwrap();
-        let ino = fs.lookup(&Context::default(), 1, &name).unwrap().inode;
+        let ino = fs
+            .lookup(&Context::default(), Inode::ROOT, &name)
+            .unwrap()
+            .inode;
         (fs, ino)
     }
 
@@ -990,7 +993,7 @@ mod flush_tests {
         assert!(!fs.flush_writes_back(f));
         assert!(!fs.flush_writes_back(f), "remembered per device");
         assert!(
-            fs.flush_writes_back(999_999),
+            fs.flush_writes_back(Inode::from_raw(999_999)),
             "an unknown inode: the safe answer"
         );
         // procfs is not on the list: taken to write back.
@@ -1008,7 +1011,8 @@ mod flush_tests {
         for flags in [libc::O_WRONLY, libc::O_RDWR] {
             let (fh, o) = fs.open(&ctx, f, flags as u32, 0).unwrap();
             assert_eq!(o & fopen::NOFLUSH, fopen::NOFLUSH, "tmpfs {flags:#o}");
-            fs.release(&ctx, f, fh, false, 0).unwrap();
+            fs.release(&ctx, f, fh, false, LockOwner::default())
+                .unwrap();
         }
         // Our own /proc/PID/comm: writable, on procfs, which is not on the list. Opened,
         // never written.
@@ -1022,10 +1026,12 @@ mod flush_tests {
             .inode;
         let (fh, o) = fs.open(&ctx, comm, libc::O_WRONLY as u32, 0).unwrap();
         assert_eq!(o & fopen::NOFLUSH, 0, "procfs writer");
-        fs.release(&ctx, comm, fh, false, 0).unwrap();
+        fs.release(&ctx, comm, fh, false, LockOwner::default())
+            .unwrap();
         let (fh, o) = fs.open(&ctx, comm, libc::O_RDONLY as u32, 0).unwrap();
         assert_eq!(o & fopen::NOFLUSH, fopen::NOFLUSH, "procfs reader");
-        fs.release(&ctx, comm, fh, false, 0).unwrap();
+        fs.release(&ctx, comm, fh, false, LockOwner::default())
+            .unwrap();
     }
 }
 
@@ -1066,7 +1072,7 @@ mod inside_tests {
         fs.init(InitCaps { flags: u64::MAX }).unwrap();
         let ctx = Context::default();
         let name = CString::new("d").unwrap();
-        let mut dir = crate::protocol::abi::ROOT_ID;
+        let mut dir = Inode::ROOT;
         let mut cost = Vec::new();
         for depth in 1..=deepest {
             dir = fs.lookup(&ctx, dir, &name).unwrap().inode;
@@ -1084,9 +1090,7 @@ mod inside_tests {
         // Moved out of the share by the host (into a directory next to it): lookups in it
         // fail, at the bottom and one level down.
         let away = tempfile::tempdir().unwrap();
-        let top = fs
-            .lookup(&ctx, crate::protocol::abi::ROOT_ID, &name)
-            .unwrap();
+        let top = fs.lookup(&ctx, Inode::ROOT, &name).unwrap();
         let second = fs.lookup(&ctx, top.inode, &name).unwrap().inode;
         std::fs::rename(tmp.path().join("d/d"), away.path().join("moved")).unwrap();
         for d in [dir, second] {

@@ -7,7 +7,7 @@ use std::io;
 
 use super::fhandle::FileHandleBytes;
 use crate::migration::format::{bad, Codec, Dec, Enc};
-use crate::protocol::abi::ROOT_ID;
+use crate::protocol::filesystem::{Handle, Inode};
 
 /// Most inodes a stream may carry.
 pub const MAX_INODES: usize = 1 << 20;
@@ -68,7 +68,7 @@ pub enum Location {
 /// One inode the guest holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InodeState {
-    pub id: u64,
+    pub id: Inode,
     pub refs: u64,
     pub generation: u64,
     /// `S_IFMT` bits.
@@ -81,8 +81,8 @@ pub struct InodeState {
 /// One open handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HandleState {
-    pub fh: u64,
-    pub inode: u64,
+    pub fh: Handle,
+    pub inode: Inode,
     pub dir: bool,
     /// `open(2)` flags to reopen it with (access mode, `O_APPEND`, `O_DIRECT`, ...).
     pub flags: u32,
@@ -94,8 +94,8 @@ pub struct FsState {
     /// Features agreed in INIT that change the filesystem's behaviour (bit set of the
     /// passthrough's own flags).
     pub negotiated: u32,
-    pub next_inode: u64,
-    pub next_handle: u64,
+    pub next_inode: Inode,
+    pub next_handle: Handle,
     pub inodes: Vec<InodeState>,
     pub handles: Vec<HandleState>,
 }
@@ -127,11 +127,11 @@ impl Codec for FsState {
             )));
         }
         e.u32(self.negotiated);
-        e.u64(self.next_inode);
-        e.u64(self.next_handle);
+        e.u64(self.next_inode.raw());
+        e.u64(self.next_handle.raw());
         e.u32(self.inodes.len() as u32);
         for i in &self.inodes {
-            e.u64(i.id);
+            e.u64(i.id.raw());
             e.u64(i.refs);
             e.u64(i.generation);
             e.u32(i.kind);
@@ -157,8 +157,8 @@ impl Codec for FsState {
         }
         e.u32(self.handles.len() as u32);
         for h in &self.handles {
-            e.u64(h.fh);
-            e.u64(h.inode);
+            e.u64(h.fh.raw());
+            e.u64(h.inode.raw());
             e.u8(u8::from(h.dir));
             e.u32(h.flags);
         }
@@ -167,13 +167,13 @@ impl Codec for FsState {
 
     fn decode(d: &mut Dec) -> io::Result<Self> {
         let negotiated = d.u32("negotiated flags")?;
-        let next_inode = d.u64("next inode")?;
-        let next_handle = d.u64("next handle")?;
+        let next_inode = Inode::from_raw(d.u64("next inode")?);
+        let next_handle = Handle::from_raw(d.u64("next handle")?);
         // Smallest inode record: 3 x u64 + u32 + location tag + verify tag.
         let n = d.count(MAX_INODES, 30, "inodes")?;
         let mut inodes = Vec::with_capacity(n);
         for _ in 0..n {
-            let id = d.u64("inode id")?;
+            let id = Inode::from_raw(d.u64("inode id")?);
             let refs = d.u64("inode refs")?;
             let generation = d.u64("inode generation")?;
             let kind = d.u32("inode kind")?;
@@ -201,8 +201,8 @@ impl Codec for FsState {
         let mut handles = Vec::with_capacity(n);
         for _ in 0..n {
             handles.push(HandleState {
-                fh: d.u64("handle id")?,
-                inode: d.u64("handle inode")?,
+                fh: Handle::from_raw(d.u64("handle id")?),
+                inode: Inode::from_raw(d.u64("handle inode")?),
                 dir: d.bool("handle kind")?,
                 flags: d.u32("handle flags")?,
             });
@@ -222,7 +222,7 @@ impl Codec for FsState {
         let mut ids = std::collections::HashSet::with_capacity(self.inodes.len());
         let mut root = false;
         for i in &self.inodes {
-            if i.id == 0 || !ids.insert(i.id) {
+            if i.id.raw() == 0 || !ids.insert(i.id) {
                 return Err(bad(format!("inode id {} is 0 or repeated", i.id)));
             }
             if i.id >= self.next_inode {
@@ -235,9 +235,9 @@ impl Codec for FsState {
                 return Err(bad(format!("inode {} has no references", i.id)));
             }
             match &i.location {
-                Location::Root if i.id == ROOT_ID => root = true,
+                Location::Root if i.id == Inode::ROOT => root = true,
                 Location::Root => return Err(bad(format!("inode {} claims to be the root", i.id))),
-                _ if i.id == ROOT_ID => return Err(bad("inode 1 is not the shared directory")),
+                _ if i.id == Inode::ROOT => return Err(bad("inode 1 is not the shared directory")),
                 Location::Path(p) => check_relative_path(p)?,
                 Location::Handle(_) | Location::Lost => {}
             }

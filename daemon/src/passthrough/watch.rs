@@ -303,12 +303,12 @@ impl HostWatch {
                     continue;
                 };
                 batch.push(Notification::InvalEntry {
-                    parent: d,
+                    parent: d.raw(),
                     name: name.clone(),
                 });
-                batch.push(dir_changed(d));
+                batch.push(dir_changed(d.raw()));
                 events.push(Notification::Fsnotify {
-                    node: d,
+                    node: d.raw(),
                     mask: m | isdir,
                     cookie,
                     name: name.clone(),
@@ -332,12 +332,12 @@ impl HostWatch {
         ] {
             if ev.mask & bit != 0 && !on_self {
                 batch.push(Notification::InvalEntry {
-                    parent: d,
+                    parent: d.raw(),
                     name: name.clone(),
                 });
-                batch.push(dir_changed(d));
+                batch.push(dir_changed(d.raw()));
                 batch.push(Notification::Fsnotify {
-                    node: d,
+                    node: d.raw(),
                     mask: m | isdir,
                     cookie: 0,
                     name: name.clone(),
@@ -361,20 +361,20 @@ impl HostWatch {
                 Some(node) => {
                     if m != mask::CLOSE_WRITE {
                         batch.push(Notification::InvalInode {
-                            node,
+                            node: node.raw(),
                             off: if m == mask::MODIFY { 0 } else { -1 },
                             len: 0,
                         });
                     }
                     batch.push(Notification::Fsnotify {
-                        node,
+                        node: node.raw(),
                         mask: m | isdir,
                         cookie: 0,
                         name: Vec::new(),
                     });
                 }
                 None => batch.push(Notification::Fsnotify {
-                    node: d,
+                    node: d.raw(),
                     mask: m | isdir,
                     cookie: 0,
                     name: name.clone(),
@@ -387,7 +387,7 @@ impl HostWatch {
         ] {
             if ev.mask & bit != 0 {
                 batch.push(Notification::Fsnotify {
-                    node: d,
+                    node: d.raw(),
                     mask: m | mask::ISDIR,
                     cookie: 0,
                     name: Vec::new(),
@@ -479,7 +479,7 @@ fn parse_event(buf: &[u8]) -> Option<Event> {
 #[cfg(test)]
 mod tests {
     use super::super::{Config, PassthroughFs};
-    use crate::protocol::filesystem::{Context, FileSystem, InitCaps};
+    use crate::protocol::filesystem::{Context, FileSystem, InitCaps, Inode};
     use crate::protocol::notify::{code, mask, Notifier};
     use std::ffi::CString;
     use std::sync::Arc;
@@ -565,7 +565,7 @@ mod tests {
         fs.init(InitCaps { flags: u64::MAX }).unwrap();
         let ctx = Context::default();
         let d = fs
-            .lookup(&ctx, 1, &CString::new("d").unwrap())
+            .lookup(&ctx, Inode::ROOT, &CString::new("d").unwrap())
             .unwrap()
             .inode;
         let known = fs
@@ -583,13 +583,13 @@ mod tests {
             .inode;
         sh(&format!(": > {p}/new && echo x >> {p}/known && chmod 600 {p}/new && mv {p}/new {p}/moved && rm {p}/moved"));
         let want = [
-            (d, mask::CREATE, "new".to_string()),
-            (known, mask::MODIFY, String::new()),
-            (known, mask::CLOSE_WRITE, String::new()),
-            (d, mask::ATTRIB, "new".to_string()),
-            (d, mask::MOVED_FROM, "new".to_string()),
-            (d, mask::MOVED_TO, "moved".to_string()),
-            (d, mask::DELETE, "moved".to_string()),
+            (d.raw(), mask::CREATE, "new".to_string()),
+            (known.raw(), mask::MODIFY, String::new()),
+            (known.raw(), mask::CLOSE_WRITE, String::new()),
+            (d.raw(), mask::ATTRIB, "new".to_string()),
+            (d.raw(), mask::MOVED_FROM, "new".to_string()),
+            (d.raw(), mask::MOVED_TO, "moved".to_string()),
+            (d.raw(), mask::DELETE, "moved".to_string()),
         ];
         let got = collect(&n, |g| events(g).len() >= want.len());
         let ev = events(&got);
@@ -610,11 +610,11 @@ mod tests {
         // The known file's data is invalidated before its MODIFY.
         let inval = got
             .iter()
-            .position(|m| m.0 == code::INVAL_INODE && m.1 == known)
+            .position(|m| m.0 == code::INVAL_INODE && m.1 == known.raw())
             .expect("INVAL_INODE of the written file");
         let modify = got
             .iter()
-            .position(|m| m.0 == code::FSNOTIFY && m.1 == known)
+            .position(|m| m.0 == code::FSNOTIFY && m.1 == known.raw())
             .unwrap();
         assert!(inval < modify);
 

@@ -13,7 +13,7 @@
 use std::io;
 
 use crate::protocol::abi::{ioctl_flags, Fsxattr, IoctlIn, IoctlOut};
-use crate::protocol::filesystem::{Context, FileSystem, Inode};
+use crate::protocol::filesystem::{Context, FileSystem, Handle, Inode};
 use crate::protocol::iobuf::{Reader, Writer};
 
 /// `FS_IOC_GETFLAGS`: `_IOR('f', 1, long)` on a 64-bit kernel.
@@ -154,7 +154,7 @@ pub fn serve<F: FileSystem + ?Sized>(
 ) -> io::Result<()> {
     let a: IoctlIn = r.read_obj()?;
     let req = decode(&a, r)?;
-    let reply = fs.fileattr(ctx, inode, a.fh, req)?;
+    let reply = fs.fileattr(ctx, inode, Handle::from_raw(a.fh), req)?;
     encode(&a, reply, w)
 }
 

@@ -16,7 +16,9 @@ use vm_memory::ByteValued;
 use crate::migration::format::{Codec, Dec, Enc};
 use crate::protocol::abi::{opcode as op, *};
 use crate::protocol::backing::{Passthrough as FusePassthrough, Stats as FusePassthroughStats};
-use crate::protocol::filesystem::{Context, Entry, FileSystem, InitCaps, XattrReply};
+use crate::protocol::filesystem::{
+    Context, Entry, FileSystem, Handle, InitCaps, Inode, LockOwner, XattrReply,
+};
 use crate::protocol::iobuf::{Reader, Writer};
 use crate::protocol::mapper::Mapper;
 
@@ -175,7 +177,7 @@ pub struct Server<F: FileSystem> {
 /// Parsed request header plus the caller's identity.
 struct Req {
     unique: u64,
-    nodeid: u64,
+    nodeid: Inode,
     ctx: Context,
     /// The request-extension area (`total_extlen * 8` bytes after the payload), read only
     /// for the creating opcodes once `FUSE_SECURITY_CTX` is agreed; else empty.
@@ -216,13 +218,13 @@ impl<F: FileSystem> Server<F> {
     }
 
     /// The backing id to open `fh` of `inode` with, if it is to be passed through.
-    fn pass_through(&self, inode: u64, fh: u64) -> Option<i32> {
+    fn pass_through(&self, inode: Inode, fh: Handle) -> Option<i32> {
         let p = self.fuse_passthrough.as_ref()?;
         if self.session.flags.load(Ordering::Relaxed) & init_flags::PASSTHROUGH == 0 {
             return None;
         }
         let fd = self.fs.backing_fd(inode, fh).ok();
-        p.opened(inode, fh, fd.as_ref().map(|f| f.as_fd()))
+        p.opened(inode.raw(), fh.raw(), fd.as_ref().map(|f| f.as_fd()))
     }
 
     /// The reply to `request` never reached the client (/dev/fuse answered ENOENT: the
@@ -264,9 +266,15 @@ impl<F: FileSystem> Server<F> {
                     "SETLK(W) reply lost: releasing the lock of owner {:#x}",
                     a.owner
                 );
-                let _ = self
-                    .fs
-                    .setlk(&ctx, hdr.nodeid, a.fh, a.owner, unlock, flock, false);
+                let _ = self.fs.setlk(
+                    &ctx,
+                    Inode::from_raw(hdr.nodeid),
+                    Handle::from_raw(a.fh),
+                    LockOwner::from_raw(a.owner),
+                    unlock,
+                    flock,
+                    false,
+                );
             }
             return;
         }
@@ -295,7 +303,8 @@ impl<F: FileSystem> Server<F> {
         if let Some(p) = &self.fuse_passthrough {
             p.released(o.fh);
         }
-        let _ = self.fs.release(&ctx, ino, o.fh, false, 0);
+        let (ino, fh) = (Inode::from_raw(ino), Handle::from_raw(o.fh));
+        let _ = self.fs.release(&ctx, ino, fh, false, LockOwner::default());
     }
 
     /// How long the request with this header may hold its thread: the opcode's class
@@ -304,7 +313,10 @@ impl<F: FileSystem> Server<F> {
     pub fn wait(&self, hdr: &InHeader) -> crate::protocol::policy::Wait {
         use crate::protocol::policy::{wait, Wait};
         match wait(hdr.opcode) {
-            Wait::Long if hdr.opcode == op::FLUSH && !self.fs.flush_writes_back(hdr.nodeid) => {
+            Wait::Long
+                if hdr.opcode == op::FLUSH
+                    && !self.fs.flush_writes_back(Inode::from_raw(hdr.nodeid)) =>
+            {
                 Wait::Short
             }
             w => w,
@@ -475,7 +487,7 @@ impl<F: FileSystem> Server<F> {
     ) -> io::Result<Handled> {
         let mut req = Req {
             unique: hdr.unique,
-            nodeid: hdr.nodeid,
+            nodeid: Inode::from_raw(hdr.nodeid),
             ctx: Context {
                 uid: hdr.uid,
                 gid: hdr.gid,
@@ -878,7 +890,7 @@ pub fn entry_out(e: &Entry) -> EntryOut {
     let (entry_valid, entry_valid_nsec) = split_timeout(e.entry_timeout);
     let (attr_valid, attr_valid_nsec) = split_timeout(e.attr_timeout);
     EntryOut {
-        nodeid: e.inode,
+        nodeid: e.inode.raw(),
         generation: e.generation,
         entry_valid,
         attr_valid,
@@ -888,7 +900,7 @@ pub fn entry_out(e: &Entry) -> EntryOut {
     }
 }
 
-fn open_out(fh: u64, open_flags: u32, backing: Option<i32>) -> OpenOut {
+fn open_out(fh: Handle, open_flags: u32, backing: Option<i32>) -> OpenOut {
     match backing {
         // Linux refuses FOPEN_PASSTHROUGH with any flag outside FOPEN_PASSTHROUGH_MASK
         // (KEEP_CACHE: there is no FUSE page cache to keep), and with DIRECT_IO it would
@@ -896,12 +908,12 @@ fn open_out(fh: u64, open_flags: u32, backing: Option<i32>) -> OpenOut {
         // is the host file itself, so what --cache never wants (no stale cached copy) holds
         // without DIRECT_IO.
         Some(id) => OpenOut {
-            fh,
+            fh: fh.raw(),
             open_flags: (open_flags & fopen::NOFLUSH) | fopen::PASSTHROUGH,
             backing_id: id,
         },
         None => OpenOut {
-            fh,
+            fh: fh.raw(),
             open_flags,
             backing_id: 0,
         },

@@ -422,7 +422,7 @@ pub fn run_migration_stream(share: &std::path::Path, data: &[u8]) -> bool {
         for i in &state.fs.inodes {
             let mut rec_bytes = request(
                 abi::opcode::GETATTR,
-                i.id,
+                i.id.raw(),
                 &[abi::GetattrIn::default().as_slice()],
             );
             let mut reply = vec![0u8; 16 + std::mem::size_of::<abi::AttrOut>()];
@@ -465,18 +465,18 @@ fn frame(payload: &[u8]) -> Vec<u8> {
 /// every negotiated bit set. `top` gets the share (see [`migration_world`]).
 pub fn migration_seeds(top: &std::path::Path) -> io::Result<Vec<(String, Vec<u8>)>> {
     use crate::passthrough::state::{MigrationMode, MigrationOptions};
-    use crate::protocol::filesystem::Context;
+    use crate::protocol::filesystem::{Context, Inode};
     use std::os::fd::AsFd;
     let share = migration_world(top)?;
     let s = server(passthrough_fs(&share)?);
     let ctx = Context::default();
     let fs = s.fs();
     let name = |n: &str| std::ffi::CString::new(n).unwrap_or_default();
-    let d = fs.lookup(&ctx, abi::ROOT_ID, &name("d"))?.inode;
+    let d = fs.lookup(&ctx, Inode::ROOT, &name("d"))?.inode;
     let f = fs.lookup(&ctx, d, &name("f"))?.inode;
     fs.lookup(&ctx, d, &name("e"))?;
-    fs.lookup(&ctx, abi::ROOT_ID, &name("g"))?;
-    fs.lookup(&ctx, abi::ROOT_ID, &name("l"))?;
+    fs.lookup(&ctx, Inode::ROOT, &name("g"))?;
+    fs.lookup(&ctx, Inode::ROOT, &name("l"))?;
     fs.open(&ctx, f, libc::O_RDWR as u32, 0)?;
     fs.opendir(&ctx, d, 0)?;
     let mut out = Vec::new();

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::protocol::abi::fattr;
 use crate::protocol::abi::{Attr, Kstatfs, SetattrIn, ROOT_ID};
 use crate::protocol::filesystem::{
-    AddEntry, Context, DirEntry, Entry, Handle, InitCaps, Inode, OpenFlags,
+    AddEntry, Context, DirEntry, Entry, FileSystem, Handle, InitCaps, Inode, LockOwner, OpenFlags,
 };
 use crate::protocol::iobuf::{Reader, Writer};
 use crate::protocol::mapper::Mapper;
@@ -63,7 +63,7 @@ impl MemFs {
     pub fn new() -> io::Result<Self> {
         let mut nodes = HashMap::new();
         nodes.insert(
-            ROOT_ID,
+            Inode::ROOT,
             Node {
                 kind: Kind::Dir(BTreeMap::new()),
                 mode: libc::S_IFDIR | 0o755,
@@ -86,7 +86,7 @@ impl MemFs {
         Ok(MemFs {
             state: Mutex::new(State {
                 nodes,
-                next: ROOT_ID + 1,
+                next: Inode::from_raw(ROOT_ID + 1),
             }),
             backing,
         })
@@ -128,7 +128,7 @@ impl State {
             Kind::Special => 0,
         };
         Ok(Attr {
-            ino,
+            ino: ino.raw(),
             size,
             blocks: size.div_ceil(512),
             mode: n.mode,
@@ -168,7 +168,7 @@ impl State {
             return Err(errno(libc::EEXIST));
         }
         let ino = self.next;
-        self.next += 1;
+        self.next = Inode::from_raw(ino.raw() + 1);
         let is_dir = matches!(kind, Kind::Dir(_));
         self.nodes.insert(
             ino,
@@ -190,7 +190,7 @@ impl State {
     }
 
     fn drop_if_unused(&mut self, ino: Inode) {
-        if ino == ROOT_ID {
+        if ino == Inode::ROOT {
             return;
         }
         if self
@@ -230,11 +230,8 @@ impl State {
     }
 }
 
-crate::protocol::filesystem::filesystem_impl! {
-    impl[] FileSystem for MemFs;
-    others => default;
-
-    fn init(&self, _caps) {
+impl FileSystem for MemFs {
+    fn init(&self, _caps: InitCaps) -> io::Result<u64> {
         Ok(0)
     }
 
@@ -255,11 +252,11 @@ crate::protocol::filesystem::filesystem_impl! {
         }
     }
 
-    fn lookup(&self, _ctx, parent, name) {
+    fn lookup(&self, _ctx: &Context, parent: Inode, name: &CStr) -> io::Result<Entry> {
         let mut s = self.lock()?;
         let ino = match name.to_bytes() {
             b"." => parent,
-            b".." => ROOT_ID,
+            b".." => Inode::ROOT,
             _ => *s
                 .dir(parent)?
                 .get(name)
@@ -269,7 +266,7 @@ crate::protocol::filesystem::filesystem_impl! {
         s.entry(ino)
     }
 
-    fn forget(&self, _ctx, inode, count) {
+    fn forget(&self, _ctx: &Context, inode: Inode, count: u64) {
         if let Ok(mut s) = self.lock() {
             if let Some(n) = s.nodes.get_mut(&inode) {
                 n.lookups = n.lookups.saturating_sub(count);
@@ -278,11 +275,22 @@ crate::protocol::filesystem::filesystem_impl! {
         }
     }
 
-    fn getattr(&self, _ctx, inode, _h) {
+    fn getattr(
+        &self,
+        _ctx: &Context,
+        inode: Inode,
+        _h: Option<Handle>,
+    ) -> io::Result<(Attr, Duration)> {
         Ok((self.lock()?.attr(inode)?, Duration::ZERO))
     }
 
-    fn setattr(&self, _ctx, inode, a, _h) {
+    fn setattr(
+        &self,
+        _ctx: &Context,
+        inode: Inode,
+        a: &SetattrIn,
+        _h: Option<Handle>,
+    ) -> io::Result<(Attr, Duration)> {
         let mut s = self.lock()?;
         let n = s.node_mut(inode)?;
         if a.valid & fattr::MODE != 0 {
@@ -305,20 +313,34 @@ crate::protocol::filesystem::filesystem_impl! {
         Ok((s.attr(inode)?, Duration::ZERO))
     }
 
-    fn readlink(&self, _ctx, inode) {
+    fn readlink(&self, _ctx: &Context, inode: Inode) -> io::Result<Vec<u8>> {
         match &self.lock()?.node(inode)?.kind {
             Kind::Symlink(t) => Ok(t.clone()),
             _ => Err(errno(libc::EINVAL)),
         }
     }
 
-    fn symlink(&self, ctx, target, parent, name) {
+    fn symlink(
+        &self,
+        ctx: &Context,
+        target: &CStr,
+        parent: Inode,
+        name: &CStr,
+    ) -> io::Result<Entry> {
         let kind = Kind::Symlink(target.to_bytes().to_vec());
         self.lock()?
             .add(ctx, parent, name, kind, libc::S_IFLNK | 0o777, 0)
     }
 
-    fn mknod(&self, ctx, parent, name, mode, rdev, _umask) {
+    fn mknod(
+        &self,
+        ctx: &Context,
+        parent: Inode,
+        name: &CStr,
+        mode: u32,
+        rdev: u32,
+        _umask: u32,
+    ) -> io::Result<Entry> {
         let kind = match mode & libc::S_IFMT {
             libc::S_IFREG => Kind::File(Vec::new()),
             libc::S_IFDIR => return Err(errno(libc::EINVAL)),
@@ -327,21 +349,36 @@ crate::protocol::filesystem::filesystem_impl! {
         self.lock()?.add(ctx, parent, name, kind, mode, rdev)
     }
 
-    fn mkdir(&self, ctx, parent, name, mode, _umask) {
+    fn mkdir(
+        &self,
+        ctx: &Context,
+        parent: Inode,
+        name: &CStr,
+        mode: u32,
+        _umask: u32,
+    ) -> io::Result<Entry> {
         let kind = Kind::Dir(BTreeMap::new());
         self.lock()?
             .add(ctx, parent, name, kind, libc::S_IFDIR | (mode & 0o7777), 0)
     }
 
-    fn unlink(&self, _ctx, parent, name) {
+    fn unlink(&self, _ctx: &Context, parent: Inode, name: &CStr) -> io::Result<()> {
         self.lock()?.remove(parent, name, false)
     }
 
-    fn rmdir(&self, _ctx, parent, name) {
+    fn rmdir(&self, _ctx: &Context, parent: Inode, name: &CStr) -> io::Result<()> {
         self.lock()?.remove(parent, name, true)
     }
 
-    fn rename(&self, _ctx, olddir, oldname, newdir, newname, flags) {
+    fn rename(
+        &self,
+        _ctx: &Context,
+        olddir: Inode,
+        oldname: &CStr,
+        newdir: Inode,
+        newname: &CStr,
+        flags: u32,
+    ) -> io::Result<()> {
         if flags != 0 {
             return Err(errno(libc::EINVAL));
         }
@@ -369,7 +406,13 @@ crate::protocol::filesystem::filesystem_impl! {
         Ok(())
     }
 
-    fn link(&self, _ctx, inode, newparent, newname) {
+    fn link(
+        &self,
+        _ctx: &Context,
+        inode: Inode,
+        newparent: Inode,
+        newname: &CStr,
+    ) -> io::Result<Entry> {
         let mut s = self.lock()?;
         if matches!(s.node(inode)?.kind, Kind::Dir(_)) {
             return Err(errno(libc::EPERM));
@@ -382,15 +425,31 @@ crate::protocol::filesystem::filesystem_impl! {
         s.entry(inode)
     }
 
-    fn open(&self, _ctx, inode, _flags, _ff) {
+    fn open(
+        &self,
+        _ctx: &Context,
+        inode: Inode,
+        _flags: u32,
+        _ff: u32,
+    ) -> io::Result<(Handle, OpenFlags)> {
         match self.lock()?.node(inode)?.kind {
-            Kind::File(_) => Ok((inode, 0)),
+            // The inode number serves as the handle.
+            Kind::File(_) => Ok((Handle::from_raw(inode.raw()), 0)),
             Kind::Dir(_) => Err(errno(libc::EISDIR)),
             _ => Err(errno(libc::ENXIO)),
         }
     }
 
-    fn create(&self, ctx, parent, name, mode, _flags, _umask, _ff) {
+    fn create(
+        &self,
+        ctx: &Context,
+        parent: Inode,
+        name: &CStr,
+        mode: u32,
+        _flags: u32,
+        _umask: u32,
+        _ff: u32,
+    ) -> io::Result<(Entry, Handle, OpenFlags)> {
         let e = self.lock()?.add(
             ctx,
             parent,
@@ -399,10 +458,18 @@ crate::protocol::filesystem::filesystem_impl! {
             libc::S_IFREG | (mode & 0o7777),
             0,
         )?;
-        Ok((e, e.inode, 0))
+        Ok((e, Handle::from_raw(e.inode.raw()), 0))
     }
 
-    fn read(&self, _ctx, inode, _h, w, size, offset) {
+    fn read(
+        &self,
+        _ctx: &Context,
+        inode: Inode,
+        _h: Handle,
+        w: &mut Writer,
+        size: u32,
+        offset: u64,
+    ) -> io::Result<usize> {
         let s = self.lock()?;
         let Kind::File(d) = &s.node(inode)?.kind else {
             return Err(errno(libc::EISDIR));
@@ -413,7 +480,16 @@ crate::protocol::filesystem::filesystem_impl! {
         Ok(end - start)
     }
 
-    fn write(&self, _ctx, inode, _h, r, size, offset, _kill) {
+    fn write(
+        &self,
+        _ctx: &Context,
+        inode: Inode,
+        _h: Handle,
+        r: &mut Reader,
+        size: u32,
+        offset: u64,
+        _kill: bool,
+    ) -> io::Result<usize> {
         let end = offset
             .checked_add(u64::from(size))
             .ok_or_else(|| errno(libc::EFBIG))?;
@@ -432,7 +508,7 @@ crate::protocol::filesystem::filesystem_impl! {
         Ok(data.len())
     }
 
-    fn statfs(&self, _ctx, _inode) {
+    fn statfs(&self, _ctx: &Context, _inode: Inode) -> io::Result<Kstatfs> {
         let s = self.lock()?;
         Ok(Kstatfs {
             files: MAX_INODES as u64,
@@ -444,24 +520,44 @@ crate::protocol::filesystem::filesystem_impl! {
         })
     }
 
-    fn release(&self, _ctx, _i, _h, _flock, _owner) {
+    fn release(
+        &self,
+        _ctx: &Context,
+        _i: Inode,
+        _h: Handle,
+        _flock: bool,
+        _owner: LockOwner,
+    ) -> io::Result<()> {
         Ok(())
     }
 
-    fn flush(&self, _ctx, _i, _h, _owner) {
+    fn flush(&self, _ctx: &Context, _i: Inode, _h: Handle, _owner: LockOwner) -> io::Result<()> {
         Ok(())
     }
 
-    fn fsync(&self, _ctx, _i, _d, _h) {
+    fn fsync(&self, _ctx: &Context, _i: Inode, _d: bool, _h: Handle) -> io::Result<()> {
         Ok(())
     }
 
-    fn opendir(&self, _ctx, inode, _flags) {
+    fn opendir(
+        &self,
+        _ctx: &Context,
+        inode: Inode,
+        _flags: u32,
+    ) -> io::Result<(Handle, OpenFlags)> {
         self.lock()?.dir(inode)?;
-        Ok((inode, 0))
+        Ok((Handle::from_raw(inode.raw()), 0))
     }
 
-    fn readdir(&self, _ctx, inode, _h, offset, plus, add) {
+    fn readdir(
+        &self,
+        _ctx: &Context,
+        inode: Inode,
+        _h: Handle,
+        offset: u64,
+        plus: bool,
+        add: &mut AddEntry,
+    ) -> io::Result<()> {
         let mut s = self.lock()?;
         let names: Vec<(CString, Inode)> =
             s.dir(inode)?.iter().map(|(n, i)| (n.clone(), *i)).collect();
@@ -473,7 +569,7 @@ crate::protocol::filesystem::filesystem_impl! {
             let mode = s.node(*ino)?.mode;
             let entry = if plus { Some(s.entry(*ino)?) } else { None };
             let d = DirEntry {
-                ino: *ino,
+                ino: ino.raw(),
                 offset: idx as u64 + 1,
                 typ: dt_of(mode),
                 name: name.to_bytes(),
@@ -490,20 +586,30 @@ crate::protocol::filesystem::filesystem_impl! {
         Ok(())
     }
 
-    fn releasedir(&self, _ctx, _i, _h) {
+    fn releasedir(&self, _ctx: &Context, _i: Inode, _h: Handle) -> io::Result<()> {
         Ok(())
     }
 
-    fn access(&self, _ctx, inode, _mask) {
+    fn access(&self, _ctx: &Context, inode: Inode, _mask: u32) -> io::Result<()> {
         self.lock()?.node(inode).map(|_| ())
     }
 
-    fn setupmapping(&self, _ctx, inode, _h, foffset, len, moffset, writable, mapper) {
+    fn setupmapping(
+        &self,
+        _ctx: &Context,
+        inode: Inode,
+        _h: Handle,
+        foffset: u64,
+        len: u64,
+        moffset: u64,
+        writable: bool,
+        mapper: &dyn Mapper,
+    ) -> io::Result<()> {
         if !matches!(self.lock()?.node(inode)?.kind, Kind::File(_)) {
             return Err(errno(libc::EINVAL));
         }
         mapper.map(&crate::protocol::mapper::MapRequest {
-            owner: inode,
+            owner: inode.raw(),
             moffset,
             len,
             fd: self.backing.as_fd(),

@@ -17,7 +17,7 @@
 //! `completing` slot per vring is enough.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU8, Ordering};
 
 use vhost_user_backend::VringT;
@@ -76,25 +76,9 @@ impl RingRecords {
         if (st.st_size as usize) < REGION_SIZE {
             return Err(io::Error::other("ring record region too small"));
         }
-        // SAFETY: a new shared mapping of REGION_SIZE bytes of `fd`; nothing else in this
-        // process maps it.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                REGION_SIZE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(RingRecords {
-            base: p.cast(),
-            _fd: fd,
-        })
+        // At least REGION_SIZE bytes (checked above); `Drop` unmaps them.
+        let p = crate::sys::map_shared(fd.as_fd(), REGION_SIZE)?;
+        Ok(RingRecords { base: p, _fd: fd })
     }
 
     fn at(&self, vring: usize, off: usize) -> *mut u8 {

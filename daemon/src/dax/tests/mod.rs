@@ -867,7 +867,12 @@ fn a_failed_setattr_that_shrank_the_file_still_replaces_its_mappings() {
         pid: 0,
     };
     let e = fs
-        .setattr(&ctx, 7, &crate::protocol::abi::SetattrIn::default(), None)
+        .setattr(
+            &ctx,
+            Inode::from_raw(7),
+            &crate::protocol::abi::SetattrIn::default(),
+            None,
+        )
         .unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
     assert_eq!(
@@ -891,12 +896,12 @@ fn a_flush_writes_back_while_the_window_maps_the_inode() {
     let (w, _rec, f) = window();
     let w = Arc::new(w);
     let fs = coherent::Coherent::new(LocalDisk, Some(w.clone()));
-    assert!(!fs.flush_writes_back(7));
+    assert!(!fs.flush_writes_back(Inode::from_raw(7)));
     map_at(&w, 7, 0, MB2, f.as_fd(), 0, true).unwrap();
-    assert!(fs.flush_writes_back(7), "mapped");
-    assert!(!fs.flush_writes_back(8), "another inode");
+    assert!(fs.flush_writes_back(Inode::from_raw(7)), "mapped");
+    assert!(!fs.flush_writes_back(Inode::from_raw(8)), "another inode");
     w.unmap(0, MB2).unwrap();
-    assert!(!fs.flush_writes_back(7), "unmapped");
+    assert!(!fs.flush_writes_back(Inode::from_raw(7)), "unmapped");
 }
 
 #[test]
@@ -910,7 +915,7 @@ fn a_writers_close_sends_flush_when_there_is_a_window() {
     struct NoFlushes;
     impl FileSystem for NoFlushes {
         fn open(&self, _: &Context, _: Inode, _: u32, _: u32) -> io::Result<(Handle, OpenFlags)> {
-            Ok((1, fopen::NOFLUSH | fopen::KEEP_CACHE))
+            Ok((Handle::from_raw(1), fopen::NOFLUSH | fopen::KEEP_CACHE))
         }
         #[allow(clippy::too_many_arguments)]
         fn create(
@@ -923,7 +928,7 @@ fn a_writers_close_sends_flush_when_there_is_a_window() {
             _: u32,
             _: u32,
         ) -> io::Result<(Entry, Handle, OpenFlags)> {
-            Ok((Entry::default(), 1, fopen::NOFLUSH))
+            Ok((Entry::default(), Handle::from_raw(1), fopen::NOFLUSH))
         }
         fn tmpfile(
             &self,
@@ -933,7 +938,7 @@ fn a_writers_close_sends_flush_when_there_is_a_window() {
             _: u32,
             _: u32,
         ) -> io::Result<(Entry, Handle, OpenFlags)> {
-            Ok((Entry::default(), 1, fopen::NOFLUSH))
+            Ok((Entry::default(), Handle::from_raw(1), fopen::NOFLUSH))
         }
     }
     let ctx = Context::default();
@@ -948,20 +953,28 @@ fn a_writers_close_sends_flush_when_there_is_a_window() {
         (libc::O_RDWR | libc::O_APPEND, 0),
     ] {
         let f = flags as u32;
-        let o = with.open(&ctx, 7, f, 0).unwrap().1;
+        let o = with.open(&ctx, Inode::from_raw(7), f, 0).unwrap().1;
         assert_eq!(o, windowed | fopen::KEEP_CACHE, "open {flags:#o}");
         assert_eq!(
-            with.create(&ctx, 1, name, 0o644, f, 0, 0).unwrap().2,
+            with.create(&ctx, Inode::ROOT, name, 0o644, f, 0, 0)
+                .unwrap()
+                .2,
             windowed
         );
-        assert_eq!(with.tmpfile(&ctx, 1, 0o644, f, 0).unwrap().2, windowed);
-        let o = without.open(&ctx, 7, f, 0).unwrap().1;
+        assert_eq!(
+            with.tmpfile(&ctx, Inode::ROOT, 0o644, f, 0).unwrap().2,
+            windowed
+        );
+        let o = without.open(&ctx, Inode::from_raw(7), f, 0).unwrap().1;
         assert_eq!(
             o,
             fopen::NOFLUSH | fopen::KEEP_CACHE,
             "no window {flags:#o}"
         );
-        let o = without.create(&ctx, 1, name, 0o644, f, 0, 0).unwrap().2;
+        let o = without
+            .create(&ctx, Inode::ROOT, name, 0o644, f, 0, 0)
+            .unwrap()
+            .2;
         assert_eq!(o, fopen::NOFLUSH);
     }
 }

@@ -27,35 +27,22 @@ fn refuse_writes(f: &File) {
 #[derive(Default)]
 struct Opens(AtomicU64);
 
-impl crate::protocol::filesystem::FileSystem for Opens {
-    fn open(
-        &self,
-        _: &crate::protocol::filesystem::Context,
-        _: u64,
-        _: u32,
-        _: u32,
-    ) -> io::Result<(u64, crate::protocol::filesystem::OpenFlags)> {
-        Ok((self.0.fetch_add(1, Ordering::SeqCst) + 1, 0))
+use crate::protocol::filesystem::{Context, FileSystem, Handle, Inode, LockOwner, OpenFlags};
+
+impl FileSystem for Opens {
+    fn open(&self, _: &Context, _: Inode, _: u32, _: u32) -> io::Result<(Handle, OpenFlags)> {
+        Ok((
+            Handle::from_raw(self.0.fetch_add(1, Ordering::SeqCst) + 1),
+            0,
+        ))
     }
-    fn fsync(
-        &self,
-        _: &crate::protocol::filesystem::Context,
-        _: u64,
-        _: bool,
-        _: u64,
-    ) -> io::Result<()> {
+    fn fsync(&self, _: &Context, _: Inode, _: bool, _: Handle) -> io::Result<()> {
         Ok(())
     }
-    fn flush(
-        &self,
-        _: &crate::protocol::filesystem::Context,
-        _: u64,
-        _: u64,
-        _: u64,
-    ) -> io::Result<()> {
+    fn flush(&self, _: &Context, _: Inode, _: Handle, _: LockOwner) -> io::Result<()> {
         Ok(())
     }
-    fn syncfs(&self, _: &crate::protocol::filesystem::Context, _: u64) -> io::Result<()> {
+    fn syncfs(&self, _: &Context, _: Inode) -> io::Result<()> {
         Ok(())
     }
 }
@@ -70,19 +57,19 @@ fn a_failed_pooled_write_back_is_reported_and_its_bytes_are_kept() {
     // longer lets anyone write. FSYNC, FLUSH and SYNCFS fail with the error (never 0 while the
     // bytes are not in the file); REMOVEMAPPING keeps them (stranded), and the next pooled
     // mapping of the range shows them to the guest again.
-    use crate::protocol::filesystem::{Context, FileSystem};
     let (w, rec) = running(8 * MB2, DEFAULT_MAP_BUDGET);
     w.set_map_mode(crate::dax::mode::MapMode::Pooled);
     let w = Arc::new(w);
     let fs = coherent::Coherent::new(Opens::default(), Some(w.clone()));
     let ctx = Context::default();
+    let (ino, six) = (Inode::from_raw(5), Inode::from_raw(6));
     let host = sealable_file(7, 3 * MB2 as usize);
-    let (h1, _) = fs.open(&ctx, 5, libc::O_RDWR as u32, 0).unwrap();
+    let (h1, _) = fs.open(&ctx, ino, libc::O_RDWR as u32, 0).unwrap();
     map_at(&*w, 5, MB2, MB2, host.as_fd(), MB2, true).unwrap();
     let pool = rec.fds.lock().unwrap()[&0].try_clone().unwrap();
     pool.write_all_at(b"GUEST", MB2 + 10).unwrap();
     assert_eq!(
-        errno(fs.fsync(&ctx, 5, false, h1)),
+        errno(fs.fsync(&ctx, ino, false, h1)),
         None,
         "a write-back that works"
     );
@@ -92,11 +79,14 @@ fn a_failed_pooled_write_back_is_reported_and_its_bytes_are_kept() {
 
     pool.write_all_at(b"LOST?", MB2 + 100).unwrap();
     refuse_writes(&host);
-    let (h2, _) = fs.open(&ctx, 5, libc::O_RDWR as u32, 0).unwrap();
-    assert_eq!(errno(fs.fsync(&ctx, 5, false, h1)), Some(libc::EPERM));
-    assert_eq!(errno(fs.flush(&ctx, 5, h2, 0)), Some(libc::EPERM));
-    assert_eq!(errno(fs.syncfs(&ctx, 1)), Some(libc::EPERM));
-    assert_eq!(errno(fs.fsync(&ctx, 6, false, h1)), None, "another inode");
+    let (h2, _) = fs.open(&ctx, ino, libc::O_RDWR as u32, 0).unwrap();
+    assert_eq!(errno(fs.fsync(&ctx, ino, false, h1)), Some(libc::EPERM));
+    assert_eq!(
+        errno(fs.flush(&ctx, ino, h2, LockOwner::default())),
+        Some(libc::EPERM)
+    );
+    assert_eq!(errno(fs.syncfs(&ctx, Inode::ROOT)), Some(libc::EPERM));
+    assert_eq!(errno(fs.fsync(&ctx, six, false, h1)), None, "another inode");
     assert!(w.stats().wb_failures >= 3, "{}", w.stats());
 
     // The guest removes the range: its bytes leave the pool but are kept.
@@ -108,7 +98,7 @@ fn a_failed_pooled_write_back_is_reported_and_its_bytes_are_kept() {
     );
     assert_eq!(w.stats().stranded, 1, "{}", w.stats());
     assert_eq!(
-        errno(fs.fsync(&ctx, 5, false, h2)),
+        errno(fs.fsync(&ctx, ino, false, h2)),
         Some(libc::EPERM),
         "still not written"
     );

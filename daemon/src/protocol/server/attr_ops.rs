@@ -5,7 +5,7 @@
 use vm_memory::ByteValued;
 
 use crate::protocol::abi::*;
-use crate::protocol::filesystem::FileSystem;
+use crate::protocol::filesystem::{FileSystem, Handle};
 use crate::protocol::iobuf::{Reader, Writer};
 
 use super::decode::{check_xattr_name, split_cstr, xattr_name};
@@ -14,13 +14,13 @@ use super::{einval, empty, err, obj, xattr, HandlerResult, Reply, Req, Server};
 impl<F: FileSystem> Server<F> {
     pub(super) fn getattr(&self, req: &Req, r: &mut Reader, w: &mut Writer) -> HandlerResult {
         let a: GetattrIn = r.read_obj()?;
-        let fh = (a.flags & GETATTR_FH != 0).then_some(a.fh);
+        let fh = (a.flags & GETATTR_FH != 0).then_some(Handle::from_raw(a.fh));
         self.attr(w, self.fs.getattr(&req.ctx, req.nodeid, fh)?)
     }
 
     pub(super) fn setattr(&self, req: &Req, r: &mut Reader, w: &mut Writer) -> HandlerResult {
         let a: SetattrIn = r.read_obj()?;
-        let fh = (a.valid & fattr::FH != 0).then_some(a.fh);
+        let fh = (a.valid & fattr::FH != 0).then_some(Handle::from_raw(a.fh));
         self.attr(w, self.fs.setattr(&req.ctx, req.nodeid, &a, fh)?)
     }
 

@@ -5,7 +5,7 @@ use std::ffi::CStr;
 use std::io;
 
 use crate::protocol::abi::*;
-use crate::protocol::filesystem::{Entry, FileSystem, Handle, OpenFlags};
+use crate::protocol::filesystem::{Entry, FileSystem, Handle, Inode, LockOwner, OpenFlags};
 use crate::protocol::iobuf::{Reader, Writer};
 use crate::protocol::secctx::SecCtx;
 
@@ -62,26 +62,37 @@ impl<F: FileSystem> Server<F> {
     pub(super) fn rename(&self, req: &Req, r: &mut Reader, _: &mut Writer) -> HandlerResult {
         let a: RenameIn = r.read_obj()?;
         let (old, new) = two_names(r)?;
-        empty(
-            self.fs
-                .rename(&req.ctx, req.nodeid, &old, a.newdir, &new, 0),
-        )
+        empty(self.fs.rename(
+            &req.ctx,
+            req.nodeid,
+            &old,
+            Inode::from_raw(a.newdir),
+            &new,
+            0,
+        ))
     }
 
     pub(super) fn rename2(&self, req: &Req, r: &mut Reader, _: &mut Writer) -> HandlerResult {
         let a: Rename2In = r.read_obj()?;
         let (old, new) = two_names(r)?;
-        empty(
-            self.fs
-                .rename(&req.ctx, req.nodeid, &old, a.newdir, &new, a.flags),
-        )
+        empty(self.fs.rename(
+            &req.ctx,
+            req.nodeid,
+            &old,
+            Inode::from_raw(a.newdir),
+            &new,
+            a.flags,
+        ))
     }
 
     pub(super) fn link(&self, req: &Req, r: &mut Reader, w: &mut Writer) -> HandlerResult {
         let a: LinkIn = r.read_obj()?;
-        let e = self
-            .fs
-            .link(&req.ctx, a.oldnodeid, req.nodeid, &one_name(r)?)?;
+        let e = self.fs.link(
+            &req.ctx,
+            Inode::from_raw(a.oldnodeid),
+            req.nodeid,
+            &one_name(r)?,
+        )?;
         self.entry(w, e)
     }
 
@@ -91,7 +102,9 @@ impl<F: FileSystem> Server<F> {
         let (name, mut sec) = (one_name(r)?, self.secctx(req)?);
         let (e, fh, flags) = self.create_for_label(req, &a, &name, &mut sec)?;
         self.label(req, sec, &e, || {
-            let _ = self.fs.release(ctx, e.inode, fh, false, 0);
+            let _ = self
+                .fs
+                .release(ctx, e.inode, fh, false, LockOwner::default());
             let _ = self.fs.unlink(ctx, ino, &name);
         })?;
         w.write_obj(&self.entry_out(&e))?;
@@ -139,7 +152,9 @@ impl<F: FileSystem> Server<F> {
         let sec = self.secctx(req)?;
         let (e, fh, flags) = self.fs.tmpfile(ctx, req.nodeid, a.mode, a.flags, a.umask)?;
         self.label(req, sec, &e, || {
-            let _ = self.fs.release(ctx, e.inode, fh, false, 0);
+            let _ = self
+                .fs
+                .release(ctx, e.inode, fh, false, LockOwner::default());
         })?;
         w.write_obj(&self.entry_out(&e))?;
         obj(w, &open_out(fh, flags, self.pass_through(e.inode, fh)))
@@ -165,7 +180,7 @@ impl<F: FileSystem> Server<F> {
         let mut items = Vec::with_capacity(a.count as usize);
         for _ in 0..a.count {
             let one: ForgetOne = r.read_obj()?;
-            items.push((one.nodeid, one.nlookup));
+            items.push((Inode::from_raw(one.nodeid), one.nlookup));
         }
         self.fs.batch_forget(&req.ctx, &items);
         Ok(Reply::None)

@@ -4,7 +4,7 @@
 use std::io;
 
 use crate::protocol::abi::{self, *};
-use crate::protocol::filesystem::{DirEntry, Entry, FileSystem};
+use crate::protocol::filesystem::{DirEntry, Entry, FileSystem, Handle, Inode, LockOwner};
 use crate::protocol::iobuf::{Reader, Writer};
 
 use super::{einval, empty, err, obj, open_out, HandlerResult, Reply, Req, Server};
@@ -30,8 +30,14 @@ impl<F: FileSystem> Server<F> {
         if (a.size as usize) > w.available() {
             return Err(err(libc::ENOBUFS));
         }
-        self.fs
-            .read(&req.ctx, req.nodeid, a.fh, w, a.size, a.offset)?;
+        self.fs.read(
+            &req.ctx,
+            req.nodeid,
+            Handle::from_raw(a.fh),
+            w,
+            a.size,
+            a.offset,
+        )?;
         Ok(Reply::Body)
     }
 
@@ -40,9 +46,15 @@ impl<F: FileSystem> Server<F> {
         self.check_io_size(a.size)?;
         check_write_data(&a, r)?;
         let kill = a.write_flags & WRITE_KILL_SUIDGID != 0;
-        let n = self
-            .fs
-            .write(&req.ctx, req.nodeid, a.fh, r, a.size, a.offset, kill)?;
+        let n = self.fs.write(
+            &req.ctx,
+            req.nodeid,
+            Handle::from_raw(a.fh),
+            r,
+            a.size,
+            a.offset,
+            kill,
+        )?;
         write_out(w, n)
     }
 
@@ -52,15 +64,16 @@ impl<F: FileSystem> Server<F> {
         if let Some(p) = &self.fuse_passthrough {
             p.released(a.fh);
         }
-        empty(
-            self.fs
-                .release(&req.ctx, req.nodeid, a.fh, flock, a.lock_owner),
-        )
+        let (fh, owner) = (Handle::from_raw(a.fh), LockOwner::from_raw(a.lock_owner));
+        empty(self.fs.release(&req.ctx, req.nodeid, fh, flock, owner))
     }
 
     pub(super) fn releasedir(&self, req: &Req, r: &mut Reader, _: &mut Writer) -> HandlerResult {
         let a: ReleaseIn = r.read_obj()?;
-        empty(self.fs.releasedir(&req.ctx, req.nodeid, a.fh))
+        empty(
+            self.fs
+                .releasedir(&req.ctx, req.nodeid, Handle::from_raw(a.fh)),
+        )
     }
 
     pub(super) fn fsync(&self, req: &Req, r: &mut Reader, _: &mut Writer) -> HandlerResult {
@@ -75,12 +88,14 @@ impl<F: FileSystem> Server<F> {
 
     pub(super) fn flush(&self, req: &Req, r: &mut Reader, _: &mut Writer) -> HandlerResult {
         let a: FlushIn = r.read_obj()?;
-        empty(self.fs.flush(&req.ctx, req.nodeid, a.fh, a.lock_owner))
+        let (fh, owner) = (Handle::from_raw(a.fh), LockOwner::from_raw(a.lock_owner));
+        empty(self.fs.flush(&req.ctx, req.nodeid, fh, owner))
     }
 
     pub(super) fn getlk(&self, req: &Req, r: &mut Reader, w: &mut Writer) -> HandlerResult {
         let a: LkIn = r.read_obj()?;
-        let lk = self.fs.getlk(&req.ctx, req.nodeid, a.fh, a.owner, a.lk)?;
+        let (fh, owner) = (Handle::from_raw(a.fh), LockOwner::from_raw(a.owner));
+        let lk = self.fs.getlk(&req.ctx, req.nodeid, fh, owner, a.lk)?;
         obj(w, &LkOut { lk })
     }
 
@@ -96,25 +111,34 @@ impl<F: FileSystem> Server<F> {
     fn set_lock(&self, req: &Req, r: &mut Reader, wait: bool) -> HandlerResult {
         let a: LkIn = r.read_obj()?;
         let flock = a.lk_flags & LK_FLOCK != 0;
+        let (fh, owner) = (Handle::from_raw(a.fh), LockOwner::from_raw(a.owner));
         empty(
             self.fs
-                .setlk(&req.ctx, req.nodeid, a.fh, a.owner, a.lk, flock, wait),
+                .setlk(&req.ctx, req.nodeid, fh, owner, a.lk, flock, wait),
         )
     }
 
     pub(super) fn fallocate(&self, req: &Req, r: &mut Reader, _: &mut Writer) -> HandlerResult {
         let a: FallocateIn = r.read_obj()?;
-        empty(
-            self.fs
-                .fallocate(&req.ctx, req.nodeid, a.fh, a.mode, a.offset, a.length),
-        )
+        empty(self.fs.fallocate(
+            &req.ctx,
+            req.nodeid,
+            Handle::from_raw(a.fh),
+            a.mode,
+            a.offset,
+            a.length,
+        ))
     }
 
     pub(super) fn lseek(&self, req: &Req, r: &mut Reader, w: &mut Writer) -> HandlerResult {
         let a: LseekIn = r.read_obj()?;
-        let offset = self
-            .fs
-            .lseek(&req.ctx, req.nodeid, a.fh, a.offset, a.whence)?;
+        let offset = self.fs.lseek(
+            &req.ctx,
+            req.nodeid,
+            Handle::from_raw(a.fh),
+            a.offset,
+            a.whence,
+        )?;
         obj(w, &LseekOut { offset })
     }
 
@@ -128,10 +152,10 @@ impl<F: FileSystem> Server<F> {
         let n = self.fs.copy_file_range(
             &req.ctx,
             req.nodeid,
-            a.fh_in,
+            Handle::from_raw(a.fh_in),
             a.off_in,
-            a.nodeid_out,
-            a.fh_out,
+            Inode::from_raw(a.nodeid_out),
+            Handle::from_raw(a.fh_out),
             a.off_out,
             copy_len(a.len),
             a.flags,
@@ -183,8 +207,14 @@ impl<F: FileSystem> Server<F> {
             budget -= size;
             Ok(true)
         };
-        self.fs
-            .readdir(&req.ctx, req.nodeid, a.fh, a.offset, plus, &mut add)?;
+        self.fs.readdir(
+            &req.ctx,
+            req.nodeid,
+            Handle::from_raw(a.fh),
+            a.offset,
+            plus,
+            &mut add,
+        )?;
         Ok(Reply::Body)
     }
 
@@ -194,7 +224,7 @@ impl<F: FileSystem> Server<F> {
         empty(self.fs.setupmapping(
             &req.ctx,
             req.nodeid,
-            a.fh,
+            Handle::from_raw(a.fh),
             a.foffset,
             a.len,
             a.moffset,
@@ -266,9 +296,9 @@ fn copy_len(len: u64) -> u64 {
 }
 
 /// FSYNC's and FSYNCDIR's argument: the handle, and whether only data is synced.
-fn fsync_args(r: &mut Reader) -> io::Result<(u64, bool)> {
+fn fsync_args(r: &mut Reader) -> io::Result<(Handle, bool)> {
     let a: FsyncIn = r.read_obj()?;
-    Ok((a.fh, a.fsync_flags & FSYNC_FDATASYNC != 0))
+    Ok((Handle::from_raw(a.fh), a.fsync_flags & FSYNC_FDATASYNC != 0))
 }
 
 /// REMOVEMAPPING's ranges: `count` of them (at least one), exactly filling the payload.
