@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 
 use super::baseline::PageHashes;
 use super::copy::{CopySig, Slots};
-use super::table::{Placed, SharedShadow};
+use super::table::{Placed, SharedShadow, Table};
 use super::tail::{Shadow, ShadowKey};
 use super::{DaxWindow, WindowSink, MAP_ALIGNMENT};
 use crate::protocol::keeper::{Keeper, Kept, KeptEntry};
@@ -497,60 +497,8 @@ impl<S: WindowSink> DaxWindow<S> {
         if entries.is_empty() {
             return 0;
         }
-        let mut fronts = BTreeMap::new();
-        let mut directs = Vec::new();
-        let mut parts: HashMap<u64, ShadowParts> = HashMap::new();
-        let mut drop_kept = Vec::new();
-        for (what, meta, fd) in entries {
-            match what {
-                Kept::DaxFront(m) => {
-                    let flags = u64_at(&meta, 2);
-                    fronts.insert(
-                        m,
-                        KeptFront {
-                            len: u64_at(&meta, 0),
-                            foffset: u64_at(&meta, 1),
-                            kind: Front::of(flags),
-                            sent: flags & FRONT_SENT != 0 && meta.len() == 24,
-                            fd,
-                            used: false,
-                        },
-                    );
-                }
-                Kept::DaxDirect(m) if meta.len() == DIRECT_META => directs.push((m, meta, fd)),
-                Kept::DaxShadow(id, part @ 0..=2) => match fd {
-                    Some(fd) => parts.entry(id).or_default()[part as usize] = Some((meta, fd)),
-                    None => drop_kept.push(what),
-                },
-                what => {
-                    log::warn!("restart: DAX entry {what:?} does not fit this window");
-                    drop_kept.push(what);
-                }
-            }
-        }
-        // The shadows, registered again (aliases share them).
-        let mut shadows: HashMap<u64, SharedShadow> = HashMap::new();
-        for (id, [memfd, agreed, file]) in parts {
-            let shadow = memfd.and_then(|(meta, fd)| {
-                Shadow::from_kept(
-                    &meta,
-                    File::from(fd),
-                    agreed.map(|(_, f)| File::from(f)),
-                    file.map(|(_, f)| Arc::new(File::from(f))),
-                )
-            });
-            let Some((key, sh)) = shadow else {
-                log::error!("restart: DAX shadow {id} came back incomplete: dropped");
-                drop_kept.extend((0..3).map(|p| Kept::DaxShadow(id, p)));
-                continue;
-            };
-            let sh = Arc::new(Mutex::new(sh));
-            self.shadows
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key, Arc::downgrade(&sh));
-            shadows.insert(id, sh);
-        }
+        let (mut fronts, directs, parts, mut drop_kept) = Self::sort_direct_entries(entries);
+        let shadows = self.restore_shadows(parts, &mut drop_kept);
         let mut used_shadows = std::collections::HashSet::new();
         let mut n = 0;
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
@@ -650,8 +598,104 @@ impl<S: WindowSink> DaxWindow<S> {
             );
             n += 1;
         }
-        // The rest: parked copy slots, or orphans.
-        for (&m, f) in &fronts {
+        self.park_or_orphan(&mut t, &fronts);
+        t.peak = t.peak.max(t.regions);
+        let live: Vec<(u64, u64)> = t.live.iter().map(|(&m, p)| (m, p.len)).collect();
+        drop(t);
+        for (m, len) in live {
+            self.note_guest_range(m, len);
+        }
+        for (f, owner, m, foffset, len) in watch {
+            drop(self.host.watch(&f, owner, m, foffset, len));
+        }
+        Self::write_back_unnamed(shadows, &used_shadows, &mut drop_kept);
+        self.kept_drop
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(drop_kept);
+        n
+    }
+
+    /// The direct window's vault entries by kind: frontend mappings, guest mappings, shadow
+    /// parts, and entries that fit nothing (to be released).
+    #[allow(clippy::type_complexity)]
+    fn sort_direct_entries(
+        entries: Vec<KeptEntry>,
+    ) -> (
+        BTreeMap<u64, KeptFront>,
+        Vec<(u64, Vec<u8>, Option<OwnedFd>)>,
+        HashMap<u64, ShadowParts>,
+        Vec<Kept>,
+    ) {
+        let mut fronts = BTreeMap::new();
+        let mut directs = Vec::new();
+        let mut parts: HashMap<u64, ShadowParts> = HashMap::new();
+        let mut drop_kept = Vec::new();
+        for (what, meta, fd) in entries {
+            match what {
+                Kept::DaxFront(m) => {
+                    let flags = u64_at(&meta, 2);
+                    fronts.insert(
+                        m,
+                        KeptFront {
+                            len: u64_at(&meta, 0),
+                            foffset: u64_at(&meta, 1),
+                            kind: Front::of(flags),
+                            sent: flags & FRONT_SENT != 0 && meta.len() == 24,
+                            fd,
+                            used: false,
+                        },
+                    );
+                }
+                Kept::DaxDirect(m) if meta.len() == DIRECT_META => directs.push((m, meta, fd)),
+                Kept::DaxShadow(id, part @ 0..=2) => match fd {
+                    Some(fd) => parts.entry(id).or_default()[part as usize] = Some((meta, fd)),
+                    None => drop_kept.push(what),
+                },
+                what => {
+                    log::warn!("restart: DAX entry {what:?} does not fit this window");
+                    drop_kept.push(what);
+                }
+            }
+        }
+        (fronts, directs, parts, drop_kept)
+    }
+
+    /// The kept shadows, registered again (aliases share them), by their vault id.
+    fn restore_shadows(
+        &self,
+        parts: HashMap<u64, ShadowParts>,
+        drop_kept: &mut Vec<Kept>,
+    ) -> HashMap<u64, SharedShadow> {
+        let mut shadows: HashMap<u64, SharedShadow> = HashMap::new();
+        for (id, [memfd, agreed, file]) in parts {
+            let shadow = memfd.and_then(|(meta, fd)| {
+                Shadow::from_kept(
+                    &meta,
+                    File::from(fd),
+                    agreed.map(|(_, f)| File::from(f)),
+                    file.map(|(_, f)| Arc::new(File::from(f))),
+                )
+            });
+            let Some((key, sh)) = shadow else {
+                log::error!("restart: DAX shadow {id} came back incomplete: dropped");
+                drop_kept.extend((0..3).map(|p| Kept::DaxShadow(id, p)));
+                continue;
+            };
+            let sh = Arc::new(Mutex::new(sh));
+            self.shadows
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, Arc::downgrade(&sh));
+            shadows.insert(id, sh);
+        }
+        shadows
+    }
+
+    /// Kept frontend mappings no guest mapping took: acknowledged copy slots are parked
+    /// again, the rest are orphans, unmapped before their range is used again.
+    fn park_or_orphan(&self, t: &mut Table, fronts: &BTreeMap<u64, KeptFront>) {
+        for (&m, f) in fronts {
             // Unsure ones too: the frontend may map them, so requests never resolve
             // buffers through them (until they are unmapped as orphans).
             if let Some(fd) = &f.fd {
@@ -661,7 +705,7 @@ impl<S: WindowSink> DaxWindow<S> {
                 continue;
             }
             let free = m.checked_add(f.len).is_some_and(|e| e <= self.size)
-                && Self::overlapping(&t, m, m + f.len).is_ok_and(|v| v.is_empty())
+                && Self::overlapping(t, m, m + f.len).is_ok_and(|v| v.is_empty())
                 && t.parked_overlapping(m, m + f.len).is_empty();
             if f.sent && f.kind == Some(Front::Slot) && free && f.fd.is_some() {
                 if let Some(fd) = &f.fd {
@@ -674,19 +718,17 @@ impl<S: WindowSink> DaxWindow<S> {
                 t.orphans.push((m, f.len));
             }
         }
-        t.peak = t.peak.max(t.regions);
-        let live: Vec<(u64, u64)> = t.live.iter().map(|(&m, p)| (m, p.len)).collect();
-        drop(t);
-        for (m, len) in live {
-            self.note_guest_range(m, len);
-        }
-        for (f, owner, m, foffset, len) in watch {
-            drop(self.host.watch(&f, owner, m, foffset, len));
-        }
-        // A shadow no guest mapping names any more (its last one left as the server died):
-        // its guest bytes go to the file now.
+    }
+
+    /// A shadow no guest mapping names any more (its last one left as the server died): its
+    /// guest bytes go to the file now.
+    fn write_back_unnamed(
+        shadows: HashMap<u64, SharedShadow>,
+        used: &std::collections::HashSet<u64>,
+        drop_kept: &mut Vec<Kept>,
+    ) {
         for (id, sh) in shadows {
-            if used_shadows.contains(&id) {
+            if used.contains(&id) {
                 continue;
             }
             if let Err(e) = sh.lock().unwrap_or_else(|e| e.into_inner()).sync() {
@@ -694,11 +736,6 @@ impl<S: WindowSink> DaxWindow<S> {
             }
             drop_kept.extend((0..3).map(|p| Kept::DaxShadow(id, p)));
         }
-        self.kept_drop
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(drop_kept);
-        n
     }
 
     /// The copy slots' memfd, from a kept frontend mapping of it.
