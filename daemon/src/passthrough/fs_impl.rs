@@ -53,6 +53,7 @@ filesystem_impl! {
     fn lookup(&self, _, parent, name) { self.do_lookup_op(parent, name) }
     fn forget(&self, _, inode, count) { self.forget_inode(inode, count) }
     fn getattr(&self, _, inode, _) { self.do_getattr(inode) }
+    fn statx_extra(&self, _, inode) { self.do_statx_extra(inode) }
     fn setattr(&self, _, inode, attr, handle) { self.do_setattr(inode, attr, handle) }
     fn readlink(&self, _, inode) { self.do_readlink(inode) }
     fn symlink(&self, ctx, target, parent, name) { self.do_symlink(ctx, target, parent, name) }

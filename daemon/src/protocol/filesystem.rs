@@ -93,6 +93,17 @@ pub struct InitCaps {
     pub flags: u64,
 }
 
+/// What FUSE_STATX adds to GETATTR's attributes ([`FileSystem::statx_extra`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatxExtra {
+    /// Birth time (seconds, nanoseconds), when the filesystem keeps one.
+    pub btime: Option<(i64, u32)>,
+    /// `STATX_ATTR_*` flags set on the file (only among `attributes_mask`).
+    pub attributes: u64,
+    /// `STATX_ATTR_*` flags the filesystem reports, set or not.
+    pub attributes_mask: u64,
+}
+
 /// Open options returned by OPEN/OPENDIR/CREATE (`fopen::*` flags).
 pub type OpenFlags = u32;
 
@@ -172,6 +183,17 @@ macro_rules! with_filesystem_methods {
             inode: Inode,
             handle: Option<Handle>,
         ) -> io::Result<(Attr, Duration)> {
+            enosys()
+        }
+
+        /// STATX: what FUSE_STATX answers beyond GETATTR's attributes (the server asks
+        /// [`FileSystem::getattr`] for those): the birth time and the `STATX_ATTR_*` inode
+        /// flags. `ENOSYS` (the default) makes the guest ask GETATTR from then on.
+        fn statx_extra(
+            &self,
+            ctx: &Context,
+            inode: Inode,
+        ) -> io::Result<crate::protocol::filesystem::StatxExtra> {
             enosys()
         }
 
@@ -837,6 +859,7 @@ pub(crate) mod tests {
         fs.forget(&ctx, 2, 1);
         fs.batch_forget(&ctx, &[]);
         let _ = fs.getattr(&ctx, 2, None);
+        let _ = fs.statx_extra(&ctx, 2);
         let _ = fs.setattr(&ctx, 2, &SetattrIn::default(), None);
         let _ = fs.readlink(&ctx, 2);
         let _ = fs.symlink(&ctx, c"t", 1, name);
@@ -893,7 +916,7 @@ pub(crate) mod tests {
         unique.sort_unstable();
         unique.dedup();
         assert_eq!(unique.len(), METHODS.len());
-        assert_eq!(METHODS.len(), 44);
+        assert_eq!(METHODS.len(), 45);
     }
 
     /// A decorator that writes nothing itself forwards everything, results included.
