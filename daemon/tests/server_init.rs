@@ -177,7 +177,6 @@ fn unknown_and_unserved_opcodes_are_enosys() {
         op::BMAP,
         op::POLL,
         op::NOTIFY_REPLY,
-        op::STATX,
         53,
         4096,
         u32::MAX,

@@ -225,6 +225,13 @@ impl<F: FileSystem> FileSystem for Coherent<F> {
         self.mapper.revalidate(inode.raw());
         self.inner.getattr(ctx, inode, handle)
     }
+    fn statx_extra(
+        &self,
+        ctx: &Context,
+        inode: Inode,
+    ) -> io::Result<crate::protocol::filesystem::StatxExtra> {
+        self.inner.statx_extra(ctx, inode)
+    }
     fn setattr(
         &self,
         ctx: &Context,

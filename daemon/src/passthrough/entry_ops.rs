@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::{check_name, decode_dev, err, fd_name, stat_fd, PassthroughFs};
 use crate::protocol::abi::{fattr, Attr, Kstatfs, SetattrIn};
-use crate::protocol::filesystem::{Context, Entry, Handle, Inode};
+use crate::protocol::filesystem::{Context, Entry, Handle, Inode, StatxExtra};
 use crate::sys;
 
 /// One time of a SETATTR as `utimensat` takes it: `UTIME_NOW` for FATTR_*_NOW, the given time
@@ -42,6 +42,24 @@ impl PassthroughFs {
         let data = self.inode(inode)?;
         let st = stat_fd(data.fd()?.as_fd())?;
         Ok((self.guest_attr(&st), self.timeout()))
+    }
+
+    /// The host's birth time and `STATX_ATTR_*` flags of `inode` (the server keeps those
+    /// FUSE carries).
+    pub(super) fn do_statx_extra(&self, inode: Inode) -> io::Result<StatxExtra> {
+        let data = self.inode(inode)?;
+        let st = sys::statx(
+            data.fd()?.as_fd(),
+            sys::EMPTY,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_BTIME,
+        )?;
+        Ok(StatxExtra {
+            btime: (st.stx_mask & libc::STATX_BTIME != 0)
+                .then_some((st.stx_btime.tv_sec, st.stx_btime.tv_nsec)),
+            attributes: st.stx_attributes & st.stx_attributes_mask,
+            attributes_mask: st.stx_attributes_mask,
+        })
     }
 
     pub(super) fn do_setattr(

@@ -12,7 +12,8 @@ use super::handle::HandleData;
 use super::{err, PassthroughFs};
 use crate::protocol::abi::{init_flags as f, Attr, FileLock, Kstatfs, SetattrIn};
 use crate::protocol::filesystem::{
-    AddEntry, Context, Entry, FileSystem, Handle, InitCaps, Inode, LockOwner, OpenFlags, XattrReply,
+    AddEntry, Context, Entry, FileSystem, Handle, InitCaps, Inode, LockOwner, OpenFlags,
+    StatxExtra, XattrReply,
 };
 use crate::protocol::iobuf::{Reader, Writer};
 use crate::protocol::mapper::Mapper;
@@ -66,6 +67,9 @@ impl FileSystem for PassthroughFs {
         _: Option<Handle>,
     ) -> io::Result<(Attr, Duration)> {
         self.do_getattr(inode)
+    }
+    fn statx_extra(&self, _: &Context, inode: Inode) -> io::Result<StatxExtra> {
+        self.do_statx_extra(inode)
     }
     fn setattr(
         &self,

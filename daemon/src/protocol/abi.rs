@@ -337,6 +337,64 @@ pub struct GetattrIn {
     pub fh: u64,
 }
 
+/// `struct fuse_statx_in` (FUSE_STATX, ABI 7.39).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StatxIn {
+    pub getattr_flags: u32,
+    pub reserved: u32,
+    pub fh: u64,
+    pub sx_flags: u32,
+    pub sx_mask: u32,
+}
+
+/// `struct fuse_sx_time`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SxTime {
+    pub tv_sec: i64,
+    pub tv_nsec: u32,
+    pub reserved: i32,
+}
+
+/// `struct fuse_statx`: `struct statx` as FUSE carries it.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Statx {
+    pub mask: u32,
+    pub blksize: u32,
+    pub attributes: u64,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mode: u16,
+    pub spare0: u16,
+    pub ino: u64,
+    pub size: u64,
+    pub blocks: u64,
+    pub attributes_mask: u64,
+    pub atime: SxTime,
+    pub btime: SxTime,
+    pub ctime: SxTime,
+    pub mtime: SxTime,
+    pub rdev_major: u32,
+    pub rdev_minor: u32,
+    pub dev_major: u32,
+    pub dev_minor: u32,
+    pub spare2: [u64; 14],
+}
+
+/// `struct fuse_statx_out`; `flags` are the `attr_flags::*` of `fuse_attr.flags`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StatxOut {
+    pub attr_valid: u64,
+    pub attr_valid_nsec: u32,
+    pub flags: u32,
+    pub spare: [u64; 2],
+    pub stat: Statx,
+}
+
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
 pub struct AttrOut {
@@ -772,6 +830,7 @@ wire_structs! {
     Dirent = 24, DirentPlus = 152, FallocateIn = 32, LseekIn = 24, LseekOut = 8,
     CopyFileRangeIn = 56, SetupmappingIn = 40, RemovemappingIn = 4, RemovemappingOne = 16,
     SyncfsIn = 8, VirtioFsConfig = 44, IoctlIn = 32, IoctlOut = 16, Fsxattr = 28,
+    StatxIn = 24, SxTime = 16, Statx = 256, StatxOut = 288,
 }
 
 /// Size of a directory entry record with a name of `namelen` bytes, padded to 8 bytes.

@@ -159,6 +159,17 @@ pub struct InitCaps {
     pub flags: u64,
 }
 
+/// What FUSE_STATX adds to GETATTR's attributes ([`FileSystem::statx_extra`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatxExtra {
+    /// Birth time (seconds, nanoseconds), when the filesystem keeps one.
+    pub btime: Option<(i64, u32)>,
+    /// `STATX_ATTR_*` flags set on the file (only among `attributes_mask`).
+    pub attributes: u64,
+    /// `STATX_ATTR_*` flags the filesystem reports, set or not.
+    pub attributes_mask: u64,
+}
+
 /// Open options returned by OPEN/OPENDIR/CREATE (`fopen::*` flags).
 pub type OpenFlags = u32;
 
@@ -236,6 +247,13 @@ pub trait FileSystem: Send + Sync {
         inode: Inode,
         handle: Option<Handle>,
     ) -> io::Result<(Attr, Duration)> {
+        enosys()
+    }
+
+    /// STATX: what FUSE_STATX answers beyond GETATTR's attributes (the server asks
+    /// [`FileSystem::getattr`] for those): the birth time and the `STATX_ATTR_*` inode
+    /// flags. `ENOSYS` (the default) makes the guest ask GETATTR from then on.
+    fn statx_extra(&self, ctx: &Context, inode: Inode) -> io::Result<StatxExtra> {
         enosys()
     }
 

@@ -18,6 +18,7 @@ pub(crate) const METHODS: &[&str] = &[
     "forget",
     "batch_forget",
     "getattr",
+    "statx_extra",
     "setattr",
     "readlink",
     "symlink",
@@ -106,6 +107,10 @@ impl FileSystem for Probe {
         handle: Option<Handle>,
     ) -> io::Result<(Attr, Duration)> {
         self.called("getattr");
+        enosys()
+    }
+    fn statx_extra(&self, ctx: &Context, inode: Inode) -> io::Result<StatxExtra> {
+        self.called("statx_extra");
         enosys()
     }
     fn setattr(
@@ -456,6 +461,7 @@ pub(crate) fn call_every_method(fs: &dyn FileSystem) {
     fs.forget(&ctx, ino, 1);
     fs.batch_forget(&ctx, &[]);
     let _ = fs.getattr(&ctx, ino, None);
+    let _ = fs.statx_extra(&ctx, ino);
     let _ = fs.setattr(&ctx, ino, &SetattrIn::default(), None);
     let _ = fs.readlink(&ctx, ino);
     let _ = fs.symlink(&ctx, c"t", root, name);
@@ -522,7 +528,7 @@ fn the_list_holds_every_method_once() {
     unique.sort_unstable();
     unique.dedup();
     assert_eq!(unique.len(), METHODS.len());
-    assert_eq!(METHODS.len(), 44);
+    assert_eq!(METHODS.len(), 45);
 }
 
 /// A filesystem that writes only some methods answers the others with the trait's

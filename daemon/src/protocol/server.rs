@@ -651,6 +651,7 @@ impl<F: FileSystem> Server<F> {
             op::FORGET | op::BATCH_FORGET | op::INTERRUPT => self.dispatch_no_reply(opcode, req, r),
             op::LOOKUP => self.lookup(req, r, w),
             op::GETATTR => self.getattr(req, r, w),
+            op::STATX => self.statx(req, r, w),
             op::SETATTR => self.setattr(req, r, w),
             op::READLINK => self.readlink(req, r, w),
             op::SYMLINK => self.symlink(req, r, w),

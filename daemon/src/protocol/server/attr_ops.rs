@@ -5,17 +5,39 @@
 use vm_memory::ByteValued;
 
 use crate::protocol::abi::*;
-use crate::protocol::filesystem::{FileSystem, Handle};
+use crate::protocol::filesystem::{FileSystem, Handle, StatxExtra};
 use crate::protocol::iobuf::{Reader, Writer};
 
 use super::decode::{check_xattr_name, split_cstr, xattr_name};
-use super::{einval, empty, err, obj, xattr, HandlerResult, Reply, Req, Server};
+use super::{einval, empty, err, obj, split_timeout, xattr, HandlerResult, Reply, Req, Server};
 
 impl<F: FileSystem> Server<F> {
     pub(super) fn getattr(&self, req: &Req, r: &mut Reader, w: &mut Writer) -> HandlerResult {
         let a: GetattrIn = r.read_obj()?;
         let fh = (a.flags & GETATTR_FH != 0).then_some(Handle::from_raw(a.fh));
         self.attr(w, self.fs.getattr(&req.ctx, req.nodeid, fh)?)
+    }
+
+    /// STATX: GETATTR's attributes as `struct fuse_statx`, with what
+    /// [`FileSystem::statx_extra`] adds. Every basic field is filled whatever `sx_mask` asks
+    /// (statx(2) may return more than asked), so the guest can cache them as GETATTR's.
+    pub(super) fn statx(&self, req: &Req, r: &mut Reader, w: &mut Writer) -> HandlerResult {
+        let a: StatxIn = r.read_obj()?;
+        let fh = (a.getattr_flags & GETATTR_FH != 0).then_some(Handle::from_raw(a.fh));
+        let extra = self.fs.statx_extra(&req.ctx, req.nodeid)?;
+        let (mut attr, timeout) = self.fs.getattr(&req.ctx, req.nodeid, fh)?;
+        self.apply_dax_policy(&mut attr);
+        let (attr_valid, attr_valid_nsec) = split_timeout(timeout);
+        obj(
+            w,
+            &StatxOut {
+                attr_valid,
+                attr_valid_nsec,
+                flags: attr.flags,
+                spare: [0; 2],
+                stat: statx_of(&attr, &extra),
+            },
+        )
     }
 
     pub(super) fn setattr(&self, req: &Req, r: &mut Reader, w: &mut Writer) -> HandlerResult {
@@ -91,5 +113,60 @@ impl<F: FileSystem> Server<F> {
     pub(super) fn removexattr(&self, req: &Req, r: &mut Reader, _: &mut Writer) -> HandlerResult {
         let name = xattr_name(r)?;
         empty(self.fs.removexattr(&req.ctx, req.nodeid, &name))
+    }
+}
+
+/// The `STATX_ATTR_*` flags a STATX reply carries: the inode flags FS_IOC_GETFLAGS serves
+/// (chattr +c/+i/+a/+d). The host's others (mount root, automount, DAX, verity, ...) say
+/// something of the host's mounts or of nothing the guest sees through FUSE.
+pub(crate) const STATX_ATTRS: u64 = (libc::STATX_ATTR_COMPRESSED
+    | libc::STATX_ATTR_IMMUTABLE
+    | libc::STATX_ATTR_APPEND
+    | libc::STATX_ATTR_NODUMP) as u64;
+
+/// `attr` (as GETATTR answers it) and `extra` as `struct fuse_statx`.
+fn statx_of(attr: &Attr, extra: &StatxExtra) -> Statx {
+    let time = |sec: u64, nsec: u32| SxTime {
+        tv_sec: sec as i64,
+        tv_nsec: nsec,
+        reserved: 0,
+    };
+    let mut mask = libc::STATX_BASIC_STATS;
+    let btime = match extra.btime {
+        Some((sec, nsec)) => {
+            mask |= libc::STATX_BTIME;
+            SxTime {
+                tv_sec: sec,
+                tv_nsec: nsec,
+                reserved: 0,
+            }
+        }
+        None => SxTime::default(),
+    };
+    let attributes_mask = extra.attributes_mask & STATX_ATTRS;
+    Statx {
+        mask,
+        blksize: attr.blksize,
+        attributes: extra.attributes & attributes_mask,
+        nlink: attr.nlink,
+        uid: attr.uid,
+        gid: attr.gid,
+        // File type and permission bits: 16 bits, as in struct stat.
+        mode: attr.mode as u16,
+        spare0: 0,
+        ino: attr.ino,
+        size: attr.size,
+        blocks: attr.blocks,
+        attributes_mask,
+        atime: time(attr.atime, attr.atimensec),
+        btime,
+        ctime: time(attr.ctime, attr.ctimensec),
+        mtime: time(attr.mtime, attr.mtimensec),
+        // `attr.rdev` is in the kernel's new_encode_dev form.
+        rdev_major: (attr.rdev & 0xfff00) >> 8,
+        rdev_minor: (attr.rdev & 0xff) | ((attr.rdev >> 12) & 0xfff00),
+        dev_major: 0,
+        dev_minor: 0,
+        spare2: [0; 14],
     }
 }
