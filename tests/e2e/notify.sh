@@ -231,25 +231,23 @@ else
 fi
 wait "$vmpid" || rc=$?
 guest_complete guest1 "$work/out1.txt" "$rc"
-if grep -aq '@@NOTIFY-DONE@@' "$logf"; then
-    own=$(grep -aoE '@@OWN(-ALL)? .*' "$logf" | tr -d '\r' || true)
-    n_bad=$(echo "$own" | awk '$1 == "@@OWN" && $2 != 1' | wc -l)
-    n_own=$(echo "$own" | grep -c '^@@OWN ' || true)
-    all=$(echo "$own" | awk '$1 == "@@OWN-ALL" {print $2}')
-    if ((n_bad == 0 && n_own == 6)) && [[ $all == 6 ]]; then ok own_once; else
-        bad own_once "$(echo "$own" | paste -sd' ')"
+# once CHECK TAG: the guest's own six changes each gave the watcher whose counts the guest
+# printed as @@TAG lines exactly one event, and none else named them.
+once() {
+    local lines n_bad n_own all
+    lines=$(grep -aoE "@@$2(-ALL)? .*" "$logf" | tr -d '\r' || true)
+    n_bad=$(echo "$lines" | awk -v t="@@$2" '$1 == t && $2 != 1' | wc -l)
+    n_own=$(echo "$lines" | grep -c "^@@$2 " || true)
+    all=$(echo "$lines" | awk -v t="@@$2-ALL" '$1 == t {print $2}')
+    if ((n_bad == 0 && n_own == 6)) && [[ $all == 6 ]]; then ok "$1"; else
+        bad "$1" "$(echo "$lines" | paste -sd' ')"
     fi
-    fown=$(grep -aoE '@@FANOWN(-ALL)? .*' "$logf" | tr -d '\r' || true)
-    n_bad=$(echo "$fown" | awk '$1 == "@@FANOWN" && $2 != 1' | wc -l)
-    n_own=$(echo "$fown" | grep -c '^@@FANOWN ' || true)
-    all=$(echo "$fown" | awk '$1 == "@@FANOWN-ALL" {print $2}')
-    if ((n_bad == 0 && n_own == 6)) && [[ $all == 6 ]]; then ok fan_own_once; else
-        bad fan_own_once "$(echo "$fown" | paste -sd' ')"
+}
+for c in own_once:OWN fan_own_once:FANOWN; do
+    if grep -aq '@@NOTIFY-DONE@@' "$logf"; then once "${c%%:*}" "${c#*:}"; else
+        bad "${c%%:*}" "the guest did not finish (vm rc=$rc, console $logf)"
     fi
-else
-    bad own_once "the guest did not finish (vm rc=$rc, console $logf)"
-    bad fan_own_once "the guest did not finish (vm rc=$rc, console $logf)"
-fi
+done
 if ((${#lat[@]})); then
     sorted=$(printf '%s\n' "${lat[@]}" | sort -n)
     med=$(echo "$sorted" | awk '{a[NR]=$1} END {print a[int((NR + 1) / 2)]}')
