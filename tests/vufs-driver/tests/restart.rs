@@ -40,6 +40,14 @@ fn wait_new_server(d: &Daemon, old: u32, line: &str, n: usize) -> u32 {
     }
 }
 
+/// SIGKILLs the holder's file server and waits until the next one serves: its pid.
+fn kill_server(d: &Daemon) -> u32 {
+    let first = server_pid(d.pid().unwrap()).expect("the holder has a file server child");
+    // SAFETY: kill sends SIGKILL to the file server, a process of this test's daemon.
+    assert_eq!(unsafe { libc::kill(first as i32, libc::SIGKILL) }, 0);
+    wait_new_server(d, first, "holder: serving again", 1)
+}
+
 /// A conflicting host OFD write lock on `path` is refused (someone holds one).
 fn host_lock_refused(path: &Path) -> bool {
     match vufs_driver::host_write_lock(path) {
@@ -131,10 +139,7 @@ fn the_session_survives_a_killed_and_an_upgraded_file_server() {
     std::thread::sleep(Duration::from_millis(300));
 
     let holder = d.pid().unwrap();
-    let first = server_pid(holder).expect("the holder has a file server child");
-    // SAFETY: kill sends SIGKILL to the file server, a process of this test's daemon.
-    assert_eq!(unsafe { libc::kill(first as i32, libc::SIGKILL) }, 0);
-    let second = wait_new_server(&d, first, "holder: serving again", 1);
+    let second = kill_server(&d);
     check("after SIGKILL");
     let log = d.log_contents();
     assert!(
@@ -207,10 +212,7 @@ fn a_pooled_dax_window_survives_a_killed_and_an_upgraded_file_server() {
     };
 
     let holder = d.pid().unwrap();
-    let first = server_pid(holder).expect("the holder has a file server child");
-    // SAFETY: kill sends SIGKILL to the file server, a process of this test's daemon.
-    assert_eq!(unsafe { libc::kill(first as i32, libc::SIGKILL) }, 0);
-    let second = wait_new_server(&d, first, "holder: serving again", 1);
+    let second = kill_server(&d);
     let log = d.log_contents();
     assert!(
         log.contains("2 DAX mapping(s)"),
@@ -344,10 +346,7 @@ fn a_direct_dax_window_survives_a_killed_and_an_upgraded_file_server() {
     };
 
     let holder = d.pid().unwrap();
-    let first = server_pid(holder).expect("the holder has a file server child");
-    // SAFETY: kill sends SIGKILL to the file server, a process of this test's daemon.
-    assert_eq!(unsafe { libc::kill(first as i32, libc::SIGKILL) }, 0);
-    let second = wait_new_server(&d, first, "holder: serving again", 1);
+    let second = kill_server(&d);
     let log = d.log_contents();
     assert!(
         log.contains("2 DAX mapping(s)"),
