@@ -84,7 +84,7 @@ pub(super) fn allocate(file: &File, offset: u64, len: u64) -> io::Result<Allocat
     if len == 0 {
         return Ok(Allocated::Yes);
     }
-    let size = file.metadata()?.len();
+    let size = super::file_size(file)?;
     let (offset, end) = folio_bounds(offset, len, size, folio_span());
     let len = end - offset;
     let mut tries = 0;
