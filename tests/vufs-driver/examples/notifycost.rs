@@ -45,14 +45,7 @@ fn kind_name(code: i32) -> &'static str {
 
 /// The daemon's user + system CPU time so far.
 fn cpu(pid: u32) -> Duration {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let rest = &s[s.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // Fields 14 and 15 of stat(5), counted from the state (field 3).
-    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
-    // SAFETY: sysconf takes no pointers.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-    Duration::from_nanos(ticks * 1_000_000_000 / hz)
+    vufs_driver::process_cpu(pid).expect("the daemon runs")
 }
 
 struct Outcome {

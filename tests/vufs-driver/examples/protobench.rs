@@ -494,14 +494,7 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
 }
 
 fn cpu_seconds_of(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may contain spaces) start at state (field 3).
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (hz > 0).then(|| ticks / hz as f64)
+    vufs_driver::process_cpu(pid).map(|d| d.as_secs_f64())
 }
 
 /// Context switches (voluntary and not) of every thread process `pid` and its descendants

@@ -51,6 +51,19 @@ pub use device::{Device, DeviceInfo, DriverConfig, FeatureMode};
 pub use fuse::{DirEntry, DirEntryPlus, InitOptions, Reply, Session, Xattr};
 pub use queue::{Chain, Completion, Seg};
 
+/// CPU time (user + system, every thread) process `pid` has used so far, from
+/// `/proc/PID/stat`; `None` when the process is gone.
+pub fn process_cpu(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may contain spaces) start at state (field 3).
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| Duration::from_nanos(ticks * 1_000_000_000 / hz as u64))
+}
+
 /// The argument of a GETLK/SETLK/SETLKW for a write lock on a whole file through handle `fh`,
 /// taken by lock owner `owner` (guest pid 1).
 pub fn whole_file_write_lock(fh: u64, owner: u64) -> daxfsd::abi::LkIn {

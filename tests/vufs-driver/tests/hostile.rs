@@ -633,14 +633,6 @@ fn a_full_request_queue_does_not_hold_back_one_sharing_its_thread() {
     );
 }
 
-/// CPU time (user + system) process `pid` has used, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-}
-
 /// The guest moves its avail index more than a ring past what the device took (the split
 /// ring's rule broken): nothing of it is served, and the device does not take it for work
 /// (a thread re-enabling notifications saw "more" there, popped nothing, and spun on it at
@@ -666,12 +658,11 @@ fn avail_index_beyond_the_ring_is_refused_without_spinning() {
     queue.kick_fd().write(1).unwrap();
     std::thread::sleep(Duration::from_millis(200));
     let pid = rig.daemon.pid().unwrap();
-    let cpu0 = cpu_ticks(pid);
+    let cpu = || vufs_driver::process_cpu(pid).expect("the daemon runs");
+    let cpu0 = cpu();
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_secs(1));
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let busy = (cpu_ticks(pid) - cpu0) as f64 / hz / t0.elapsed().as_secs_f64();
+    let busy = (cpu() - cpu0).as_secs_f64() / t0.elapsed().as_secs_f64();
     let used_after: u16 = mem.read_obj(used + 2).unwrap();
     assert_eq!(used_after, used_before, "served from beyond the ring");
     eprintln!(
