@@ -19,6 +19,9 @@
 #   blocking_lock_no_stall   --posix-lock: while a process on CPU 0 waits in SETLKW for a
 #                            lock held by another process on CPU 0, that CPU's queue still
 #                            serves (the holder's I/O and unlock), and the waiter gets the lock
+#   lock_waiters_beyond_ring_entries  --posix-lock: 70 SETLKW waiters, more than the ring
+#                            entries: the holder's close still returns, every waiter gets the
+#                            lock in turn within 30 s, and spare entries were registered
 #   clean_stop               SIGTERM with the mount busy: the last user is still served past
 #                            the grace period, then the ring entries come back and the daemon
 #                            exits 0 (every thread ended), nothing stays mounted
@@ -217,6 +220,37 @@ EOF
         ok blocking_lock_no_stall
     else
         bad blocking_lock_no_stall "status $st: $(tr '\n' '|' <<<"$out")"
+    fi
+fi
+
+# More lock waiters than ring entries (2 queues x 8 entries here): each waiting SETLKW holds its
+# entry (the kernel takes the answer only there), so its queue registers a spare in its place.
+# The holder's close (its unlock) must still get an entry and every waiter the lock in turn,
+# one at a time. Without the spares the close never got an entry and the mount hung.
+if ! start "$W/waiters.log" --io-uring=on --posix-lock; then
+    bad lock_waiters_beyond_ring_entries "mount did not come up"
+else
+    python3 tests/host/lock-waiters.py "$W/mnt" 70 30 >"$W/waiters.out" 2>&1 &
+    py=$!
+    for ((i = 0; i < 400; i++)); do kill -0 $py 2>/dev/null || break; sleep 0.1; done
+    if kill -0 $py 2>/dev/null; then
+        # A close that hangs is in an uninterruptible FLUSH: only the daemon's end frees it.
+        kill -KILL "$PID"
+        wait "$PID" 2>/dev/null
+        PID=
+        umount -l "$W/mnt" 2>/dev/null
+        wait $py 2>/dev/null
+        bad lock_waiters_beyond_ring_entries "hung for 40 s (daemon killed)"
+    else
+        rc=0
+        wait $py || rc=$?
+        stop
+        spares=$(sed -n 's/.*(+\([0-9]*\) spares for lock waits).*/\1/p' "$W/waiters.log")
+        if [ $rc -eq 0 ] && grep -q '^LOCK-WAITERS-OK' "$W/waiters.out" && [ "${spares:-0}" -gt 0 ]; then
+            ok "lock_waiters_beyond_ring_entries ($(cut -d' ' -f2- "$W/waiters.out"); $spares spare entries)"
+        else
+            bad lock_waiters_beyond_ring_entries "rc=$rc, spares=${spares:-none}: $(tr '\n' '|' <"$W/waiters.out")"
+        fi
     fi
 fi
 

@@ -323,8 +323,8 @@ PY
     d=$run/waiters
     mkdir -p "$d/lower" "$d/upper" "$d/work" "$d/share" "$d/mnt"
     if mount -t overlay overlay -o "lowerdir=$d/lower,upperdir=$d/upper,workdir=$d/work" "$d/share"; then
-        # /dev/fuse readers, whatever fuse.enable_uring says (with io_uring, more SETLKW
-        # waiters than ring entries hold every entry: README, Limits).
+        # /dev/fuse readers, whatever fuse.enable_uring says (tests/host/io-uring.sh has the
+        # same waiters over the rings: lock_waiters_beyond_ring_entries).
         "$daxfsd" --shared-dir "$d/share" --mount "$d/mnt" --posix-lock --io-uring=off \
             </dev/null >"$d/log" 2>&1 &
         pid=$!

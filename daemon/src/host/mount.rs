@@ -258,6 +258,7 @@ fn serve(
     let pt = server.fuse_passthrough_stats();
     server.reset();
     log::info!("{}", report(&counters, pt, &ring_stats));
+    log::info!("{}", server.request_counts());
     match (stopped_by, first_err) {
         (Some(sig), _) => {
             log::info!("{}: session ended, exiting", signal_name(sig));
@@ -469,10 +470,11 @@ fn report(c: &Counters, pt: Option<backing::Stats>, r: &fuse_uring::Stats) -> St
     let queues = r.queues.load(Ordering::Relaxed);
     if queues > 0 {
         s.push_str(&format!(
-            "; read(2) requests other than FORGET/INTERRUPT: {}; io-uring: {} requests served from {queues} queues x {} entries, {} malformed, {} replies lost",
+            "; read(2) requests other than FORGET/INTERRUPT: {}; io-uring: {} requests served from {queues} queues x {} entries (+{} spares for lock waits), {} malformed, {} replies lost",
             c.not_forget.load(Ordering::Relaxed),
             r.served.load(Ordering::Relaxed),
             r.depth.load(Ordering::Relaxed),
+            r.spares.load(Ordering::Relaxed),
             r.malformed.load(Ordering::Relaxed),
             r.lost.load(Ordering::Relaxed),
         ));

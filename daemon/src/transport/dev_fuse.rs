@@ -8,7 +8,7 @@
 //! sandbox ([`Unmounter`]), which stays in the host's mount namespace with the rights to
 //! unmount, so the serving process needs neither `umount2` in its seccomp list nor a path
 //! to the mount point inside its sandbox. A SETLKW runs on a thread of its own (a lock wait
-//! must not hold a worker, [`Waits`]); FUSE passthrough registers backing files on the connection
+//! must not hold a worker, [`LockWaits`]); FUSE passthrough registers backing files on the connection
 //! ([`DevFuseBacking`]).
 
 use std::ffi::CString;
@@ -28,6 +28,8 @@ use crate::protocol::filesystem::FileSystem;
 use crate::protocol::iobuf::{Reader, Seg, Writer};
 use crate::protocol::policy::{self, Wait};
 use crate::protocol::server::Server;
+
+use super::lock_waits::{LockWaits, WaitServer};
 
 /// Linux refuses reads of /dev/fuse into buffers smaller than this (`FUSE_MIN_READ_BUFFER`).
 pub const MIN_READ_BUFFER: usize = 8192;
@@ -503,8 +505,6 @@ pub struct Counters {
     /// Replies the kernel refused with ENOENT: the request was interrupted meanwhile.
     pub interrupted: AtomicU64,
     pub write_errors: AtomicU64,
-    /// Requests that may wait indefinitely (SETLKW) now on lock threads or queued for one.
-    pub blocking: AtomicU64,
 }
 
 /// Per-thread buffer size: the largest request (`max_write` of payload plus its headers),
@@ -514,120 +514,37 @@ pub fn buffer_size(max_write: u32) -> usize {
 }
 
 /// Most requests that may wait indefinitely (SETLKW) served on threads of their own at once;
-/// beyond that they queue for the next of those threads that is done ([`Waits`]).
+/// beyond that they queue for the next of those threads that is done ([`LockWaits`]).
 pub const MAX_BLOCKING_THREADS: usize = 64;
 /// Most lock waits queued behind the [`MAX_BLOCKING_THREADS`] at once (each holds a copy of
 /// its request, under 100 bytes): beyond that a SETLKW fails with ENOLCK, as a host lock
 /// table out of room does, rather than memory growing with the number of waiting callers.
 pub const MAX_QUEUED_WAITS: usize = 4096;
 
-/// The lock waits (SETLKW) of one connection. Each runs on a lock thread, never on a reader:
-/// a reader waiting for a lock could be the one the holder's unlock (its close's FLUSH or
-/// RELEASE, an F_UNLCK) needs, and with every reader waiting the mount would hang for good.
-/// Threads start on demand, at most [`MAX_BLOCKING_THREADS`]; a wait beyond them is queued in
-/// arrival order and taken by the first lock thread whose wait ends, so waiters on one lock
-/// get it in turn however many there are. A lock thread with nothing queued ends.
-pub struct Waits<F: FileSystem + Send + Sync + 'static> {
+/// How the /dev/fuse transport serves a lock wait ([`LockWaits`]): a copy of the request,
+/// answered with one write(2) from the lock thread.
+struct DevWaits<F: FileSystem + Send + Sync + 'static> {
     dev: Arc<File>,
     server: Arc<Server<F>>,
     counters: Arc<Counters>,
-    inner: Mutex<WaitsInner>,
 }
 
-#[derive(Default)]
-struct WaitsInner {
-    /// Requests not started yet, oldest first.
-    queued: std::collections::VecDeque<Vec<u8>>,
-    /// Lock threads running.
-    threads: usize,
-}
+impl<F: FileSystem + Send + Sync + 'static> WaitServer for DevWaits<F> {
+    type Job = Vec<u8>;
 
-impl<F: FileSystem + Send + Sync + 'static> Waits<F> {
-    fn new(dev: Arc<File>, server: Arc<Server<F>>, counters: Arc<Counters>) -> Self {
-        Waits {
-            dev,
-            server,
-            counters,
-            inner: Mutex::new(WaitsInner::default()),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, WaitsInner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Hands `req` to a lock thread (starting one when fewer than the most run), or queues it;
-    /// never waits. A request that can have no thread fails with ENOLCK.
-    fn submit(self: &Arc<Self>, req: Vec<u8>) {
-        let mut g = self.lock();
-        if g.queued.len() >= MAX_QUEUED_WAITS {
-            drop(g);
-            log::warn!(
-                "{MAX_QUEUED_WAITS} lock waits queued behind {MAX_BLOCKING_THREADS} waiting: ENOLCK"
-            );
-            self.refuse(&req);
-            return;
-        }
-        self.counters.blocking.fetch_add(1, Ordering::Relaxed);
-        g.queued.push_back(req);
-        if g.threads >= MAX_BLOCKING_THREADS {
-            // The first lock thread whose wait ends takes it.
-            return;
-        }
-        g.threads += 1;
-        drop(g);
-        let me = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name("fuse-lock".into())
-            .spawn(move || me.run());
-        if let Err(e) = spawned {
-            let mut g = self.lock();
-            g.threads -= 1;
-            if g.threads > 0 {
-                // A running lock thread takes it when its wait ends.
-                return;
-            }
-            // Nobody would take them: fail them rather than wait on a reader.
-            let stranded: Vec<Vec<u8>> = g.queued.drain(..).collect();
-            drop(g);
-            log::warn!(
-                "no thread for {} lock wait(s) ({e}): ENOLCK",
-                stranded.len()
-            );
-            for req in stranded {
-                self.counters.blocking.fetch_sub(1, Ordering::Relaxed);
-                self.refuse(&req);
-            }
-        }
-    }
-
-    /// A lock thread: serves queued waits, oldest first, until none is left.
-    fn run(&self) {
+    fn serve(&self, mut req: Vec<u8>) {
         let mut out = vec![0u8; 4096];
-        loop {
-            let mut req = {
-                let mut g = self.lock();
-                match g.queued.pop_front() {
-                    Some(r) => r,
-                    None => {
-                        g.threads -= 1;
-                        return;
-                    }
-                }
-            };
-            let _ = answer(
-                self.dev.as_raw_fd(),
-                &self.server,
-                &mut req,
-                &mut out,
-                &self.counters,
-            );
-            self.counters.blocking.fetch_sub(1, Ordering::Relaxed);
-        }
+        let _ = answer(
+            self.dev.as_raw_fd(),
+            &self.server,
+            &mut req,
+            &mut out,
+            &self.counters,
+        );
     }
 
     /// Answers `req` with ENOLCK (a reply of the out-header alone).
-    fn refuse(&self, req: &[u8]) {
+    fn refuse(&self, req: Vec<u8>) {
         let Some(unique) = req.get(8..16) else {
             return;
         };
@@ -645,6 +562,8 @@ impl<F: FileSystem + Send + Sync + 'static> Waits<F> {
         }
     }
 }
+
+type Waits<F> = LockWaits<DevWaits<F>>;
 
 /// The connection is gone (ENODEV): unmounted or aborted.
 struct Ended;
@@ -921,7 +840,16 @@ pub fn spawn_workers<F: FileSystem + Send + Sync + 'static>(
     let buf_size = buffer_size(server.max_write());
     let threads = threads.max(1);
     let pool = Arc::new(Pool::new(threads));
-    let waits = Arc::new(Waits::new(dev.clone(), server.clone(), counters.clone()));
+    let waits = LockWaits::new(
+        DevWaits {
+            dev: dev.clone(),
+            server: server.clone(),
+            counters: counters.clone(),
+        },
+        "fuse-lock",
+        MAX_BLOCKING_THREADS,
+        MAX_QUEUED_WAITS,
+    );
     if threads > 1 {
         let pool = pool.clone();
         std::thread::Builder::new()

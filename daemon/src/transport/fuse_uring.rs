@@ -19,8 +19,14 @@
 //! entry into the server's [`Reader`]/[`Writer`] (header, argument struct, payload; reply header
 //! into the header area, reply body into the payload) and calls the same [`Server::handle`] as
 //! every other transport. A request that may wait indefinitely (SETLKW) is handed with its
-//! entry to a helper thread, so that it cannot stall the rest of its CPU's queue; the queue
-//! thread, the ring's only submitter, commits the helper's answer. A reply the kernel refuses
+//! entry to a lock thread ([`LockWaits`], as the /dev/fuse readers do), so that it cannot stall
+//! the rest of its CPU's queue; the queue thread, the ring's only submitter, commits the lock
+//! thread's answer. The kernel answers a request only through the entry it was sent on, so a
+//! waiting SETLKW keeps its entry: in its place the queue registers a spare entry, so that it
+//! always has `depth` entries fetching however many waits hold one (the unlock that ends them
+//! needs an entry too). Spares stay registered (the kernel cannot take one back) and serve like
+//! the others; at most [`MAX_LOCK_WAITS`] waits hold entries at once, beyond that a SETLKW
+//! fails with ENOLCK. A reply the kernel refuses
 //! (ENOENT) goes to [`Server::reply_lost`], which gives back a handle or lock it carried.
 //!
 //! Teardown: on unmount the kernel completes every waiting entry with `-ENOTCONN`; a queue thread
@@ -45,6 +51,8 @@ use crate::protocol::iobuf::{Reader, Seg, Writer};
 use crate::protocol::policy::{self, Wait};
 use crate::protocol::server::Server;
 
+use super::lock_waits::{LockWaits, WaitServer};
+
 /// `FUSE_IO_URING_CMD_REGISTER` (include/uapi/linux/fuse.h).
 const CMD_REGISTER: u32 = 1;
 /// `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`.
@@ -65,6 +73,11 @@ const MIN_PAYLOAD: usize = 8192;
 const ZERO_COPY_MINOR: u32 = 46;
 /// Ring entries per queue unless the caller says otherwise.
 pub const DEFAULT_DEPTH: usize = 8;
+/// Most lock waits (SETLKW) of a connection holding ring entries at once, waiting or queued
+/// for one of the [`super::dev_fuse::MAX_BLOCKING_THREADS`] lock threads. Each has a spare
+/// entry registered in its place: a header and a payload buffer of address space, of which
+/// only the pages a request touches take memory.
+pub const MAX_LOCK_WAITS: usize = 1024;
 
 const IN_HEADER_LEN: usize = std::mem::size_of::<InHeader>();
 const OUT_HEADER_LEN: usize = std::mem::size_of::<OutHeader>();
@@ -183,6 +196,8 @@ pub struct Stats {
     pub queues: AtomicUsize,
     /// Entries per queue.
     pub depth: AtomicUsize,
+    /// Spare entries registered in place of entries held by lock waits (all queues).
+    pub spares: AtomicU64,
 }
 
 /// Running ring queues.
@@ -269,6 +284,15 @@ where
         stops: Vec::new(),
         stats: stats.clone(),
     };
+    let waits = LockWaits::new(
+        RingWaits {
+            server: server.clone(),
+            stats: stats.clone(),
+        },
+        "fuse-uring-lock",
+        super::dev_fuse::MAX_BLOCKING_THREADS,
+        MAX_LOCK_WAITS - super::dev_fuse::MAX_BLOCKING_THREADS,
+    );
     let (tx, rx) = mpsc::channel();
     for qid in 0..queues {
         let stop = eventfd()?;
@@ -276,6 +300,7 @@ where
         rings.stops.push(stop);
         let server = server.clone();
         let stats = stats.clone();
+        let waits = waits.clone();
         let tx = tx.clone();
         let t = std::thread::Builder::new()
             .name(format!("fuse-uring-{qid}"))
@@ -298,7 +323,7 @@ where
                     }
                 }
                 drop(tx);
-                q.serve(&server, &stats);
+                q.serve(&server, &stats, &waits);
             })?;
         rings.threads.push(t);
     }
@@ -397,12 +422,16 @@ pub fn turn_off(dev: RawFd) -> io::Result<()> {
     Ok(())
 }
 
-/// One anonymous mapping, never unmapped (see the module documentation).
+/// One anonymous mapping of `depth` entries' buffers, never unmapped (see the module
+/// documentation), and the entries' iovec pairs for REGISTER.
 struct Buffers {
     base: *mut u8,
     hdr_stride: usize,
     payload_off: usize,
     payload: usize,
+    /// Per entry: header and payload iovecs. Boxed: the kernel reads them at submission, after
+    /// the owner may have moved.
+    iovs: Box<[[libc::iovec; 2]]>,
 }
 
 impl Buffers {
@@ -422,7 +451,7 @@ impl Buffers {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                 -1,
                 0,
             )
@@ -430,12 +459,28 @@ impl Buffers {
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Buffers {
+        let mut b = Buffers {
             base: base.cast(),
             hdr_stride,
             payload_off,
             payload,
-        })
+            iovs: Box::new([]),
+        };
+        b.iovs = (0..depth)
+            .map(|i| {
+                [
+                    libc::iovec {
+                        iov_base: b.header(i).cast(),
+                        iov_len: REQ_HEADER_SZ,
+                    },
+                    libc::iovec {
+                        iov_base: b.payload(i).cast(),
+                        iov_len: b.payload,
+                    },
+                ]
+            })
+            .collect();
+        Ok(b)
     }
 
     fn header(&self, i: usize) -> *mut u8 {
@@ -455,6 +500,47 @@ impl Buffers {
             payload: self.payload(i),
             payload_len: self.payload,
         }
+    }
+}
+
+/// Every entry's buffers of one queue: the first `depth` entries, then the spares, in mappings
+/// of `per` entries each, added as spares need them.
+struct Entries {
+    segs: Vec<Buffers>,
+    per: usize,
+    payload: usize,
+}
+
+impl Entries {
+    fn new(per: usize, payload: usize) -> io::Result<Self> {
+        Ok(Entries {
+            segs: vec![Buffers::new(per, payload)?],
+            per,
+            payload,
+        })
+    }
+
+    /// Entries with buffers.
+    fn capacity(&self) -> usize {
+        self.segs.len() * self.per
+    }
+
+    /// Maps buffers for `per` more entries.
+    fn grow(&mut self) -> io::Result<()> {
+        self.segs.push(Buffers::new(self.per, self.payload)?);
+        Ok(())
+    }
+
+    /// Entry `i`'s memory (`i < capacity()`).
+    fn entry(&self, i: usize) -> EntryMem {
+        let mut e = self.segs[i / self.per].entry(i % self.per);
+        e.index = i;
+        e
+    }
+
+    /// Entry `i`'s iovec pair, alive as long as the queue.
+    fn iov(&self, i: usize) -> *const libc::iovec {
+        self.segs[i / self.per].iovs[i % self.per].as_ptr()
     }
 
     #[cfg(test)]
@@ -603,6 +689,51 @@ impl EntryMem {
     }
 }
 
+/// How the io_uring transport serves a lock wait ([`LockWaits`]): the entry travels to a lock
+/// thread, which leaves the reply in it and sends it back to its queue thread to commit.
+struct RingWaits<F: FileSystem + Send + Sync + 'static> {
+    server: Arc<Server<F>>,
+    stats: Arc<Stats>,
+}
+
+/// A lock wait: its entry, and the way back to the queue that commits it.
+struct RingWait {
+    entry: EntryMem,
+    qid: u16,
+    tx: mpsc::Sender<(usize, u64)>,
+    done: Arc<OwnedFd>,
+}
+
+impl RingWait {
+    fn answered(self, commit_id: u64) {
+        if self.tx.send((self.entry.index, commit_id)).is_ok() {
+            signal(self.done.as_raw_fd());
+        }
+    }
+}
+
+impl<F: FileSystem + Send + Sync + 'static> WaitServer for RingWaits<F> {
+    type Job = RingWait;
+
+    fn serve(&self, job: RingWait) {
+        let commit_id = job
+            .entry
+            .serve(&self.server, &self.stats, &mut Vec::new(), job.qid);
+        job.answered(commit_id);
+    }
+
+    fn refuse(&self, job: RingWait) {
+        let hdr = job.entry.header_slice(0, REQ_HEADER_SZ);
+        let commit_id = read_u64(&hdr, ENT_IN_OUT_OFF + 8);
+        let unique = read_u64(&hdr, 8);
+        job.entry.error_reply(unique, libc::ENOLCK);
+        job.entry
+            .header_slice(ENT_IN_OUT_OFF + 16, 4)
+            .copy_from(&0u32.to_ne_bytes()[..]);
+        job.answered(commit_id);
+    }
+}
+
 /// Reads a native-endian u32/u64 field from entry memory.
 /// Whether a request leaves the ring's thread for a helper of its own: only one that may
 /// wait indefinitely (SETLKW, [`policy::INDEFINITE`]), whose end may need this very queue.
@@ -669,11 +800,14 @@ struct Queue {
     ring: IoUring<squeue::Entry128, cqueue::Entry>,
     dev: RawFd,
     qid: u16,
+    /// Entries kept fetching requests, besides those lock waits hold.
     depth: usize,
-    bufs: Buffers,
-    /// Per entry: header and payload iovecs, alive as long as the queue.
-    iovs: Vec<[libc::iovec; 2]>,
-    /// Entries the kernel still holds or this thread is serving.
+    bufs: Entries,
+    /// Entries registered so far (the first `depth`, then spares): indexes below it.
+    used: usize,
+    /// Entries held by lock waits (handed to [`LockWaits`], not committed yet).
+    held: usize,
+    /// Entries the kernel still holds or this thread or a lock thread is serving.
     live: usize,
     alive: Vec<bool>,
     stop_fd: RawFd,
@@ -723,29 +857,16 @@ impl Queue {
                 // Kernels without DEFER_TASKRUN.
                 IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(entries)
             })?;
-        let bufs = Buffers::new(depth, payload)?;
+        let bufs = Entries::new(depth, payload)?;
         let (done_tx, done_rx) = mpsc::channel();
-        let iovs = (0..depth)
-            .map(|i| {
-                [
-                    libc::iovec {
-                        iov_base: bufs.header(i).cast(),
-                        iov_len: REQ_HEADER_SZ,
-                    },
-                    libc::iovec {
-                        iov_base: bufs.payload(i).cast(),
-                        iov_len: bufs.payload,
-                    },
-                ]
-            })
-            .collect();
         Ok(Queue {
             ring,
             dev,
             qid,
             depth,
             bufs,
-            iovs,
+            used: 0,
+            held: 0,
             live: 0,
             alive: vec![false; depth],
             stop_fd,
@@ -780,12 +901,13 @@ impl Queue {
         self.push(poll.into())
     }
 
-    /// Commits the entries helper threads have answered, and re-arms their poll.
+    /// Commits the entries lock threads have answered, and re-arms their poll.
     fn collect_done(&mut self) {
         let mut n = 0u64;
         // SAFETY: reads 8 bytes into a live u64 from this queue's own eventfd (non-blocking).
         let _ = unsafe { libc::read(self.done.as_raw_fd(), (&mut n as *mut u64).cast(), 8) };
         while let Ok((i, commit_id)) = self.done_rx.try_recv() {
+            self.held = self.held.saturating_sub(1);
             self.commit(i, commit_id);
         }
         if let Err(e) = self.arm_done() {
@@ -803,34 +925,66 @@ impl Queue {
     }
 
     /// Hands a request that may wait indefinitely (SETLKW waits for another process's lock) to
-    /// a helper thread, so that the queue keeps serving its other entries: the lock holder
-    /// may itself need this queue to let go. At most one helper per entry; `false` when no
-    /// thread could be started (the caller then serves the request itself).
-    fn offload<F>(&mut self, i: usize, server: &Arc<Server<F>>, stats: &Arc<Stats>) -> bool
+    /// the lock threads with its entry, so that the queue keeps serving its other entries: the
+    /// lock holder may itself need this queue to let go. A spare entry takes its place while
+    /// fewer than `depth` fetch (see the module documentation).
+    fn offload<F>(&mut self, i: usize, waits: &Arc<LockWaits<RingWaits<F>>>)
     where
         F: FileSystem + Send + Sync + 'static,
     {
-        let entry = self.bufs.entry(i);
-        let (server, stats, tx, done, qid) = (
-            server.clone(),
-            stats.clone(),
-            self.done_tx.clone(),
-            self.done.clone(),
-            self.qid,
-        );
-        std::thread::Builder::new()
-            .name(format!("fuse-uring-{qid}-wait"))
-            .spawn(move || {
-                let commit_id = entry.serve(&server, &stats, &mut Vec::new(), qid);
-                if tx.send((entry.index, commit_id)).is_ok() {
-                    signal(done.as_raw_fd());
-                }
-            })
-            .is_ok()
+        self.held += 1;
+        waits.submit(RingWait {
+            entry: self.bufs.entry(i),
+            qid: self.qid,
+            tx: self.done_tx.clone(),
+            done: self.done.clone(),
+        });
+        if self.live.saturating_sub(self.held) < self.depth
+            && self.used < self.depth + MAX_LOCK_WAITS
+        {
+            self.add_spare(&waits.server().stats);
+        }
+    }
+
+    /// Registers one more entry, mapping buffers for it when none are left.
+    fn add_spare(&mut self, stats: &Stats) {
+        let i = self.used;
+        if i == self.bufs.capacity() {
+            if let Err(e) = self.bufs.grow() {
+                log::warn!(
+                    "io-uring queue {}: no buffers for a spare entry ({e}); {} of {} entries wait for locks",
+                    self.qid,
+                    self.held,
+                    self.live
+                );
+                return;
+            }
+            let n = self.bufs.capacity();
+            self.alive.resize(n, false);
+            self.retries.resize(n, 0);
+            self.saved.resize(n, Vec::new());
+        }
+        if let Err(e) = self.register_entry(i) {
+            log::warn!(
+                "io-uring queue {}: cannot register a spare entry: {e}",
+                self.qid
+            );
+            return;
+        }
+        self.used += 1;
+        self.alive[i] = true;
+        self.live += 1;
+        if stats.spares.fetch_add(1, Ordering::Relaxed) == 0 {
+            log::info!(
+                "io-uring queue {}: lock waits hold {} entries; registering spares in their place",
+                self.qid,
+                self.held
+            );
+        }
     }
 
     fn register_entry(&mut self, i: usize) -> io::Result<()> {
-        let iov = self.iovs[i].as_ptr();
+        let iov = self.bufs.iov(i);
         let e = ring_cmd(self.dev, CMD_REGISTER, self.qid, 0, Some(iov)).user_data(i as u64);
         self.push(e)
     }
@@ -848,6 +1002,7 @@ impl Queue {
             self.alive[i] = true;
             self.live += 1;
         }
+        self.used = self.depth;
         self.ring.submit()?;
         // A registration the kernel refuses completes inline with its error; an accepted one
         // completes only when a request arrives.
@@ -873,8 +1028,12 @@ impl Queue {
 impl Queue {
     /// Serves completions until the stop eventfd fires or the kernel has given back every
     /// entry (unmount, abort).
-    fn serve<F>(&mut self, server: &Arc<Server<F>>, stats: &Arc<Stats>)
-    where
+    fn serve<F>(
+        &mut self,
+        server: &Arc<Server<F>>,
+        stats: &Arc<Stats>,
+        waits: &Arc<LockWaits<RingWaits<F>>>,
+    ) where
         F: FileSystem + Send + Sync + 'static,
     {
         let mut cqes = std::mem::take(&mut self.pending);
@@ -890,15 +1049,14 @@ impl Queue {
                     continue;
                 }
                 let Ok(i) = usize::try_from(ud) else { continue };
-                if i >= self.depth || !self.alive[i] {
+                if i >= self.used || !self.alive[i] {
                     continue;
                 }
                 if res == 0 {
                     self.retries[i] = 0;
                     self.save_request(i);
-                    if waits_indefinitely(self.bufs.entry(i).opcode())
-                        && self.offload(i, server, stats)
-                    {
+                    if waits_indefinitely(self.bufs.entry(i).opcode()) {
+                        self.offload(i, waits);
                         continue;
                     }
                     let commit_id = self.serve_entry(i, server, stats);

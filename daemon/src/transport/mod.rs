@@ -5,6 +5,7 @@ pub mod dev_fuse;
 pub mod dev_fuse_notify;
 mod dirty_log;
 pub mod fuse_uring;
+mod lock_waits;
 pub mod notify_queue;
 mod queue_state;
 pub mod ring_records;
