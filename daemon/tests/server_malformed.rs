@@ -225,3 +225,26 @@ fn no_room_for_a_reply() {
     assert_eq!(h.getattr(ino).unwrap_err(), libc::EBADF);
     h.assert_alive();
 }
+
+/// The exit report counts every request the server handled by opcode, malformed ones and
+/// unknown opcodes included.
+#[test]
+fn requests_are_counted_by_opcode() {
+    let h = Harness::new();
+    let base = h.server.request_counts();
+    for _ in 0..3 {
+        let _ = h.lookup(ROOT, "absent");
+    }
+    let _ = h.getattr(ROOT);
+    let mut req = h.request(0, 0, op::LOOKUP, ROOT, &[&cname("x")]);
+    req[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert_eq!(h.send_raw(req, ROOM).1.errno(), libc::EINVAL);
+    let _ = h.send(999, ROOT, &[]);
+    let c = h.server.request_counts();
+    assert_eq!(c.of("LOOKUP") - base.of("LOOKUP"), 4);
+    assert_eq!(c.of("GETATTR") - base.of("GETATTR"), 1);
+    assert_eq!(c.of("?") - base.of("?"), 1);
+    let line = c.to_string();
+    assert!(line.starts_with("requests: "), "{line}");
+    assert!(line.contains("LOOKUP 4"), "{line}");
+}

@@ -495,6 +495,7 @@ fn serve(
         w.reset();
     }
     backend.server().reset();
+    log::info!("{}", backend.server().request_counts());
     if let Some(w) = &window {
         log::info!("{}", w.stats());
     }

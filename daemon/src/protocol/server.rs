@@ -172,6 +172,45 @@ pub struct Server<F: FileSystem> {
     again: std::sync::Mutex<std::collections::HashSet<u64>>,
     /// Whether `again` holds any (one load per request otherwise).
     any_again: AtomicBool,
+    /// Requests handled, by opcode, for the exit report ([`Self::request_counts`]).
+    counts: OpCounts,
+}
+
+/// Requests handled per opcode (FUSE opcodes are below 64; the rest count in slot 0).
+struct OpCounts([AtomicU64; 64]);
+
+impl OpCounts {
+    fn note(&self, opcode: u32) {
+        let slot = usize::try_from(opcode)
+            .ok()
+            .filter(|&o| o < 64)
+            .unwrap_or(0);
+        self.0[slot].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What [`Server::request_counts`] returns: requests handled by opcode, most first.
+pub struct RequestCounts(Vec<(&'static str, u64)>);
+
+impl RequestCounts {
+    /// Requests of the opcode named `name` (as [`op::name`] spells it).
+    pub fn of(&self, name: &str) -> u64 {
+        self.0.iter().find(|(n, _)| *n == name).map_or(0, |c| c.1)
+    }
+}
+
+impl std::fmt::Display for RequestCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let total: u64 = self.0.iter().map(|c| c.1).sum();
+        write!(f, "requests: {total}")?;
+        for (i, (name, n)) in self.0.iter().enumerate() {
+            write!(f, "{}{name} {n}", if i == 0 { " (" } else { ", " })?;
+        }
+        if !self.0.is_empty() {
+            write!(f, ")")?;
+        }
+        Ok(())
+    }
 }
 
 /// Parsed request header plus the caller's identity.
@@ -202,7 +241,24 @@ impl<F: FileSystem> Server<F> {
             keeper: std::sync::OnceLock::new(),
             again: std::sync::Mutex::default(),
             any_again: AtomicBool::new(false),
+            counts: OpCounts(std::array::from_fn(|_| AtomicU64::new(0))),
         }
+    }
+
+    /// Requests handled so far, by opcode (unknown opcodes as `?`), most first.
+    pub fn request_counts(&self) -> RequestCounts {
+        let mut v: Vec<(&'static str, u64)> = self
+            .counts
+            .0
+            .iter()
+            .enumerate()
+            .filter_map(|(o, n)| {
+                let n = n.load(Ordering::Relaxed);
+                (n > 0).then(|| (op::name(o as u32), n))
+            })
+            .collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        RequestCounts(v)
     }
 
     /// Serves regular files with FUSE passthrough where `p`'s policy and the client agree
@@ -485,6 +541,7 @@ impl<F: FileSystem> Server<F> {
         mut r: Reader,
         w: Option<Writer>,
     ) -> io::Result<Handled> {
+        self.counts.note(hdr.opcode);
         let mut req = Req {
             unique: hdr.unique,
             nodeid: Inode::from_raw(hdr.nodeid),
