@@ -28,6 +28,7 @@
 #                 killed and upgraded under a guest (test-restart), live migration
 #   test-launchers, test-lima      libvirt, virtme-ng, Kata, podman, lima
 #   test-acl, test-fhandles        POSIX ACLs/xattrmap, file-handle descriptors
+#   test-never                     --cache=never: host changes at the next call, requests per walk
 #   test-host, test-io-uring       the same server on /dev/fuse, passthrough, io-uring
 #   test-fstests  fstests (curated list) on --cache=auto and DAX pooled against ext4 in the
 #                 same guest, and its negative control (a --readonly daemon must fail it)
@@ -107,6 +108,12 @@ test-acl: kernel initramfs qemu virtiofsd build
 test-fhandles: kernel initramfs qemu virtiofsd build
 	tests/e2e/fhandles.sh
 .PHONY: test-fhandles
+# --cache=never (tests/e2e/never.sh): host chmod, append and rename seen at the guest's next
+# system call (virtiofsd too; --cache=always as the negative control), and a walk's GETATTRs
+# per entry (guest patch 0016).
+test-never: kernel initramfs qemu virtiofsd build
+	tests/e2e/never.sh
+.PHONY: test-never
 # make fuzz: each target for FUZZ_SECONDS, then what it found merged into the committed
 # corpus (fuzz/corpus). make test-fuzz: the same run, corpus untouched.
 # make fuzz-long: each target for FUZZ_LONG_SECONDS (default 1800); at the rates measured
@@ -254,7 +261,7 @@ CONFORMANCE_ARGS ?=
 conformance: fstests-image qemu virtiofsd build
 	tests/fstests/conformance.sh $(CONFORMANCE_ARGS)
 
-test: space deps-test lint test-rig test-unit test-uidmap test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-dax-copy test-dax-host test-dax-full test-notify test-escape test-lifecycle test-migrate test-launchers test-acl test-fhandles test-lima test-host test-io-uring test-fstests
+test: space deps-test lint test-rig test-unit test-uidmap test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-dax-copy test-dax-host test-dax-full test-notify test-escape test-lifecycle test-migrate test-launchers test-acl test-fhandles test-never test-lima test-host test-io-uring test-fstests
 	@echo "make test: all suites passed"
 
 demo: kernel initramfs qemu release

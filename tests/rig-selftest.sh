@@ -12,7 +12,7 @@
 #   host       tests/host/run.sh -t devfuse (the suite on a /dev/fuse mount died)
 #   io-uring   tests/host/io-uring.sh (tests/host/run.sh -t io-uring died)
 #   pjdfstest  tests/host/pjdfstest.sh -t guest (its guest script died)
-#   acl fhandles dax dax-buffers dax-host dax-full lifecycle escape migrate soak notify
+#   acl fhandles never dax dax-buffers dax-host dax-full lifecycle escape migrate soak notify
 #   notify-burst (tests/e2e/notify.sh --boots 3: its third guest script), restart
 #   (tests/e2e/restart.sh --kills 1)
 #   fstests    tests/fstests/test.sh on one test (its guest program, guest.sh with the guest
@@ -37,7 +37,7 @@ RIG_TAG=rig-selftest
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 cd "$RIG_ROOT"
 
-all="lib launchers lima e2e host io-uring pjdfstest acl fhandles dax dax-buffers dax-host dax-full lifecycle escape migrate soak notify notify-burst restart fstests"
+all="lib launchers lima e2e host io-uring pjdfstest acl fhandles never dax dax-buffers dax-host dax-full lifecycle escape migrate soak notify notify-burst restart fstests"
 per_kind="lib io-uring host e2e migrate notify"
 only=$all
 while (($#)); do
@@ -144,6 +144,7 @@ for part in $only; do
         pjdfstest) runner_case pjdfstest tests/host/pjdfstest.sh -d "$daxfsd" -t guest ;;
         acl|escape) runner_case "$part" "tests/e2e/$part.sh" ;;
         fhandles) runner_case fhandles tests/e2e/fhandles.sh ;;
+        never) runner_case never tests/e2e/never.sh ;;
         dax) runner_case dax tests/e2e/dax.sh ;;
         dax-buffers) runner_case dax-buffers tests/e2e/dax-buffers.sh --mode pooled ;;
         dax-host) runner_case dax-host tests/e2e/dax-host.sh --cache never ;;
