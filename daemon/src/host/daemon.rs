@@ -289,6 +289,15 @@ pub fn run(cli: &Cli) -> io::Result<()> {
         server.set_keeper(link);
     }
     let backend = fs_backend(cli, server, window.clone(), notifier, records)?;
+    {
+        let (b, w) = (backend.clone(), window.clone());
+        startup::spawn_sigusr1_reporter(move || {
+            log::info!("{}", b.server().request_counts());
+            if let Some(w) = &w {
+                log::info!("{}", w.stats());
+            }
+        });
+    }
     if let Some(w) = &window {
         start_window_threads(w, groups.host);
     }
@@ -433,8 +442,6 @@ fn fs_backend(
 /// shadow tails (bounds what a SIGKILL can lose of guest stores into them) and the watch
 /// of host truncates.
 fn start_window_threads(w: &Window, host: Option<crate::dax::host_watch::Group>) {
-    let stats = w.clone();
-    startup::spawn_sigusr1_reporter(move || log::info!("{}", stats.stats()));
     w.spawn_writeback(crate::dax::WRITEBACK_PERIOD);
     if let Some(group) = host {
         w.watch_host(group);

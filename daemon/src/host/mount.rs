@@ -219,7 +219,8 @@ fn serve(
     {
         let (c, s, r) = (counters.clone(), server.clone(), ring_stats.clone());
         startup::spawn_sigusr1_reporter(move || {
-            log::info!("{}", report(&c, s.fuse_passthrough_stats(), &r))
+            log::info!("{}", report(&c, s.fuse_passthrough_stats(), &r));
+            log::info!("{}", s.request_counts());
         });
     }
     let extra = if uring { seccomp::IO_URING } else { &[] };

@@ -363,7 +363,7 @@ fn reboot(reset_device: bool) {
     assert!(d.try_wait().unwrap().is_none(), "{}", d.log_contents());
 }
 
-/// SIGUSR1 makes the daemon log its DAX counters: no mapping may be left.
+/// SIGUSR1 makes the daemon log its DAX counters (no mapping may be left) and its requests.
 fn daemon_reports_nothing_mapped(d: &vufs_driver::Daemon, pid: u32) {
     // SAFETY: signalling our own child process.
     unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
@@ -375,6 +375,15 @@ fn daemon_reports_nothing_mapped(d: &vufs_driver::Daemon, pid: u32) {
                 .is_some_and(|l| l.contains("mapped_bytes=0"))
         }),
         "daxfsd still reports mapped bytes:\n{}",
+        d.log_contents()
+    );
+    // The same report counts the requests served, by opcode.
+    assert!(
+        host::wait_log(d, Duration::from_secs(5), |l| {
+            l.lines()
+                .any(|l| l.contains("requests: ") && l.contains("LOOKUP "))
+        }),
+        "no request counts in the SIGUSR1 report:\n{}",
         d.log_contents()
     );
 }
