@@ -421,6 +421,18 @@ impl Front {
 /// A kept shadow's parts as they came back: memfd (with its meta), agreed copy, file.
 type ShadowParts = [Option<(Vec<u8>, OwnedFd)>; 3];
 
+/// The direct window's vault entries, sorted by kind (`sort_direct_entries`).
+struct DirectEntries {
+    /// Frontend mappings, by mapping id.
+    fronts: BTreeMap<u64, KeptFront>,
+    /// Guest mappings: id, their metadata, their file.
+    directs: Vec<(u64, Vec<u8>, Option<OwnedFd>)>,
+    /// Shadow parts, by shadow id.
+    parts: HashMap<u64, ShadowParts>,
+    /// Entries that fit nothing, to be released.
+    drop_kept: Vec<Kept>,
+}
+
 /// A frontend mapping as it came back.
 struct KeptFront {
     len: u64,
@@ -497,7 +509,12 @@ impl<S: WindowSink> DaxWindow<S> {
         if entries.is_empty() {
             return 0;
         }
-        let (mut fronts, directs, parts, mut drop_kept) = Self::sort_direct_entries(entries);
+        let DirectEntries {
+            mut fronts,
+            directs,
+            parts,
+            mut drop_kept,
+        } = Self::sort_direct_entries(entries);
         let shadows = self.restore_shadows(parts, &mut drop_kept);
         let mut used_shadows = std::collections::HashSet::new();
         let mut n = 0;
@@ -616,17 +633,8 @@ impl<S: WindowSink> DaxWindow<S> {
         n
     }
 
-    /// The direct window's vault entries by kind: frontend mappings, guest mappings, shadow
-    /// parts, and entries that fit nothing (to be released).
-    #[allow(clippy::type_complexity)]
-    fn sort_direct_entries(
-        entries: Vec<KeptEntry>,
-    ) -> (
-        BTreeMap<u64, KeptFront>,
-        Vec<(u64, Vec<u8>, Option<OwnedFd>)>,
-        HashMap<u64, ShadowParts>,
-        Vec<Kept>,
-    ) {
+    /// The direct window's vault entries by kind.
+    fn sort_direct_entries(entries: Vec<KeptEntry>) -> DirectEntries {
         let mut fronts = BTreeMap::new();
         let mut directs = Vec::new();
         let mut parts: HashMap<u64, ShadowParts> = HashMap::new();
@@ -658,7 +666,12 @@ impl<S: WindowSink> DaxWindow<S> {
                 }
             }
         }
-        (fronts, directs, parts, drop_kept)
+        DirectEntries {
+            fronts,
+            directs,
+            parts,
+            drop_kept,
+        }
     }
 
     /// The kept shadows, registered again (aliases share them), by their vault id.
