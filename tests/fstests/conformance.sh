@@ -81,8 +81,9 @@ for cfg in "${names[@]}"; do
         continue
     fi
     if ((report_only)); then
-        bad "fstests-conformance/$cfg/run" "no results in $outdir/$cfg.txt (--report-only)"
-        unavailable+=("$cfg: no results (not run in this assembly)") norun[$cfg]=1
+        why=$(grep -a 'FAIL: ' "$outdir/$cfg.log" 2>/dev/null | tail -n 1 | sed 's/^.*FAIL: //' || true)
+        bad "fstests-conformance/$cfg/run" "no results in $outdir/$cfg.txt (--report-only)${why:+: $why}"
+        unavailable+=("$cfg: ${why:-no results (not run in this assembly)}") norun[$cfg]=1
         continue
     fi
     log "configuration $cfg"
