@@ -45,6 +45,9 @@ TEST=(
     qemu-utils openssh-client
     # make test-uidmap: newuidmap/newgidmap
     uidmap
+    # make conformance --backing (tests/fstests/run.sh): the xfs and btrfs images, the NFS v4
+    # loopback export (nfsd, mountd, exportfs; mount.nfs4 from its dependency nfs-common)
+    xfsprogs btrfs-progs nfs-kernel-server
 )
 BENCH=(
     # the chart (Debian's python3 sees it), instruction counts, the host section's FUSE peer

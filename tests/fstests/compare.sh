@@ -13,7 +13,7 @@ accepted_reason() {
     done < <(sed 's/#.*//;/^[[:space:]]*$/d' "$3")
 }
 
-# compare_config CONFIG RESULTS REFERENCE ACCEPTED: one check per test of CONFIG's virtio-fs
+# compare_config CONFIG[@BACKING] RESULTS REFERENCE ACCEPTED: one check per test of CONFIG's virtio-fs
 # results against the ext4 results in REFERENCE. Fails a test that passes on ext4 and fails
 # or gives no result here, unless ACCEPTED names it; a test that does not run here, or fails
 # on ext4 too, is listed (INFO), not failed.
@@ -27,7 +27,7 @@ compare_config() {
     while read -r _ _ _ t s why; do
         n=$((n + 1))
         e=${ext4[$t]:-missing}
-        reason=$(accepted_reason "$t" "$cfg" "$acc")
+        reason=$(accepted_reason "$t" "${cfg%@*}" "$acc") # the same on every backing
         case $s in
             passed)
                 ok "fstests/$cfg/$t"

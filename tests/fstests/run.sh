@@ -15,6 +15,12 @@
 #   -a, --daemon-arg ARG  extra daemon argument (repeatable)
 #   -o, --mount-opts O    virtio-fs mount options for TEST and SCRATCH (e.g. dax=always)
 #       --ext4            also run the list on ext4 (virtio-blk) in the same guest
+#   -b, --backing B       the host file system each share directory lives on: plain (a
+#                         directory under TMPDIR, default), ext4, xfs, btrfs (a sparse loop
+#                         image each, BACKING_SIZE, default 4G), tmpfs (size BACKING_SIZE),
+#                         overlay (lower, upper and work directories under TMPDIR) or nfs
+#                         (NFS v4 loopback: the host's nfsd exports a directory under TMPDIR,
+#                         mounted from localhost); unmounted and removed on every exit
 #   -n, --name NAME       configuration label in the result lines (default: daemon-cache)
 #   -f, --list FILE       tests, one per line (# comments)
 #       --out DIR         keep fstests' results (the .out.bad, .full, .notrun files) in DIR
@@ -30,14 +36,15 @@
 # rig's guest helpers) ended without its GUEST END line or disagrees with it.
 # Exit status: 0 when every listed test has a result on every file system and none failed;
 # 1 when a test failed or is missing or the guest program was cut short; 125 when the rig
-# failed (no guest result at all).
+# failed (no guest result at all, or the backing file system cannot be set up here: then the
+# last line on stderr says why).
 set -euo pipefail
 RIG_TAG=fstests
 # shellcheck source=../../scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 HERE=$RIG_ROOT/tests/fstests
 
-daemon=daxfsd profile=pci cache=auto mountopts="" ext4=0 name="" listfile="" outdir=""
+daemon=daxfsd profile=pci cache=auto mountopts="" ext4=0 name="" listfile="" outdir="" backing=plain
 timeout=1200 mem=1536M
 daemon_args=() tests=()
 need_arg() { (($1 >= 2)) || die "option $2 needs a value (see --help)"; }
@@ -49,12 +56,13 @@ while (($#)); do
         -a|--daemon-arg) need_arg $# "$1"; daemon_args+=("$2"); shift 2 ;;
         -o|--mount-opts) need_arg $# "$1"; mountopts=$2; shift 2 ;;
         --ext4) ext4=1; shift ;;
+        -b|--backing) need_arg $# "$1"; backing=$2; shift 2 ;;
         -n|--name) need_arg $# "$1"; name=$2; shift 2 ;;
         -f|--list) need_arg $# "$1"; listfile=$2; shift 2 ;;
         --out) need_arg $# "$1"; outdir=$2; shift 2 ;;
         -T|--timeout) need_arg $# "$1"; timeout=$2; shift 2 ;;
         -m|--mem) need_arg $# "$1"; mem=$2; shift 2 ;;
-        -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) die "unknown option '$1' (see --help)" ;;
         *) tests+=("$1"); shift ;;
     esac
@@ -72,8 +80,44 @@ done
 [[ $mountopts =~ ^[A-Za-z0-9=,_.-]*$ ]] || die "bad --mount-opts '$mountopts'"
 [[ $daemon == none && $ext4 == 0 ]] && die "-d none needs --ext4 (nothing to run otherwise)"
 [[ -n $name ]] || name="${daemon##*/}-$cache"
-[[ $name =~ ^[A-Za-z0-9._+-]+$ ]] || die "bad --name '$name'"
+[[ $name =~ ^[A-Za-z0-9._+@-]+$ ]] || die "bad --name '$name'"
 accel=${ACCEL:-tcg}
+backing_size=${BACKING_SIZE:-4G}
+[[ $backing_size =~ ^[0-9]+[MG]$ ]] || die "BACKING_SIZE must look like 512M or 4G"
+# A backing this host cannot provide is a rig failure, said on the last line, never a skip.
+no_backing() { log "FAIL: backing $backing is not available on this host: $*"; exit 125; }
+# have_fs TYPE [MODULE]: the kernel knows file system TYPE (after loading MODULE if it can).
+have_fs() {
+    grep -qw -- "$1" /proc/filesystems && return 0
+    modprobe -q -- "${2:-$1}" 2>/dev/null || true
+    grep -qw -- "$1" /proc/filesystems
+}
+case $backing in
+    plain) ;;
+    ext4|xfs|btrfs|tmpfs|overlay|nfs)
+        [[ $daemon != none ]] || die "--backing needs a daemon (-d none runs only ext4)"
+        (($(id -u) == 0)) || no_backing "mounting needs root"
+        case $backing in
+            ext4) need_cmd mkfs.ext4 e2fsprogs ;;
+            xfs) need_cmd mkfs.xfs xfsprogs ;;
+            btrfs) need_cmd mkfs.btrfs btrfs-progs ;;
+        esac
+        case $backing in
+            ext4|xfs|btrfs) need_cmd losetup mount; have_fs "$backing" ||
+                no_backing "the kernel has no $backing (not in /proc/filesystems, no module)" ;;
+            tmpfs) have_fs tmpfs || no_backing "the kernel has no tmpfs" ;;
+            overlay) have_fs overlay || no_backing "the kernel has no overlayfs" ;;
+            nfs)
+                have_fs nfs4 nfs || no_backing "the kernel has no NFS v4 client (CONFIG_NFS_FS, CONFIG_NFS_V4; no nfs module)"
+                have_fs nfsd || no_backing "the kernel has no NFS server (CONFIG_NFSD; no nfsd module)"
+                for c in exportfs rpc.nfsd rpc.mountd; do
+                    command -v "$c" >/dev/null ||
+                        no_backing "$c missing (Debian package nfs-kernel-server; scripts/provision-deps.sh)"
+                done
+                command -v mount.nfs4 >/dev/null || no_backing "mount.nfs4 missing (Debian package nfs-common)" ;;
+        esac ;;
+    *) die "unknown --backing '$backing' (plain, ext4, xfs, btrfs, tmpfs, overlay, nfs)" ;;
+esac
 
 case $daemon in
     daxfsd) daemon_bin=$RIG_ROOT/target/debug/daxfsd
@@ -99,7 +143,7 @@ rootimg=$("$HERE/build-root.sh" --print-path)
 
 # ---- private state ---------------------------------------------------------------------
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/daxfsd-fstests.XXXXXX")
-pids=()
+pids=() mounts=() exports=() nfsd_started=0 mountd_pid=""
 stop_pid() {
     local pid=$1
     kill -0 "$pid" 2>/dev/null || return 0
@@ -117,7 +161,74 @@ cleanup_run() {
     if [[ " ${daemon_args[*]} " == *" --inode-flags "* ]]; then
         chattr -R -f -i -a -- "$work/test" "$work/scratch" 2>/dev/null || true
     fi
+    unmount_backing
     rm -rf --one-file-system -- "$work"
+}
+# shellcheck disable=SC2317 # called from cleanup_run
+unmount_backing() {
+    local i m
+    # Newest first (NFS mounts before their exports' directories); a busy mount is detached
+    # lazily (a loop device frees itself then: autoclear); rm --one-file-system never enters
+    # a mount that is left.
+    for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
+        m=${mounts[i]}
+        mountpoint -q -- "$m" || continue
+        umount -- "$m" 2>/dev/null || umount -l -- "$m" 2>/dev/null ||
+            log "warning: could not unmount $m"
+    done
+    for m in "${exports[@]}"; do exportfs -u "localhost:$m" 2>/dev/null || true; done
+    ((nfsd_started)) && { rpc.nfsd 0 2>/dev/null || true; }
+    [[ -z $mountd_pid ]] || stop_pid "$mountd_pid"
+    mounts=() exports=()
+}
+# backing_mount SHARE: make $work/SHARE (the daemon's shared directory) a fresh file system
+# of type $backing.
+backing_mount() {
+    local dir=$work/$1 img=$work/$1.$backing.img base=$work/$1.$backing
+    mkdir -p -- "$dir"
+    case $backing in
+        plain) return 0 ;;
+        ext4|xfs|btrfs)
+            truncate -s "$backing_size" -- "$img"
+            case $backing in
+                ext4) mkfs.ext4 -q -F -- "$img" ;;
+                xfs) mkfs.xfs -q -f -- "$img" ;;
+                btrfs) mkfs.btrfs -q -f -- "$img" ;;
+            esac >/dev/null || no_backing "mkfs.$backing failed on $img"
+            mounts+=("$dir")
+            mount -o loop -t "$backing" -- "$img" "$dir" || no_backing "cannot loop-mount $img" ;;
+        tmpfs)
+            mounts+=("$dir")
+            mount -t tmpfs -o "size=$backing_size,mode=0755" "fst$1" "$dir" || no_backing "cannot mount tmpfs" ;;
+        overlay)
+            mkdir -p -- "$base/lower" "$base/upper" "$base/work"
+            mounts+=("$dir")
+            mount -t overlay -o "lowerdir=$base/lower,upperdir=$base/upper,workdir=$base/work" "fst$1" "$dir" ||
+                no_backing "cannot mount overlayfs" ;;
+        nfs)
+            mkdir -p -- "$base"
+            if ! mountpoint -q /proc/fs/nfsd; then
+                mount -t nfsd nfsd /proc/fs/nfsd || no_backing "cannot mount /proc/fs/nfsd"
+            fi
+            # The host's own nfsd and mountd when they run; else ours, NFS v4 only (no
+            # rpcbind), stopped again on exit.
+            if ! pgrep -x rpc.mountd >/dev/null; then
+                setsid rpc.mountd -F -N 2 -N 3 </dev/null >"$work/mountd.log" 2>&1 &
+                mountd_pid=$!
+                sleep 1
+                kill -0 "$mountd_pid" 2>/dev/null || no_backing "rpc.mountd did not start: $(tail -n 1 "$work/mountd.log")"
+            fi
+            if [[ $(cat /proc/fs/nfsd/threads 2>/dev/null) == 0 ]]; then
+                rpc.nfsd -N 2 -N 3 4 || no_backing "rpc.nfsd did not start"
+                nfsd_started=1
+            fi
+            exports+=("$base")
+            exportfs -i -o "rw,sync,no_root_squash,no_subtree_check,insecure,fsid=$RANDOM$RANDOM" "localhost:$base" ||
+                no_backing "exportfs of $base failed"
+            mounts+=("$dir")
+            mount -t nfs4 -o "vers=4.2,hard" "localhost:$base" "$dir" || no_backing "cannot mount localhost:$base" ;;
+    esac
+    log "$1: share on $backing ($(findmnt -n -o SOURCE,FSTYPE --target "$dir" | tr -s ' '))"
 }
 RIG_CLEANUP+=(cleanup_run)
 
@@ -160,7 +271,7 @@ fi
 if [[ $daemon != none ]]; then
     for share in test scratch; do
         tag=fst$share sock=$work/$share.sock
-        mkdir -p "$work/$share"
+        backing_mount "$share"
         cmd=("$daemon_bin" "--socket-path=$sock" "--shared-dir=$work/$share" "--cache=$cache")
         [[ $profile == dax ]] && cmd+=("--tag=$tag")
         cmd+=("${daemon_args[@]}")
