@@ -256,9 +256,11 @@ test-fstests: fstests-image qemu build
 
 # The broader list (tests/fstests/conformance.list) on daxfsd never/auto/always, DAX pooled and
 # DAX direct, and upstream virtiofsd never/auto/always, with ext4 as the reference: a table.
-# Hours under TCG; not in `make test`. CONFORMANCE_ARGS='--configs "daxfsd-auto virtiofsd-auto"'.
+# Hours under TCG; not in `make test`. CONFORMANCE_ARGS='--configs "daxfsd-auto virtiofsd-auto"';
+# '--backing ext4,xfs,btrfs,tmpfs,overlay,nfs' puts the shares on those host file systems
+# (root; the xfs/btrfs tools and the NFS server come from deps-conformance).
 CONFORMANCE_ARGS ?=
-conformance: fstests-image qemu virtiofsd build
+conformance: deps-conformance fstests-image qemu virtiofsd build
 	tests/fstests/conformance.sh $(CONFORMANCE_ARGS)
 
 test: space deps-test lint test-rig test-unit test-uidmap test-fuzz test-e2e test-e2e-virtiofsd test-dax test-dax-policy test-dax-copy test-dax-host test-dax-full test-notify test-escape test-lifecycle test-migrate test-launchers test-acl test-fhandles test-never test-lima test-host test-io-uring test-fstests

@@ -2,7 +2,7 @@
 # the VM launcher and the end-to-end suite. Included by the top Makefile.
 #
 #   make vm-deps            apt-install every Debian package of scripts/provision-deps.sh
-#   make deps-rig|deps-test|deps-bench   one section of it
+#   make deps-rig|deps-test|deps-bench|deps-conformance   one section of it
 #   make kernel             guest bzImage (cached; ~5-9 min cold on 2 cores)
 #   make initramfs          busybox + fio + test helper cpio (cached)
 #   make qemu               Debian's QEMU 7.2 + QEMU 11.1 from trixie-backports
@@ -35,11 +35,11 @@ VM_ARGS ?=
 E2E_PROFILES ?= pci mmio
 E2E_ARGS ?=
 
-.PHONY: vm-deps deps-rig deps-test deps-bench kernel initramfs qemu virtiofsd vm test-e2e test-e2e-virtiofsd vm-lint
+.PHONY: vm-deps deps-rig deps-test deps-bench deps-conformance kernel initramfs qemu virtiofsd vm test-e2e test-e2e-virtiofsd vm-lint
 
 vm-deps:
 	@$(VM_RIG_DIR)/scripts/provision-deps.sh all
-deps-rig deps-test deps-bench:
+deps-rig deps-test deps-bench deps-conformance:
 	@$(VM_RIG_DIR)/scripts/provision-deps.sh $(patsubst deps-%,%,$@)
 
 kernel: deps-rig

@@ -5,6 +5,7 @@
 #   test   what `make test` uses beyond the rig: lint, launchers (libvirt, virtme-ng's udev,
 #          lima's qemu-img), host-side FUSE peers and checks, uid maps
 #   bench  what `make bench` uses beyond the rig: the chart, instruction counts, bindfs
+#   conformance  what `make conformance --backing` uses: xfs/btrfs tools, an NFS server
 # No script or test installs a Debian package on its own: they name what is missing and
 # point here. Idempotent: does nothing when all are installed. Waits for an apt/dpkg run by
 # someone else instead of failing. Runs `apt-get update` only when the package lists are
@@ -45,8 +46,11 @@ TEST=(
     qemu-utils openssh-client
     # make test-uidmap: newuidmap/newgidmap
     uidmap
-    # make conformance --backing (tests/fstests/run.sh): the xfs and btrfs images, the NFS v4
-    # loopback export (nfsd, mountd, exportfs; mount.nfs4 from its dependency nfs-common)
+)
+# make conformance --backing (tests/fstests/run.sh), not make test: the xfs and btrfs images,
+# the NFS v4 loopback export (nfsd, mountd, exportfs; mount.nfs4 from its dependency
+# nfs-common). Its own section so that `make test` does not install an NFS server.
+CONFORMANCE=(
     xfsprogs btrfs-progs nfs-kernel-server
 )
 BENCH=(
@@ -58,18 +62,19 @@ sections=() list=0
 for a in "$@"; do
     case $a in
         --list) list=1 ;;
-        rig|test|bench) sections+=("$a") ;;
-        all) sections+=(rig test bench) ;;
-        *) die "unknown argument '$a' (--list; sections: rig, test, bench, all)" ;;
+        rig|test|bench|conformance) sections+=("$a") ;;
+        all) sections+=(rig test bench conformance) ;;
+        *) die "unknown argument '$a' (--list; sections: rig, test, bench, conformance, all)" ;;
     esac
 done
-((${#sections[@]})) || sections=(rig test bench)
+((${#sections[@]})) || sections=(rig test bench conformance)
 PACKAGES=()
 for sec in "${sections[@]}"; do
     case $sec in
         rig) PACKAGES+=("${RIG[@]}") ;;
         test) PACKAGES+=("${TEST[@]}") ;;
         bench) PACKAGES+=("${BENCH[@]}") ;;
+        conformance) PACKAGES+=("${CONFORMANCE[@]}") ;;
     esac
 done
 mapfile -t PACKAGES < <(printf '%s\n' "${PACKAGES[@]}" | awk '!seen[$0]++')
