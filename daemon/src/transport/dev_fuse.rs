@@ -29,7 +29,7 @@ use crate::protocol::iobuf::{Reader, Seg, Writer};
 use crate::protocol::policy::{self, Wait};
 use crate::protocol::server::Server;
 
-use super::lock_waits::{LockWaits, WaitServer};
+use super::lock_waits::{LockWaits, WaitServer, MAX_LOCK_THREADS};
 
 /// Linux refuses reads of /dev/fuse into buffers smaller than this (`FUSE_MIN_READ_BUFFER`).
 pub const MIN_READ_BUFFER: usize = 8192;
@@ -513,10 +513,7 @@ pub fn buffer_size(max_write: u32) -> usize {
     (max_write as usize + 4096).max(MIN_READ_BUFFER)
 }
 
-/// Most requests that may wait indefinitely (SETLKW) served on threads of their own at once;
-/// beyond that they queue for the next of those threads that is done ([`LockWaits`]).
-pub const MAX_BLOCKING_THREADS: usize = 64;
-/// Most lock waits queued behind the [`MAX_BLOCKING_THREADS`] at once (each holds a copy of
+/// Most lock waits queued behind the [`MAX_LOCK_THREADS`] at once (each holds a copy of
 /// its request, under 100 bytes): beyond that a SETLKW fails with ENOLCK, as a host lock
 /// table out of room does, rather than memory growing with the number of waiting callers.
 pub const MAX_QUEUED_WAITS: usize = 4096;
@@ -847,7 +844,7 @@ pub fn spawn_workers<F: FileSystem + Send + Sync + 'static>(
             counters: counters.clone(),
         },
         "fuse-lock",
-        MAX_BLOCKING_THREADS,
+        MAX_LOCK_THREADS,
         MAX_QUEUED_WAITS,
     );
     if threads > 1 {

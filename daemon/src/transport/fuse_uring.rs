@@ -51,7 +51,7 @@ use crate::protocol::iobuf::{Reader, Seg, Writer};
 use crate::protocol::policy::{self, Wait};
 use crate::protocol::server::Server;
 
-use super::lock_waits::{LockWaits, WaitServer};
+use super::lock_waits::{LockWaits, WaitServer, MAX_LOCK_THREADS};
 
 /// `FUSE_IO_URING_CMD_REGISTER` (include/uapi/linux/fuse.h).
 const CMD_REGISTER: u32 = 1;
@@ -74,7 +74,7 @@ const ZERO_COPY_MINOR: u32 = 46;
 /// Ring entries per queue unless the caller says otherwise.
 pub const DEFAULT_DEPTH: usize = 8;
 /// Most lock waits (SETLKW) of a connection holding ring entries at once, waiting or queued
-/// for one of the [`super::dev_fuse::MAX_BLOCKING_THREADS`] lock threads. Each has a spare
+/// for one of the [`MAX_LOCK_THREADS`] lock threads. Each has a spare
 /// entry registered in its place: a header and a payload buffer of address space, of which
 /// only the pages a request touches take memory.
 pub const MAX_LOCK_WAITS: usize = 1024;
@@ -290,16 +290,14 @@ where
             stats: stats.clone(),
         },
         "fuse-uring-lock",
-        super::dev_fuse::MAX_BLOCKING_THREADS,
-        MAX_LOCK_WAITS - super::dev_fuse::MAX_BLOCKING_THREADS,
+        MAX_LOCK_THREADS,
+        MAX_LOCK_WAITS - MAX_LOCK_THREADS,
     );
     let (tx, rx) = mpsc::channel();
     for qid in 0..queues {
         let stop = eventfd()?;
         let stop_fd = stop.as_raw_fd();
         rings.stops.push(stop);
-        let server = server.clone();
-        let stats = stats.clone();
         let waits = waits.clone();
         let tx = tx.clone();
         let t = std::thread::Builder::new()
@@ -323,7 +321,7 @@ where
                     }
                 }
                 drop(tx);
-                q.serve(&server, &stats, &waits);
+                q.serve(&waits);
             })?;
         rings.threads.push(t);
     }
@@ -601,6 +599,15 @@ impl EntryMem {
         self.header_slice(0, OUT_HEADER_LEN).copy_from(&h[..]);
     }
 
+    /// Answers the request in this entry with `errno` and no body; returns the commit id.
+    fn fail(&self, errno: i32) -> u64 {
+        let hdr = self.header_slice(0, REQ_HEADER_SZ);
+        self.error_reply(read_u64(&hdr, 8), errno);
+        self.header_slice(ENT_IN_OUT_OFF + 16, 4)
+            .copy_from(&0u32.to_ne_bytes()[..]);
+        read_u64(&hdr, ENT_IN_OUT_OFF + 8)
+    }
+
     /// Serves the request in this entry and leaves the reply in it; returns the commit id.
     /// `scratch` receives a copy of the payload (see [`Queue::scratch`]).
     fn serve<F: FileSystem>(
@@ -635,10 +642,7 @@ impl EntryMem {
                  does not fit the entry; answering EIO"
             );
             stats.malformed.fetch_add(1, Ordering::Relaxed);
-            self.error_reply(unique, libc::EIO);
-            self.header_slice(ENT_IN_OUT_OFF + 16, 4)
-                .copy_from(&0u32.to_ne_bytes()[..]);
-            return commit_id;
+            return self.fail(libc::EIO);
         };
         let payload = self.payload_slice(payload_sz);
         let body_in = if opcode == op::WRITE {
@@ -723,18 +727,11 @@ impl<F: FileSystem + Send + Sync + 'static> WaitServer for RingWaits<F> {
     }
 
     fn refuse(&self, job: RingWait) {
-        let hdr = job.entry.header_slice(0, REQ_HEADER_SZ);
-        let commit_id = read_u64(&hdr, ENT_IN_OUT_OFF + 8);
-        let unique = read_u64(&hdr, 8);
-        job.entry.error_reply(unique, libc::ENOLCK);
-        job.entry
-            .header_slice(ENT_IN_OUT_OFF + 16, 4)
-            .copy_from(&0u32.to_ne_bytes()[..]);
+        let commit_id = job.entry.fail(libc::ENOLCK);
         job.answered(commit_id);
     }
 }
 
-/// Reads a native-endian u32/u64 field from entry memory.
 /// Whether a request leaves the ring's thread for a helper of its own: only one that may
 /// wait indefinitely (SETLKW, [`policy::INDEFINITE`]), whose end may need this very queue.
 /// One that takes long ([`policy::LONG`]: FSYNC, FLUSH, ...) still ends by itself and holds
@@ -744,6 +741,7 @@ fn waits_indefinitely(opcode: u32) -> bool {
     policy::wait(opcode) == Wait::Indefinite
 }
 
+/// Reads a native-endian u32/u64 field from entry memory.
 fn read_u64(s: &VolatileSlice<'_>, off: usize) -> u64 {
     let mut b = [0u8; 8];
     if let Ok(sub) = s.subslice(off, 8) {
@@ -1028,14 +1026,11 @@ impl Queue {
 impl Queue {
     /// Serves completions until the stop eventfd fires or the kernel has given back every
     /// entry (unmount, abort).
-    fn serve<F>(
-        &mut self,
-        server: &Arc<Server<F>>,
-        stats: &Arc<Stats>,
-        waits: &Arc<LockWaits<RingWaits<F>>>,
-    ) where
+    fn serve<F>(&mut self, waits: &Arc<LockWaits<RingWaits<F>>>)
+    where
         F: FileSystem + Send + Sync + 'static,
     {
+        let RingWaits { server, stats } = waits.server();
         let mut cqes = std::mem::take(&mut self.pending);
         loop {
             for cqe in cqes.drain(..) {

@@ -17,6 +17,9 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// Most lock threads of a connection (each waits in one SETLKW): the transports' `max_threads`.
+pub(super) const MAX_LOCK_THREADS: usize = 64;
+
 /// How a transport serves the waits it hands over.
 pub(super) trait WaitServer: Send + Sync + 'static {
     /// One wait: what the lock thread needs to serve and answer it.
